@@ -1,0 +1,108 @@
+"""Finding and loading checkpoints: HF directories of safetensors, GGUF files, the embedded default.
+
+Only safetensors and GGUF are ever read: no pickle, and no code shipped with a checkpoint is run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from treeflash.config import ModelConfig
+
+
+def resolve_model_dir(model: str | Path | None) -> Path:
+    """A model argument (None = embedded default, a .gguf file, or an HF directory) -> HF directory."""
+    from treeflash.gguf_convert import cached_conversion
+
+    if model is None:
+        from treeflash.default_model import default_gguf_path
+
+        return cached_conversion(default_gguf_path())
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return cached_conversion(path)
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise ValueError(f"{path}: expected a model directory (config.json + *.safetensors) or a .gguf file")
+    raise FileNotFoundError(f"{path}: no such model directory or GGUF file")
+
+
+def safetensors_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise ValueError(f"{index}: malformed safetensors index ({e})") from None
+        files = [model_dir / name for name in sorted(set(weight_map.values()))]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise FileNotFoundError(f"{model_dir}: shards listed in the index are missing: {missing}")
+        return files
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        found = sorted(p.name for p in model_dir.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
+        hint = f" (found {found}: pickle-based weights are never loaded; convert them to safetensors)" if found else ""
+        raise FileNotFoundError(f"{model_dir}: no *.safetensors weights{hint}")
+    return files
+
+
+def read_safetensors(model_dir: Path, strip_prefix: str = "") -> dict[str, torch.Tensor]:
+    tensors: dict[str, torch.Tensor] = {}
+    for file in safetensors_files(model_dir):
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():
+                    key = name[len(strip_prefix):] if strip_prefix and name.startswith(strip_prefix) else name
+                    tensors[key] = f.get_tensor(name)
+        except Exception as e:  # safetensors raises its own error types for corrupt headers
+            raise ValueError(f"{file}: cannot read safetensors file ({e})") from None
+    return tensors
+
+
+def load_weights(module: nn.Module, tensors: dict[str, torch.Tensor], where: Path,
+                 dtype: torch.dtype, device: torch.device | str, ignore: tuple[str, ...] = ()) -> None:
+    """Assign checkpoint tensors to a module built on the meta device; every parameter must be present."""
+    expected = {name: p for name, p in module.named_parameters()}
+    missing = sorted(set(expected) - set(tensors))
+    if missing:
+        raise ValueError(f"{where}: checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
+    unexpected = sorted(n for n in set(tensors) - set(expected) if not n.startswith(ignore) and "rotary" not in n)
+    if unexpected:
+        raise ValueError(f"{where}: checkpoint has tensors this model does not use, e.g. {unexpected[:3]}")
+    for name, param in expected.items():
+        t = tensors[name]
+        if tuple(t.shape) != tuple(param.shape):
+            raise ValueError(f"{where}: tensor {name} has shape {tuple(t.shape)}, config implies {tuple(param.shape)}")
+        owner, _, leaf = name.rpartition(".")
+        setattr(module.get_submodule(owner), leaf, nn.Parameter(t.to(device=device, dtype=dtype), requires_grad=False))
+
+
+def load_target(model_dir: Path, device: torch.device | str, dtype: torch.dtype):
+    """Build the target decoder from an HF directory. Returns (Transformer, ModelConfig)."""
+    from treeflash.models.transformer import Transformer
+
+    cfg = ModelConfig.from_dir(model_dir)
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    tensors = read_safetensors(model_dir, strip_prefix="model.")
+    if cfg.tie_word_embeddings:
+        tensors.pop("lm_head.weight", None)
+    load_weights(model, tensors, model_dir, dtype, device)
+    model.rotary.to(device)
+    return model.eval(), cfg
+
+
+def load_tokenizer(model_dir: Path):
+    """The HF tokenizer of a directory, or None when it ships none (token-id input still works)."""
+    if not any((model_dir / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)

@@ -1,0 +1,182 @@
+"""The engine: requests in slots, one round per step, emitted tokens cut exactly at stops.
+
+`Engine.step()` admits waiting requests into free slots (prefill + first token), runs one round over
+the running slots, reads the emitted tokens back (the round's only host synchronisation) and
+finishes requests whose tokens hit a stop token, a stop string, max_tokens or the context limit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from treeflash.outputs import RequestMetrics, RequestOutput
+from treeflash.round import STAGES, Speculator
+from treeflash.sampling import SamplingParams, SamplingTensors, derive
+from treeflash.tree_view import render_tree
+
+
+@dataclass
+class Request:
+    id: int
+    prompt: str | None
+    prompt_ids: list[int]
+    params: SamplingParams
+    seed: int
+    stop_ids: frozenset[int]
+    max_new_tokens: int  # max_tokens, or fewer when the context limit comes first
+    output_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_string_at: int | None = None  # cut the text here when a stop string ended the request
+    slot: int | None = None
+    metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    last_tree: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class StepUpdate:
+    request: Request
+    new_token_ids: list[int]
+
+
+class Engine:
+    def __init__(self, speculator: Speculator, tokenizer, max_model_len: int, record_trees: bool = False):
+        self.speculator, self.tokenizer, self.max_model_len = speculator, tokenizer, max_model_len
+        self.record_trees = record_trees
+        self.slots: list[Request | None] = [None] * speculator.state.seq_lens.shape[0]
+        self.seq_lens = [0] * len(self.slots)  # host copy, known after each round's one sync
+        self.waiting: deque[Request] = deque()
+        self._sampling: SamplingTensors | None = None
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting) or any(r is not None for r in self.slots)
+
+    def step(self) -> list[StepUpdate]:
+        updates = self._admit()
+        running = [i for i, r in enumerate(self.slots) if r is not None]
+        if not running:
+            return updates
+        num_slots = running[-1] + 1
+        kv_bound = max(self.seq_lens[i] for i in running)
+        start = time.perf_counter()
+        result = self.speculator.round(num_slots, self._batch_sampling(), kv_bound)
+        accepted = result.walk.accepted.tolist()  # the round's one host synchronisation
+        emitted = result.walk.emitted.tolist()
+        elapsed = time.perf_counter() - start
+        for i in running:
+            request = self.slots[i]
+            self.seq_lens[i] += accepted[i]
+            m = request.metrics
+            m.acceptance_lengths.append(accepted[i])
+            m.decode_seconds += elapsed
+            for stage in STAGES:
+                if stage in result.stage_seconds:
+                    m.stage_seconds[stage] = m.stage_seconds.get(stage, 0.0) + result.stage_seconds[stage]
+            if self.record_trees:
+                request.last_tree = render_tree(result.tree, result.walk, i, self._token_text)
+            updates.append(StepUpdate(request, self._append(request, emitted[i][:accepted[i]])))
+            self._retire_if_done(request)
+        return updates
+
+    # --- admission -------------------------------------------------------------------------------
+    def _admit(self) -> list[StepUpdate]:
+        updates = []
+        while self.waiting and None in self.slots:
+            request = self.waiting.popleft()
+            slot = self.slots.index(None)
+            start = time.perf_counter()
+            logits = self.speculator.prefill(slot, request.prompt_ids)
+            first = derive(logits[None, None], SamplingTensors.build([request.params], [request.seed], logits.device),
+                           torch.zeros(1, dtype=torch.long, device=logits.device))
+            token = int(first)
+            request.metrics.prefill_seconds = time.perf_counter() - start
+            request.metrics.num_prompt_tokens = len(request.prompt_ids)
+            request.slot, self.slots[slot], self.seq_lens[slot] = slot, request, len(request.prompt_ids)
+            self.speculator.set_bonus(slot, token)
+            self._sampling = None
+            updates.append(StepUpdate(request, self._append(request, [token])))
+            self._retire_if_done(request)
+        return updates
+
+    def _batch_sampling(self) -> SamplingTensors:
+        if self._sampling is None:
+            idle = SamplingParams(temperature=0.0)
+            params = [r.params if r else idle for r in self.slots]
+            seeds = [r.seed if r else 0 for r in self.slots]
+            self._sampling = SamplingTensors.build(params, seeds, self.speculator.device)
+        n = max((i for i, r in enumerate(self.slots) if r is not None), default=0) + 1
+        return self._sampling.rows(torch.arange(n, device=self.speculator.device))
+
+    def _retire_if_done(self, request: Request) -> None:
+        if request.finished and request.slot is not None:
+            self.speculator.release(request.slot)
+            self.slots[request.slot] = None
+            self.seq_lens[request.slot] = 0
+            request.slot = None
+            self._sampling = None
+
+    # --- stops -----------------------------------------------------------------------------------
+    def _append(self, request: Request, tokens: list[int]) -> list[int]:
+        """Append a round's tokens, cutting exactly at the first stop; returns what was kept."""
+        kept = []
+        for token in tokens:
+            kept.append(token)
+            request.output_ids.append(token)
+            if token in request.stop_ids:
+                request.finish_reason = "stop"
+                break
+            if len(request.output_ids) >= request.max_new_tokens:
+                request.finish_reason = "length"
+                break
+        if request.params.stop and self.tokenizer is not None:
+            kept = self._cut_at_stop_string(request, kept)
+        request.metrics.num_generated_tokens = len(request.output_ids)
+        return kept
+
+    def _cut_at_stop_string(self, request: Request, kept: list[int]) -> list[int]:
+        base = len(request.output_ids) - len(kept)
+        # Only text that the new tokens could have completed needs searching.
+        before = self._decode(request.output_ids[:base])
+        from_char = max(0, len(before) - max(len(s) for s in request.params.stop) + 1)
+        text = self._decode(request.output_ids)
+        hits = [(i, s) for s in request.params.stop if (i := text.find(s, from_char)) >= 0]
+        if not hits:
+            return kept
+        at = min(i for i, _ in hits)
+        # The fewest new tokens whose text already contains the stop string.
+        for n in range(1, len(kept) + 1):
+            partial = self._decode(request.output_ids[:base + n])
+            if any(partial.find(s, from_char) == at for _, s in hits):
+                break
+        del request.output_ids[base + n:]
+        request.finish_reason, request.stop_string_at = "stop", at
+        return kept[:n]
+
+    # --- text ------------------------------------------------------------------------------------
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else ""
+
+    def _token_text(self, token: int) -> str:
+        return repr(self._decode([token])) if self.tokenizer is not None else str(token)
+
+    def text_of(self, request: Request) -> str:
+        ids = request.output_ids
+        if request.finish_reason == "stop" and request.stop_string_at is None and ids and ids[-1] in request.stop_ids:
+            ids = ids[:-1]  # the stop token ends the text, it is not part of it
+        text = self._decode(ids)
+        return text[:request.stop_string_at] if request.stop_string_at is not None else text
+
+    def output_of(self, request: Request) -> RequestOutput:
+        return RequestOutput(request.id, request.prompt, request.prompt_ids, list(request.output_ids),
+                             self.text_of(request), request.finish_reason or "length", request.metrics,
+                             request.last_tree)

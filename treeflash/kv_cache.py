@@ -1,0 +1,73 @@
+"""Preallocated key/value cache: one row per token, one slot per running sequence.
+
+Rows are written at explicit indices, so the verify forward can append a whole draft tree after a
+slot's committed rows, and `compact` keeps the accepted path and drops the rest in place. Every
+operation is a fixed-shape gather/scatter driven by device tensors: no host synchronisation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class KVCache:
+    keys: list[torch.Tensor]  # per layer: [slots, kv_heads, capacity, head_dim]
+    values: list[torch.Tensor]
+
+    @staticmethod
+    def allocate(num_layers: int, slots: int, kv_heads: int, capacity: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device | str) -> "KVCache":
+        shape = (slots, kv_heads, capacity, head_dim)
+        return KVCache(
+            keys=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)],
+            values=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)],
+        )
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2]
+
+    def slot(self, index: int) -> "KVCache":
+        """A one-slot view that writes through to this cache (for prefilling one request)."""
+        return KVCache([k[index:index + 1] for k in self.keys], [v[index:index + 1] for v in self.values])
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor) -> None:
+        # k, v: [B, Hkv, T, D]; rows: [B, T] cache row of each new token.
+        index = rows[:, None, :, None].expand_as(k)
+        self.keys[layer].scatter_(2, index, k)
+        self.values[layer].scatter_(2, index, v)
+
+    def compact(self, start: torch.Tensor, keep: torch.Tensor) -> None:
+        """Move rows start+keep[:, j] to start+j, for every slot and layer.
+
+        start: [B] first appended row; keep: [B, K] offsets of the rows to keep, ascending. Entries of
+        `keep` past a slot's accepted count may be anything in range: they land beyond the slot's new
+        length, where later writes overwrite them.
+        """
+        src = (start[:, None] + keep)[:, None, :, None]
+        dst = (start[:, None] + torch.arange(keep.shape[1], device=keep.device))[:, None, :, None]
+        for cache in (*self.keys, *self.values):
+            # Gather first: a row may be both read and written by this move.
+            rows = cache.gather(2, src.expand(-1, cache.shape[1], -1, cache.shape[3]))
+            cache.scatter_(2, dst.expand_as(rows), rows)
+
+
+def append_layout(seq_lens: torch.Tensor, new_mask: torch.Tensor, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where T new tokens go in the cache and what each of them may attend to.
+
+    seq_lens: [B] committed rows per slot; new_mask: [B, T, T] visibility among the new tokens
+    (causal for a prompt, ancestor-or-self for a draft tree, all-true for a draft block).
+    Returns rows [B, T] (new token t goes to row seq_lens+t) and mask [B, T, kv_len]: every new token
+    sees all committed rows of its slot plus the new rows `new_mask` allows.
+    """
+    batch, t = new_mask.shape[:2]
+    device = new_mask.device
+    rows = seq_lens[:, None] + torch.arange(t, device=device)
+    rel = torch.arange(kv_len, device=device)[None, :] - seq_lens[:, None]  # [B, L]
+    committed = rel < 0
+    is_new = (rel >= 0) & (rel < t)
+    new_visible = new_mask.gather(2, rel.clamp(0, t - 1)[:, None, :].expand(batch, t, kv_len))
+    return rows, committed[:, None, :] | (is_new[:, None, :] & new_visible)

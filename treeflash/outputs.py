@@ -1,0 +1,51 @@
+"""What a finished request returns (vLLM-like) and what was measured while it ran."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestMetrics:
+    num_prompt_tokens: int = 0
+    num_generated_tokens: int = 0
+    acceptance_lengths: list[int] = field(default_factory=list)  # tokens emitted per round (accepted drafts + 1)
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0  # wall time of the rounds this request took part in
+    stage_seconds: dict[str, float] = field(default_factory=dict)  # per round stage, summed
+
+    @property
+    def rounds(self) -> int:
+        return len(self.acceptance_lengths)
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Mean tokens per round (tau); 1.0 for autoregressive decoding."""
+        return sum(self.acceptance_lengths) / len(self.acceptance_lengths) if self.acceptance_lengths else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        total = self.prefill_seconds + self.decode_seconds
+        return self.num_generated_tokens / total if total > 0 else 0.0
+
+    def summary(self) -> str:
+        parts = [f"{self.num_generated_tokens} tokens", f"{self.tokens_per_second:.1f} tokens/s",
+                 f"prefill {self.prefill_seconds * 1e3:.0f} ms"]
+        if self.rounds:
+            parts.append(f"{self.rounds} rounds, mean acceptance length {self.mean_acceptance_length:.2f}")
+        if self.stage_seconds:
+            total = sum(self.stage_seconds.values()) or 1.0
+            parts.append("stages: " + ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in self.stage_seconds.items()))
+        return " | ".join(parts)
+
+
+@dataclass
+class RequestOutput:
+    request_id: int
+    prompt: str | None
+    prompt_token_ids: list[int]
+    token_ids: list[int]  # generated ids only
+    text: str
+    finish_reason: str  # "stop" or "length"
+    metrics: RequestMetrics
+    last_tree: str | None = None  # the last round's tree, drawn, when the engine records trees

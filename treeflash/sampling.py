@@ -1,0 +1,220 @@
+"""Sampling parameters, the processed distribution, and the per-node draw ("derive").
+
+`processed_probs` is the only function that turns logits into the distribution a request samples
+from; plain decoding and tree verification both call it, which is half of why sampling is lossless.
+Randomness is counter-based: a node's uniform is a hash of (request seed, round, node index), so a
+seeded request draws the same numbers whatever else is in the batch, with no generator state, no
+host synchronisation and nothing that CUDA graphs cannot replay.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    """How to sample one request (vLLM conventions). temperature=0 means greedy decoding.
+
+    Filters apply in this order: temperature, top_k (keep the k most likely tokens; -1 = off), top_p
+    (keep the smallest most-likely set whose mass reaches top_p), min_p (keep tokens with at least
+    min_p times the top token's probability). Tokens tied with the last kept one are kept too.
+    """
+
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    min_p: float = 0.0
+    max_tokens: int = 16
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        def number(name: str) -> float:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+            return float(value)
+
+        def integer(name: str) -> int:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
+            return value
+
+        if number("temperature") < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < number("top_p") <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if integer("top_k") == 0 or self.top_k < -1:
+            raise ValueError(f"top_k must be -1 (off) or at least 1, got {self.top_k}")
+        if not 0 <= number("min_p") <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if integer("max_tokens") < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if self.seed is not None:
+            integer("seed")
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if self.stop is not None:
+            if not isinstance(self.stop, (list, tuple)) or not all(isinstance(s, str) for s in self.stop):
+                raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}")
+            if any(s == "" for s in self.stop):
+                raise ValueError("stop strings must not be empty")
+            self.stop = list(self.stop)
+        if self.stop_token_ids is not None:
+            ids = self.stop_token_ids
+            if not isinstance(ids, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+                raise ValueError(f"stop_token_ids must be a list of non-negative token ids, got {ids!r}")
+            self.stop_token_ids = list(ids)
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class SamplingTensors:
+    """The sampling parameters of a batch of slots as device tensors, one row per slot."""
+
+    temperature: torch.Tensor  # [S] float32, 1.0 on greedy rows (their processed probs are unused)
+    top_k: torch.Tensor  # [S] int64, 0 = off
+    top_p: torch.Tensor  # [S] float32
+    min_p: torch.Tensor  # [S] float32
+    greedy: torch.Tensor  # [S] bool
+    seed: torch.Tensor  # [S, 2] int64: low and high 32 bits
+    # Static per batch (host-known, so no synchronisation): which stages any row needs.
+    all_greedy: bool = True
+    use_top_k: bool = False
+    use_top_p: bool = False
+    use_min_p: bool = False
+    max_top_k: int = 0
+
+    @staticmethod
+    def build(params: list[SamplingParams], seeds: list[int], device) -> "SamplingTensors":
+        def tensor(values, dtype):
+            return torch.tensor(values, dtype=dtype, device=device)
+
+        top_k = [max(p.top_k, 0) for p in params]
+        return SamplingTensors(
+            temperature=tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], torch.float32),
+            top_k=tensor(top_k, torch.int64),
+            top_p=tensor([p.top_p for p in params], torch.float32),
+            min_p=tensor([p.min_p for p in params], torch.float32),
+            greedy=tensor([p.greedy for p in params], torch.bool),
+            seed=tensor([[s & 0xFFFFFFFF, (s >> 32) & 0xFFFFFFFF] for s in seeds], torch.int64),
+            all_greedy=all(p.greedy for p in params),
+            use_top_k=any(k > 0 for k in top_k),
+            use_top_p=any(p.top_p < 1 and not p.greedy for p in params),
+            use_min_p=any(p.min_p > 0 and not p.greedy for p in params),
+            max_top_k=max(top_k, default=0),
+        )
+
+    def rows(self, index: torch.Tensor) -> "SamplingTensors":
+        """The parameters of the slots in `index` (any shape): one row per node of a tree, say."""
+        pick = lambda t: t[index]  # noqa: E731
+        return SamplingTensors(pick(self.temperature), pick(self.top_k), pick(self.top_p), pick(self.min_p),
+                               pick(self.greedy), pick(self.seed), self.all_greedy, self.use_top_k,
+                               self.use_top_p, self.use_min_p, self.max_top_k)
+
+
+def new_seed() -> int:
+    """A seed for a request that gave none (64 bits from the OS)."""
+    return random.SystemRandom().getrandbits(64)
+
+
+def processed_probs(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+    """logits: [..., V] with st's tensors shaped [...] -> the processed distribution [..., V] (float32)."""
+    x = logits.float() / st.temperature[..., None]
+    if st.use_top_k:
+        vocab = x.shape[-1]
+        kmax = min(st.max_top_k, vocab)
+        top = x.topk(kmax, dim=-1).values
+        k = st.top_k.clamp(1, kmax)[..., None]
+        kth = torch.where(st.top_k[..., None] > 0, top.gather(-1, k - 1), torch.full_like(top[..., :1], -math.inf))
+        x = x.masked_fill(x < kth, -math.inf)
+    probs = torch.softmax(x, dim=-1)
+    if st.use_top_p:
+        sorted_probs = probs.sort(dim=-1, descending=True).values
+        mass_before = sorted_probs.cumsum(-1) - sorted_probs
+        kept = (mass_before < st.top_p[..., None]).sum(-1, keepdim=True).clamp_min(1)
+        threshold = sorted_probs.gather(-1, kept - 1)
+        # top_p = 1 keeps everything: cumulative sums can round to 1 before the tail ends.
+        threshold = torch.where(st.top_p[..., None] < 1, threshold, torch.zeros_like(threshold))
+        probs = probs.masked_fill(probs < threshold, 0.0)
+    if st.use_min_p:
+        floor = st.min_p[..., None] * probs.amax(-1, keepdim=True)
+        probs = probs.masked_fill(probs < floor, 0.0)
+    if st.use_top_p or st.use_min_p:
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+# --- counter-based uniforms -------------------------------------------------------------------
+_MASK32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    # (x * c) mod 2^32 for x in [0, 2^32), exact in int64: split c so no product overflows.
+    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _MASK32
+
+
+def _fmix32(h: torch.Tensor) -> torch.Tensor:
+    # MurmurHash3's finaliser: a bijection on 32 bits with full avalanche.
+    h = h ^ (h >> 16)
+    h = _mul32(h, 0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = _mul32(h, 0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def node_uniforms(seed: torch.Tensor, step: torch.Tensor, num_nodes: int) -> torch.Tensor:
+    """One uniform in (0, 1) per (slot, node): seed [S, 2], step [S] -> [S, num_nodes] float32.
+
+    24-bit resolution, exactly representable in float32 and never 0 or 1.
+    """
+    node = torch.arange(num_nodes, device=seed.device, dtype=torch.int64)[None, :]
+    h = _fmix32(node ^ 0x9E3779B9)
+    h = _fmix32(h ^ (step[:, None] & _MASK32))
+    h = _fmix32(h ^ seed[:, :1])
+    h = _fmix32(h ^ seed[:, 1:])
+    return ((h >> 8).float() + 0.5) / float(1 << 24)
+
+
+def sample_from(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draw: probs [..., V], u [...] in (0, 1) -> token ids [...].
+
+    A zero-probability token is never returned: its CDF entry equals its predecessor's, and the
+    result is clamped to the last token of non-zero probability against rounding at the top.
+    """
+    cdf = probs.cumsum(-1)
+    target = (u * cdf[..., -1])[..., None]
+    idx = torch.searchsorted(cdf, target.contiguous(), right=True)[..., 0]
+    vocab = torch.arange(probs.shape[-1], device=probs.device)
+    last_nonzero = torch.where(probs > 0, vocab, 0).amax(-1)
+    return torch.minimum(idx, last_nonzero)
+
+
+def derive(logits: torch.Tensor, st: SamplingTensors, step: torch.Tensor) -> torch.Tensor:
+    """One token per node from the target's logits: the only step where greedy and sampling differ.
+
+    logits: [S, N, V] (row 0 = root); st: per-slot params [S]; step: [S] round counter.
+    Greedy slots take the argmax; sampled slots draw independently at each node from the processed
+    distribution of that node.
+    """
+    greedy_tokens = logits.argmax(-1)
+    if st.all_greedy:
+        return greedy_tokens
+    slots, nodes = logits.shape[:2]
+    per_node = st.rows(torch.arange(slots, device=logits.device)[:, None].expand(slots, nodes))
+    probs = processed_probs(logits, per_node)
+    sampled = sample_from(probs, node_uniforms(st.seed, step, nodes))
+    return torch.where(st.greedy[:, None], greedy_tokens, sampled)

@@ -1,0 +1,134 @@
+"""The draft tree: DDTree's best-first tree under a node budget, and the walk that accepts a path.
+
+Every function here is a fixed-shape tensor program (no host synchronisation, no data-dependent
+shapes), so a whole round can later be captured in a CUDA graph. Node 0 of a tree is always the
+root: the bonus token of the previous round, not yet in the target's KV cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """A batch of draft trees, one per slot, each with the root plus `budget` nodes.
+
+    tokens, parents, depths, valid, scores: [S, 1 + budget]. Parents precede children (parent index <
+    child index); the root is its own parent. Invalid nodes (a budget larger than the number of
+    prefixes with non-zero draft probability) hang off the root and can never be accepted.
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    depths: torch.Tensor
+    valid: torch.Tensor
+    scores: torch.Tensor
+    max_depth: int  # static: deepest possible node
+
+    @property
+    def size(self) -> int:
+        return self.tokens.shape[1]
+
+
+def root_only(bonus: torch.Tensor) -> DraftTree:
+    """No draft at all: plain autoregressive decoding is a round over the root alone."""
+    zeros = torch.zeros_like(bonus)[:, None]
+    return DraftTree(bonus[:, None], zeros, zeros, torch.ones_like(zeros, dtype=torch.bool),
+                     zeros.float(), max_depth=0)
+
+
+def build_tree(bonus: torch.Tensor, logprobs: torch.Tensor, budget: int, branching: int | None = None) -> DraftTree:
+    """DDTree: the `budget` most probable prefixes under the drafter's factorised distribution.
+
+    bonus: [S] root tokens; logprobs: [S, D, V] draft log-probs for depths 1..D (float32).
+    branching: children per node considered (default min(budget, V)); 1 gives the DFlash chain.
+
+    Equivalent to DDTree's best-first heap, computed depth by depth: the best `budget` prefixes of
+    depth d all extend one of the best `budget` prefixes of depth d-1 (a prefix scores at least as much
+    as its extensions), so a beam of width `budget` per depth holds every candidate, and the global
+    best `budget` among the D beams form the tree. Ties break towards shallower, then earlier
+    candidates (stable sorts), which keeps the chosen set prefix-closed.
+    """
+    slots, depth_count, vocab = logprobs.shape
+    k = min(branching or budget, vocab, budget)
+    top_scores, top_tokens = logprobs.float().topk(k, dim=-1)  # [S, D, K], sorted descending
+    neg_inf = torch.full((slots, budget), -torch.inf, device=logprobs.device)
+
+    # Beam of depth 1: the root's K children, padded to the budget.
+    beam_scores = neg_inf.clone()
+    beam_scores[:, :k] = top_scores[:, 0]
+    beam_tokens = torch.zeros(slots, budget, dtype=torch.long, device=logprobs.device)
+    beam_tokens[:, :k] = top_tokens[:, 0]
+    scores, tokens, parent_beam = [beam_scores], [beam_tokens], [torch.zeros_like(beam_tokens)]
+    for d in range(1, depth_count):
+        candidates = (beam_scores[:, :, None] + top_scores[:, d, None, :]).flatten(1)  # [S, budget * K]
+        order = candidates.sort(dim=-1, descending=True, stable=True).indices[:, :budget]
+        beam_scores = candidates.gather(1, order)
+        beam_tokens = top_tokens[:, d].gather(1, order % k)
+        scores.append(beam_scores)
+        tokens.append(beam_tokens)
+        parent_beam.append(order // k)
+
+    # Global choice among all depths; candidate c = d * budget + j (depth-major).
+    all_scores = torch.cat(scores, dim=1)  # [S, D * budget]
+    chosen = all_scores.sort(dim=-1, descending=True, stable=True).indices[:, :budget]
+    chosen = chosen.sort(dim=-1).values  # depth-major order: parents before children
+    node_of = torch.full_like(all_scores, -1, dtype=torch.long)
+    node_of.scatter_(1, chosen, torch.arange(1, budget + 1, device=logprobs.device).expand(slots, budget))
+
+    depth0 = chosen // budget  # 0-based depth of each chosen candidate
+    parent_candidate = (depth0 - 1) * budget + torch.cat(parent_beam, dim=1).gather(1, chosen)
+    parent = node_of.gather(1, parent_candidate.clamp_min(0))
+    node_scores = all_scores.gather(1, chosen)
+    valid = node_scores > -torch.inf
+    parent = torch.where((depth0 > 0) & valid, parent, 0)
+
+    zero = torch.zeros(slots, 1, dtype=torch.long, device=logprobs.device)
+    return DraftTree(
+        tokens=torch.cat([bonus[:, None], torch.cat(tokens, dim=1).gather(1, chosen)], dim=1),
+        parents=torch.cat([zero, parent], dim=1),
+        depths=torch.cat([zero, depth0 + 1], dim=1),
+        valid=torch.cat([torch.ones_like(zero, dtype=torch.bool), valid], dim=1),
+        scores=torch.cat([zero.float(), node_scores], dim=1),
+        max_depth=depth_count,
+    )
+
+
+def ancestor_mask(tree: DraftTree) -> torch.Tensor:
+    """[S, N, N] bool: node i sees node j iff j is i or an ancestor of i (the verify mask)."""
+    slots, n = tree.parents.shape
+    seen = torch.eye(n, dtype=torch.bool, device=tree.parents.device).expand(slots, n, n)
+    for _ in range(tree.max_depth):  # each pass adds one more generation of ancestors
+        seen = seen | seen.gather(1, tree.parents[:, :, None].expand(slots, n, n))
+    return seen
+
+
+@dataclass(frozen=True)
+class Walk:
+    """The accepted path of each slot. path: [S, D+1] node indices by depth (entries past `accepted`
+    are 0); accepted: [S] nodes on the path including the root (= tokens emitted this round);
+    emitted: [S, D+1] the tokens emitted, the last valid one being the new bonus token."""
+
+    path: torch.Tensor
+    accepted: torch.Tensor
+    emitted: torch.Tensor
+
+
+def walk(tree: DraftTree, derived: torch.Tensor) -> Walk:
+    """From the root, follow the child whose token equals the token derived at the current node.
+
+    derived: [S, N] one target token per node. Siblings are distinct, so at most one child matches
+    and the accepted nodes form one path from the root.
+    """
+    matches = tree.valid & (tree.tokens == derived.gather(1, tree.parents))
+    accepted = matches.clone()
+    accepted[:, 0] = True
+    for _ in range(tree.max_depth):
+        accepted = accepted & accepted.gather(1, tree.parents)
+    depth_ids = torch.arange(tree.max_depth + 1, device=derived.device)
+    on_path = accepted[:, None, :] & (tree.depths[:, None, :] == depth_ids[None, :, None])  # [S, D+1, N]
+    path = on_path.int().argmax(-1)
+    return Walk(path=path, accepted=accepted.sum(1), emitted=derived.gather(1, path))
