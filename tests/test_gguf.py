@@ -1,0 +1,324 @@
+"""GGUF -> HF directory conversion: exact round trips on tiny models, errors, and the real SmolLM2 GGUF."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import load_file
+
+from treeflash.config import ModelConfig, UnsupportedModelError
+from treeflash.gguf_convert import cached_conversion, convert_gguf, gguf_cache_key, hf_tensor_name
+
+CHAT_TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+
+# HF module suffix -> llama.cpp tensor name, written out independently of the converter's table.
+_TO_GGUF = {
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+}
+
+
+def gguf_name(hf_name: str) -> str:
+    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+           "lm_head.weight": "output.weight"}
+    if hf_name in top:
+        return top[hf_name]
+    _, _, layer, rest = hf_name.split(".", 3)
+    module, kind = rest.rsplit(".", 1)
+    return f"blk.{layer}.{_TO_GGUF[module]}.{kind}"
+
+
+def llamacpp_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """llama.cpp convert_hf_to_gguf's q/k permutation (rotate-half rows -> interleaved pairs)."""
+    return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def tiny_vocab() -> tuple[list[str], list[str], list[int]]:
+    """A 300-token byte-level BPE vocabulary: 256 bytes, 41 merges, 3 control tokens."""
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    tokens = sorted(ByteLevel.alphabet())
+    merges = [f"{a} {b}" for a in "etaoin" for b in "etaoinsh"][:41]
+    tokens += [m.replace(" ", "") for m in merges] + ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    types = [gguf.TokenType.NORMAL] * 297 + [gguf.TokenType.CONTROL] * 3
+    return tokens, merges, types
+
+
+def write_gguf(path: Path, model: torch.nn.Module, arch: str, *, extra_tensors: dict | None = None) -> Path:
+    """Write an HF model as an F32 GGUF the way llama.cpp's converter does."""
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_vocab_size(cfg.vocab_size)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    tokens, merges, types = tiny_vocab()
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(298)
+    w.add_eos_token_id(299)
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHAT_TEMPLATE)
+    for name, t in model.state_dict().items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        a = t.detach().numpy().astype(np.float32)
+        if arch == "llama" and ".q_proj." in name:
+            a = llamacpp_permute(a, cfg.num_attention_heads)
+        elif arch == "llama" and ".k_proj." in name:
+            a = llamacpp_permute(a, cfg.num_key_value_heads)
+        w.add_tensor(gguf_name(name), np.ascontiguousarray(a))
+    for name, a in (extra_tensors or {}).items():
+        w.add_tensor(name, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def tiny_model(arch: str) -> torch.nn.Module:
+    import transformers
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  rms_norm_eps=1e-5, rope_theta=50000.0)
+    if arch == "llama":
+        cfg = transformers.LlamaConfig(**common, tie_word_embeddings=False)
+        model = transformers.LlamaForCausalLM(cfg)
+    elif arch == "qwen2":
+        cfg = transformers.Qwen2Config(**common, tie_word_embeddings=True)
+        model = transformers.Qwen2ForCausalLM(cfg)
+    else:  # head_dim != hidden/heads, as in real Qwen3 models
+        cfg = transformers.Qwen3Config(**common, head_dim=32, tie_word_embeddings=True)
+        model = transformers.Qwen3ForCausalLM(cfg)
+    with torch.no_grad():  # norms and biases start at 1/0; randomise them so a mix-up would show
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.copy_(torch.randn_like(p))
+    return model.float().eval()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_roundtrip_exact(tmp_path: Path, arch: str) -> None:
+    model = tiny_model(arch)
+    src = write_gguf(tmp_path / f"tiny-{arch}.gguf", model, arch)
+    out = convert_gguf(src, tmp_path / "out", tokenizer=False)
+
+    expected = {k: v.numpy() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        del expected["lm_head.weight"]
+    got = load_file(out / "model.safetensors")
+    assert sorted(got) == sorted(expected)
+    for name, a in expected.items():
+        assert got[name].dtype == np.float32
+        np.testing.assert_array_equal(got[name], a, err_msg=name)
+
+    cfg = json.loads((out / "config.json").read_text())
+    ref = model.config
+    assert cfg["architectures"] == [type(model).__name__]
+    assert cfg["model_type"] == arch
+    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "max_position_embeddings", "tie_word_embeddings", "rms_norm_eps"):
+        assert cfg[key] == getattr(ref, key), key
+    assert cfg["head_dim"] == (32 if arch == "qwen3" else 16)
+    assert cfg["rope_theta"] == 50000.0
+    assert (cfg["bos_token_id"], cfg["eos_token_id"]) == (298, 299)
+    parsed = ModelConfig.from_dir(out)
+    assert parsed.qk_norm == (arch == "qwen3") and parsed.qkv_bias == (arch == "qwen2")
+    assert not (out / "tokenizer.json").exists()
+
+
+def test_permutation_is_llamas() -> None:
+    # The interleaved order llama.cpp stores: per head, rows (0, d/2, 1, d/2+1, ...).
+    w = np.arange(8, dtype=np.float32).reshape(8, 1)  # 2 heads of dim 4
+    assert llamacpp_permute(w, 2).ravel().tolist() == [0, 2, 1, 3, 4, 6, 5, 7]
+
+
+def test_tokenizer_and_chat_template(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    src = write_gguf(tmp_path / "tiny.gguf", tiny_model("llama"), "llama")
+    out = convert_gguf(src, tmp_path / "out")
+    tok = AutoTokenizer.from_pretrained(out)
+    assert (tok.bos_token, tok.eos_token, tok.eos_token_id) == ("<|im_start|>", "<|im_end|>", 299)
+    assert json.loads((out / "tokenizer_config.json").read_text())["chat_template"] == CHAT_TEMPLATE
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    assert text == "<|im_start|>user\nhi<|im_end|>\n"
+    ids = tok("ten tea<|im_end|>").input_ids
+    assert ids[-1] == 299 and tok.decode(ids) == "ten tea<|im_end|>"
+    # Merge ranks follow the GGUF order: "e n" outranks "t e".
+    assert tok.convert_ids_to_tokens(ids) == ["t", "en", "Ġ", "t", "ea", "<|im_end|>"]
+
+
+def test_cached_conversion_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = write_gguf(tmp_path / "tiny.gguf", tiny_model("qwen3"), "qwen3")
+    monkeypatch.setenv("TREEFLASH_CACHE", str(tmp_path / "cache"))
+    out = cached_conversion(src)
+    assert out == tmp_path / "cache" / "converted" / f"tiny-{gguf_cache_key(src)}"
+    stamp = (out / "model.safetensors").stat().st_mtime_ns
+    assert cached_conversion(src) == out
+    assert (out / "model.safetensors").stat().st_mtime_ns == stamp
+    assert [p.name for p in out.parent.iterdir()] == [out.name]  # no temporary directories left
+    assert cached_conversion(src, tmp_path / "other").parent == tmp_path / "other" / "converted"
+
+
+def test_convert_refuses_existing_dir(tmp_path: Path) -> None:
+    src = write_gguf(tmp_path / "tiny.gguf", tiny_model("llama"), "llama")
+    (tmp_path / "out").mkdir()
+    with pytest.raises(FileExistsError):
+        convert_gguf(src, tmp_path / "out", tokenizer=False)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    for fn in (lambda p: convert_gguf(p, tmp_path / "out"), cached_conversion):
+        with pytest.raises(FileNotFoundError, match="nope.gguf"):
+            fn(tmp_path / "nope.gguf")
+
+
+def test_bad_magic(tmp_path: Path) -> None:
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(b"PK\x03\x04" + b"\0" * 100)
+    for fn in (lambda p: convert_gguf(p, tmp_path / "out"), lambda p: cached_conversion(p, tmp_path)):
+        with pytest.raises(ValueError, match="model.gguf: not a GGUF file"):
+            fn(bad)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.99])  # inside the metadata / inside the tensor data
+def test_truncated(tmp_path: Path, keep: float) -> None:
+    src = write_gguf(tmp_path / "tiny.gguf", tiny_model("llama"), "llama")
+    data = src.read_bytes()
+    src.write_bytes(data[: int(len(data) * keep)])
+    with pytest.raises(ValueError, match="tiny.gguf: .*truncated"):
+        cached_conversion(src, tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()
+
+
+def test_unsupported_architecture(tmp_path: Path) -> None:
+    w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "mamba")
+    w.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(UnsupportedModelError, match="'mamba"):
+        convert_gguf(tmp_path / "m.gguf", tmp_path / "out")
+
+
+def test_unknown_tensor_is_refused(tmp_path: Path) -> None:
+    # Llama 3.1 GGUFs carry their rope scaling as rope_freqs.weight; dropping it would change the model.
+    src = write_gguf(tmp_path / "t.gguf", tiny_model("llama"), "llama",
+                     extra_tensors={"rope_freqs.weight": np.ones(8, dtype=np.float32)})
+    with pytest.raises(UnsupportedModelError, match="rope_freqs"):
+        convert_gguf(src, tmp_path / "out", tokenizer=False)
+
+
+def test_tensor_names() -> None:
+    assert hf_tensor_name("blk.12.attn_output.weight") == "model.layers.12.self_attn.o_proj.weight"
+    assert hf_tensor_name("blk.0.attn_q.bias") == "model.layers.0.self_attn.q_proj.bias"
+    assert hf_tensor_name("blk.3.attn_k_norm.weight") == "model.layers.3.self_attn.k_norm.weight"
+    assert hf_tensor_name("output.weight") == "lm_head.weight"
+    assert hf_tensor_name("blk.0.ffn_gate_exps.weight") is None
+
+
+# ---- the real default checkpoint -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def smollm2(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(GGUF path, converted directory), converted once per test session into a private cache."""
+    from treeflash.default_model import default_gguf_path
+
+    src = default_gguf_path()
+    return src, cached_conversion(src, tmp_path_factory.mktemp("cache"))
+
+
+@pytest.mark.integration
+def test_default_model_path() -> None:
+    from treeflash.default_model import DEFAULT_MODEL_NAME, default_gguf_path
+
+    path = default_gguf_path()
+    assert path.name == f"{DEFAULT_MODEL_NAME}.Q4_1.gguf" and path.stat().st_size == 98_362_432
+
+
+@pytest.mark.integration
+def test_smollm2_weights_and_config_match_transformers(smollm2: tuple[Path, Path]) -> None:
+    from transformers import AutoModelForCausalLM
+
+    src, out = smollm2
+    ref = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
+    ref_state = ref.state_dict()
+    got = load_file(out / "model.safetensors")
+    assert set(got) == set(ref_state) - {"lm_head.weight"}  # tied to the embedding
+    for name, a in got.items():
+        np.testing.assert_array_equal(a, ref_state[name].numpy(), err_msg=name)
+
+    cfg = json.loads((out / "config.json").read_text())
+    rc = ref.config
+    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "max_position_embeddings", "tie_word_embeddings"):
+        assert cfg[key] == getattr(rc, key), key
+    assert cfg["rms_norm_eps"] == 1e-5 and np.float32(rc.rms_norm_eps) == np.float32(1e-5)
+    assert cfg["rope_theta"] == rc.rope_parameters["rope_theta"] == 100000.0
+    assert cfg["architectures"] == ["LlamaForCausalLM"]
+    # The GGUF's eos is <|im_end|> (2); the HF config loaded from the GGUF agrees, its tokenizer does not.
+    assert (cfg["bos_token_id"], cfg["eos_token_id"]) == (1, 2)
+
+    # The directory is a valid HF checkpoint computing the same logits.
+    mine = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    ids = torch.tensor([[1, 9690, 198, 19556, 905, 2]])
+    with torch.no_grad():
+        torch.testing.assert_close(mine(ids).logits, ref(ids).logits, rtol=0, atol=0)
+
+
+@pytest.mark.integration
+def test_smollm2_tokenizer(smollm2: tuple[Path, Path]) -> None:
+    from transformers import AutoTokenizer
+
+    src, out = smollm2
+    ref = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+    tok = AutoTokenizer.from_pretrained(out)
+    for text in ["Hello world", "  leading spaces and\ttabs\n\nnewlines", "In 2024, 12345 apples cost $3.50.",
+                 "naïve café — 東京 🙂", "<|im_start|>user\nhi<|im_end|>\n"]:
+        assert tok(text).input_ids == ref(text).input_ids, text
+        assert tok.decode(tok(text).input_ids) == text
+    assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) == (1, 2, 2)
+    assert tok.eos_token == "<|im_end|>"
+    ids = tok.apply_chat_template([{"role": "user", "content": "What is 2+2?"}], add_generation_prompt=True)
+    ids = ids["input_ids"] if not isinstance(ids, list) else ids
+    text = tok.decode(ids)
+    assert text.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+    assert text.endswith("<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n")
+
+
+@pytest.mark.integration
+def test_smollm2_cache_is_reused(smollm2: tuple[Path, Path]) -> None:
+    src, out = smollm2
+    stamp = (out / "model.safetensors").stat().st_mtime_ns
+    assert cached_conversion(src, out.parent.parent) == out
+    assert (out / "model.safetensors").stat().st_mtime_ns == stamp
+    assert sorted(os.listdir(out)) == ["chat_template.jinja", "config.json", "model.safetensors",
+                                       "tokenizer.json", "tokenizer_config.json"]

@@ -1,0 +1,286 @@
+"""Convert a llama.cpp GGUF checkpoint into a Hugging Face style directory.
+
+The rest of the engine only loads HF directories (config.json + model.safetensors + tokenizer files),
+so a GGUF is dequantised to float32 once and cached. Quantised weights are reproduced exactly as
+llama.cpp's dequantisation defines them; nothing is re-quantised or cast to a lower precision.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import secrets
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from treeflash.config import UnsupportedModelError, unsupported_architecture
+
+GGUF_MAGIC = b"GGUF"
+# Bump when the output layout changes, so stale cache entries are not reused.
+_CONVERTER_VERSION = 1
+_SAMPLE_BYTES = 1 << 20
+
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_BLOCK_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+_BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+
+
+def hf_tensor_name(gguf_name: str) -> str | None:
+    """The HF parameter name for a llama.cpp tensor name, or None when there is no counterpart."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    m = _BLOCK_RE.fullmatch(gguf_name)
+    if m and m.group(2) in _BLOCK_NAMES:
+        return f"model.layers.{m.group(1)}.{_BLOCK_NAMES[m.group(2)]}.{m.group(3)}"
+    return None
+
+
+def unpermute_rotary(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation for the `llama` architecture.
+
+    llama.cpp rotates interleaved pairs (GPT-J style) while HF rotates the two halves of each head,
+    so its converter reorders every head's rows from [first half, second half] to interleaved
+    (x0, x_{d/2}, x1, x_{d/2+1}, ...). Reading the rows back as (head, d/2, 2) and swapping the last
+    two axes restores the HF order. Applies to weights [rows, in] and biases [rows] alike.
+    """
+    head_dim = w.shape[0] // n_heads
+    return w.reshape(n_heads, head_dim // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _check_magic(path: Path) -> None:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: GGUF file not found")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != GGUF_MAGIC:
+        raise ValueError(f"{path}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
+
+
+def _open(path: Path) -> Any:
+    """A GGUFReader for `path`, with errors that name the file instead of numpy internals."""
+    import gguf
+
+    _check_magic(path)
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as e:  # the reader fails deep inside numpy on truncated or corrupt files
+        raise ValueError(f"{path}: corrupt or truncated GGUF file ({type(e).__name__}: {e})") from None
+    for t in reader.tensors:
+        if t.data.nbytes != t.n_bytes:
+            raise ValueError(f"{path}: truncated GGUF file (tensor {t.name} is incomplete)")
+    return reader
+
+
+def _meta(reader: Any, key: str, default: Any = None) -> Any:
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def _float32_value(x: float) -> float:
+    """GGUF stores floats as float32; use the shortest decimal of that float32 (1e-05, not 9.99e-06)."""
+    return float(str(np.float32(x)))
+
+
+def _architecture(reader: Any, path: Path) -> str:
+    arch = _meta(reader, "general.architecture")
+    if arch not in _ARCHITECTURES:
+        raise unsupported_architecture(f"{arch} (GGUF general.architecture in {path.name})")
+    return arch
+
+
+def _hf_config(reader: Any, path: Path, tensor_shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
+    arch = _architecture(reader, path)
+
+    def key(name: str, default: Any = None) -> Any:
+        value = _meta(reader, f"{arch}.{name}", default)
+        if value is None:
+            raise ValueError(f"{path}: GGUF metadata lacks {arch}.{name}")
+        return value
+
+    hidden = int(key("embedding_length"))
+    heads = int(key("attention.head_count"))
+    head_dim = int(key("attention.key_length", hidden // heads))
+    rotary_dim = int(key("rope.dimension_count", head_dim))
+    if rotary_dim != head_dim:
+        raise UnsupportedModelError(f"{path.name}: partial rotary embedding ({rotary_dim} of {head_dim} dims)")
+    cfg: dict[str, Any] = {
+        "architectures": [_ARCHITECTURES[arch]],
+        "model_type": arch,
+        "vocab_size": tensor_shapes["model.embed_tokens.weight"][0],
+        "hidden_size": hidden,
+        "intermediate_size": int(key("feed_forward_length")),
+        "num_hidden_layers": int(key("block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(key("attention.head_count_kv", heads)),
+        "head_dim": head_dim,
+        "rms_norm_eps": _float32_value(key("attention.layer_norm_rms_epsilon")),
+        "rope_theta": _float32_value(key("rope.freq_base", 10000.0)),
+        "max_position_embeddings": int(key("context_length")),
+        "tie_word_embeddings": "lm_head.weight" not in tensor_shapes,
+        "hidden_act": "silu",
+        "torch_dtype": "float32",
+    }
+    if arch == "llama":
+        cfg["attention_bias"] = "model.layers.0.self_attn.q_proj.bias" in tensor_shapes
+        cfg["mlp_bias"] = False
+    scaling = _meta(reader, f"{arch}.rope.scaling.type", "none")
+    if scaling == "linear":
+        cfg["rope_scaling"] = {"rope_type": "linear", "factor": float(key("rope.scaling.factor"))}
+    elif scaling != "none":
+        raise UnsupportedModelError(f"{path.name}: unsupported rope scaling {scaling!r}")
+    bos = _meta(reader, "tokenizer.ggml.bos_token_id")
+    if bos is not None:
+        cfg["bos_token_id"] = int(bos)
+    # Instruct models often end a turn with a separate end-of-turn token; generation must stop there too.
+    eos = []
+    for k in ("eos_token_id", "eot_token_id", "eom_token_id"):
+        v = _meta(reader, f"tokenizer.ggml.{k}")
+        if v is not None and int(v) not in eos:
+            eos.append(int(v))
+    if eos:
+        cfg["eos_token_id"] = eos[0] if len(eos) == 1 else eos
+    return cfg
+
+
+def _hf_tensors(reader: Any, path: Path) -> dict[str, np.ndarray]:
+    import gguf
+
+    arch = _architecture(reader, path)
+    heads = int(_meta(reader, f"{arch}.attention.head_count", 0))
+    kv_heads = int(_meta(reader, f"{arch}.attention.head_count_kv", heads))
+    tensors: dict[str, np.ndarray] = {}
+    for t in reader.tensors:
+        name = hf_tensor_name(t.name)
+        if name is None:
+            # Dropping an unknown tensor (e.g. rope_freqs of Llama 3.1) would silently change the model.
+            raise UnsupportedModelError(f"{path.name}: tensor {t.name!r} has no Hugging Face counterpart")
+        try:
+            w = gguf.quants.dequantize(t.data, t.tensor_type)
+        except NotImplementedError as e:
+            raise UnsupportedModelError(f"{path.name}: tensor {t.name}: {e}") from None
+        # GGUF lists dims fastest-first ([in, out]); numpy's row-major order is the reverse, i.e. HF's.
+        w = w.reshape(tuple(int(d) for d in reversed(t.shape))).astype(np.float32, copy=False)
+        if arch == "llama" and (".self_attn.q_proj." in name or ".self_attn.k_proj." in name):
+            w = unpermute_rotary(w, heads if ".q_proj." in name else kv_heads)
+        tensors[name] = np.ascontiguousarray(w)
+    if "model.embed_tokens.weight" not in tensors:
+        raise ValueError(f"{path}: GGUF has no token_embd.weight tensor")
+    return tensors
+
+
+def _save_tokenizer(reader: Any, path: Path, out: Path, context_length: int) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    # transformers' GGUF import mislabels special tokens (SmolLM2 gets eos = <|im_start|>); the GGUF
+    # metadata is authoritative.
+    tokens = reader.fields["tokenizer.ggml.tokens"]
+    for attr, key in (("bos_token", "bos"), ("eos_token", "eos"), ("unk_token", "unknown"), ("pad_token", "padding")):
+        token_id = _meta(reader, f"tokenizer.ggml.{key}_token_id")
+        if token_id is not None:
+            setattr(tok, attr, tokens.contents(int(token_id)))
+    template = _meta(reader, "tokenizer.chat_template")
+    if template:
+        tok.chat_template = template
+    tok.model_max_length = context_length
+    tok.save_pretrained(out)
+    # transformers >= 5 saves the template as chat_template.jinja only; also keep it in
+    # tokenizer_config.json for readers that look there (older transformers, plain JSON readers).
+    if template:
+        cfg_file = out / "tokenizer_config.json"
+        tok_cfg = json.loads(cfg_file.read_text())
+        tok_cfg["chat_template"] = template
+        cfg_file.write_text(json.dumps(tok_cfg, indent=2, ensure_ascii=False) + "\n")
+
+
+def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, tokenizer: bool = True) -> Path:
+    """Dequantise `gguf_path` into a new HF directory `out_dir` (model.safetensors, config.json, tokenizer).
+
+    The directory appears atomically: everything is written to a temporary sibling that is renamed
+    at the end, so a crash never leaves a half-written directory. `tokenizer=False` skips the
+    tokenizer files (for checkpoints without tokenizer metadata, e.g. in tests).
+    """
+    from safetensors.numpy import save_file
+
+    path, out = Path(gguf_path), Path(out_dir)
+    if out.exists():
+        raise FileExistsError(f"{out}: output directory already exists")
+    reader = _open(path)
+    _architecture(reader, path)
+    if tokenizer and "tokenizer.ggml.tokens" not in reader.fields:
+        raise ValueError(f"{path}: GGUF has no tokenizer (tokenizer.ggml.tokens is missing)")
+    tensors = _hf_tensors(reader, path)
+    config = _hf_config(reader, path, {k: v.shape for k, v in tensors.items()})
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Not tempfile.mkdtemp: its 0700 mode would survive the rename and make a shared cache private.
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp.mkdir()
+    try:
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        del tensors
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        if tokenizer:
+            _save_tokenizer(reader, path, tmp, config["max_position_embeddings"])
+        try:
+            os.rename(tmp, out)
+        except OSError:
+            # Another process finished the same conversion first; its result is as good as ours.
+            if not (out / "config.json").is_file():
+                raise
+            shutil.rmtree(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def gguf_cache_key(gguf_path: str | Path) -> str:
+    """A short content hash of a GGUF: size plus its first and last MiB (cheap, independent of mtime)."""
+    path = Path(gguf_path)
+    size = path.stat().st_size
+    h = hashlib.sha256(f"treeflash-gguf-v{_CONVERTER_VERSION}:{size}:".encode())
+    with open(path, "rb") as f:
+        h.update(f.read(_SAMPLE_BYTES))
+        f.seek(max(0, size - _SAMPLE_BYTES))
+        h.update(f.read(_SAMPLE_BYTES))
+    return h.hexdigest()[:16]
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("TREEFLASH_CACHE") or Path.home() / ".cache" / "treeflash")
+
+
+def cached_conversion(gguf_path: str | Path, cache_dir: str | Path | None = None) -> Path:
+    """The converted HF directory for `gguf_path`, converting only on the first call.
+
+    Lives in `<cache_dir or $TREEFLASH_CACHE or ~/.cache/treeflash>/converted/<stem>-<content hash>`.
+    """
+    path = Path(gguf_path)
+    _check_magic(path)  # truncated files hash differently and fail in convert_gguf
+    out = Path(cache_dir or default_cache_dir()) / "converted" / f"{path.stem}-{gguf_cache_key(path)}"
+    if (out / "config.json").is_file():
+        return out
+    return convert_gguf(path, out)
