@@ -105,4 +105,5 @@ def load_tokenizer(model_dir: Path):
         return None
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
+    # clean_up_tokenization_spaces would strip spaces before punctuation in BPE output.
+    return AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False, clean_up_tokenization_spaces=False)
