@@ -1,0 +1,111 @@
+"""The embedded default, SmolLM2-135M-Instruct (GGUF): greedy output identical to transformers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from treeflash import LLM, SamplingParams
+from treeflash.default_model import default_gguf_path
+
+pytestmark = pytest.mark.integration
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"]
+CHATS = [[{"role": "user", "content": "What is the boiling point of water?"}],
+         [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name three trees."}]]
+NEW_TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def llm() -> LLM:
+    return LLM()  # no model argument: the embedded default
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """transformers' own load of the same GGUF file, float32."""
+    from transformers import AutoModelForCausalLM
+
+    path = default_gguf_path()
+    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+
+
+def reference_greedy(model, ids: list[int]) -> list[int]:
+    out = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
+                         eos_token_id=None, pad_token_id=0, attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+    return out[0, len(ids):].tolist()
+
+
+def greedy(n: int = NEW_TOKENS) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+
+
+def test_default_model_is_smollm2(llm: LLM) -> None:
+    cfg = llm.config
+    assert (cfg.architecture, cfg.num_layers, cfg.hidden_size, cfg.vocab_size) == ("LlamaForCausalLM", 30, 576, 49152)
+    assert llm.tokenizer is not None and llm.tokenizer.chat_template
+
+
+def test_greedy_text_prompts_match_transformers(llm: LLM, reference) -> None:
+    outs = llm.generate(PROMPTS, greedy())
+    for prompt, out in zip(PROMPTS, outs):
+        assert out.token_ids == reference_greedy(reference, out.prompt_token_ids), prompt
+        assert out.finish_reason == "length" and out.text == llm.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+
+
+def test_greedy_chat_prompts_match_transformers(llm: LLM, reference) -> None:
+    outs = llm.chat(CHATS, greedy())
+    for chat, out in zip(CHATS, outs):
+        text = llm.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        assert text.startswith("<|im_start|>") and text.endswith("<|im_start|>assistant\n")
+        assert out.prompt_token_ids == llm.tokenizer.encode(text, add_special_tokens=False)
+        assert out.token_ids == reference_greedy(reference, out.prompt_token_ids)
+
+
+def test_chat_reply_stops_at_end_of_turn(llm: LLM) -> None:
+    out = llm.chat(CHATS[0], SamplingParams(temperature=0, max_tokens=200))[0]
+    assert out.finish_reason == "stop" and out.token_ids[-1] == llm.tokenizer.eos_token_id == 2
+    assert "<|im_end|>" not in out.text and out.text.strip()
+
+
+def test_batched_one_slot_and_many_slots_agree(llm: LLM) -> None:
+    batched = llm.generate(PROMPTS, greedy(12))
+    single = [llm.generate(p, greedy(12))[0] for p in PROMPTS]
+    assert [o.token_ids for o in batched] == [o.token_ids for o in single]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "treeflash.cli", *args], capture_output=True, text=True, timeout=600)
+
+
+def test_cli_generate_streams_the_greedy_text(llm: LLM) -> None:
+    result = run_cli("generate", PROMPTS[0], "--temperature", "0", "--max-tokens", "8", "--ignore-eos")
+    assert result.returncode == 0, result.stderr
+    expected = llm.generate(PROMPTS[0], greedy(8))[0].text
+    assert result.stdout.rstrip("\n") == expected
+    assert "8 tokens" in result.stderr and "tokens/s" in result.stderr
+
+
+def test_cli_show_tree_and_chat() -> None:
+    result = run_cli("generate", "Hi", "--chat", "--max-tokens", "4", "--seed", "3", "--show-tree")
+    assert result.returncode == 0, result.stderr
+    assert "last round's draft tree" in result.stdout and "root" in result.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["generate", "x", "--top-p", "1.5"], "top_p"),
+    (["generate", "x", "--model", "/nonexistent/model"], "no such model"),
+    (["generate", "x", "--spec", "ddtree"], "draft_model"),
+])
+def test_cli_bad_input_is_a_clear_error(args: list[str], message: str) -> None:
+    result = run_cli(*args)
+    assert result.returncode == 1 and message in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("command", [[], ["generate"], ["convert"]])
+def test_cli_help_documents_every_command(command: list[str]) -> None:
+    result = run_cli(*command, "--help")
+    assert result.returncode == 0 and "usage: treeflash" in result.stdout and len(result.stdout) > 300
