@@ -94,7 +94,9 @@ class Speculator:
             if self.drafter:
                 self.drafter.add_context(torch.cat(features, -1), rows, draft_cache, rows)
         self.state.seq_lens[slot] = len(prompt)
-        self.state.steps[slot] = 0
+        # Step 0 is the engine's draw of the first token from these logits; rounds count from 1, so
+        # the first round's root never reuses that uniform.
+        self.state.steps[slot] = 1
         self.state.active[slot] = True
         return self.target.logits(hidden[0, -1])
 

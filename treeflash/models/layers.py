@@ -86,4 +86,4 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     q = q.reshape(b, kv_heads, groups * t, d)
     mask = mask[:, None, None].expand(b, kv_heads, groups, t, length).reshape(b, kv_heads, groups * t, length)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    return out.view(b, h, t, d).transpose(1, 2).flatten(2)
+    return out.reshape(b, h, t, d).transpose(1, 2).flatten(2)
