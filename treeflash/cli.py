@@ -126,11 +126,11 @@ def _generate(args) -> int:
     else:
         stream = llm.stream(prompt, params)
     start = time.perf_counter()
-    for delta, _ in stream:
-        sys.stdout.write(delta)
+    for chunk in stream:
+        sys.stdout.write(chunk.text)
         sys.stdout.flush()
+        out = chunk.output
     elapsed = time.perf_counter() - start
-    out = llm.last_output
     sys.stdout.write("\n")
     if args.show_tree and out.last_tree:
         print("\nlast round's draft tree:\n" + out.last_tree)

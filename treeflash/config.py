@@ -24,12 +24,27 @@ class UnsupportedModelError(ValueError):
     """The checkpoint describes a model this engine cannot run exactly."""
 
 
-def unsupported_architecture(name: str) -> UnsupportedModelError:
+def unsupported_architecture(name: str, why: str = "") -> UnsupportedModelError:
     supported = ", ".join(sorted(SUPPORTED_ARCHITECTURES))
     return UnsupportedModelError(
-        f"unsupported architecture {name!r}: treeflash runs dense decoder-only transformers "
+        f"unsupported architecture {name!r}{why}: treeflash runs dense decoder-only transformers "
         f"({supported}); MoE, Mamba/hybrid and other architectures are not supported"
     )
+
+
+# Markers of layers that carry a recurrent state instead of (or beside) a KV cache.
+_RECURRENT_MARKERS = ("mamba", "ssm", "linear_attention", "deltanet", "recurrent", "conv")
+
+
+def _recurrent_reason(arch: str, cfg: dict[str, Any]) -> str | None:
+    layer_types = [str(t).lower() for t in cfg.get("layer_types") or []]
+    keys = " ".join(cfg).lower()
+    if (any(m in arch.lower() for m in ("mamba", "jamba", "zamba", "rwkv", "next", "hybrid", "recurrent"))
+            or any(m in t for t in layer_types for m in _RECURRENT_MARKERS)
+            or any(m in keys for m in ("mamba_", "ssm_", "linear_num_value_heads", "time_step"))):
+        return (" (hybrid/recurrent layers: verifying a draft tree in one pass would need a separate recurrent "
+                "state per tree node, which a KV cache cannot give; refused rather than risk wrong tokens)")
+    return None
 
 
 @dataclass(frozen=True)
@@ -94,8 +109,9 @@ class ModelConfig:
             raise UnsupportedModelError("config.json names no architecture ('architectures' is missing)")
         arch = archs[0]
         family = SUPPORTED_ARCHITECTURES.get(arch)
-        if family is None:
-            raise unsupported_architecture(arch)
+        recurrent = _recurrent_reason(arch, cfg)
+        if family is None or recurrent:
+            raise unsupported_architecture(arch, recurrent or "")
         if cfg.get("num_local_experts") or cfg.get("num_experts"):
             raise unsupported_architecture(f"{arch} with experts (MoE)")
         if cfg.get("use_sliding_window") or (family == "llama" and cfg.get("sliding_window")):

@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import torch
 
 from treeflash.checkpoint import load_target, load_tokenizer, resolve_model_dir
-from treeflash.engine import Engine, Request, StepUpdate
+from treeflash.engine import Engine, Request
 from treeflash.outputs import RequestOutput
 from treeflash.round import SpecConfig, Speculator, rows_per_round
 from treeflash.sampling import SamplingParams, new_seed
+
+@dataclass(frozen=True)
+class StreamChunk:
+    text: str  # newly accepted text
+    output: RequestOutput | None  # set on the last chunk: tokens, finish reason, metrics
+
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
@@ -81,7 +88,7 @@ class LLM:
     # --- public API ------------------------------------------------------------------------------
     def generate(self, prompts: str | Sequence[str] | None = None,
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
-                 prompt_token_ids: Sequence[Sequence[int]] | None = None, use_tqdm: bool = False) -> list[RequestOutput]:
+                 prompt_token_ids: Sequence[Sequence[int]] | None = None, use_tqdm: bool = True) -> list[RequestOutput]:
         """Generate for every prompt (strings, or token ids by keyword); the requests run as a batch."""
         requests = self._requests(prompts, sampling_params, prompt_token_ids)
         engine = self._engine(requests)
@@ -89,7 +96,7 @@ class LLM:
         if use_tqdm:
             from tqdm import tqdm
 
-            bar = tqdm(total=len(requests), desc="generating", unit="req")
+            bar = tqdm(total=len(requests), desc="generating", unit="req", disable=None)  # off when not a terminal
         while engine.has_work():
             for update in engine.step():
                 if bar is not None and update.request.finished:
@@ -111,15 +118,14 @@ class LLM:
         return [engine.output_of(r) for r in requests]
 
     def stream(self, prompt: str | None = None, sampling_params: SamplingParams | None = None, *,
-               prompt_token_ids: Sequence[int] | None = None) -> Iterator[tuple[str, Request]]:
-        """Yield (text delta, request) as one request's tokens are accepted; for the CLI."""
+               prompt_token_ids: Sequence[int] | None = None) -> Iterator[StreamChunk]:
+        """Generate for one prompt, yielding text as rounds accept it; the last chunk carries the output."""
         ids = None if prompt_token_ids is None else [list(prompt_token_ids)]
         requests = self._requests(None if ids else prompt, sampling_params, ids)
         engine = self._engine(requests)
         request, printed = requests[0], ""
         while engine.has_work():
-            updates: list[StepUpdate] = engine.step()
-            if not updates:
+            if not engine.step():
                 continue
             text = engine.text_of(request)
             if not request.finished:
@@ -127,10 +133,12 @@ class LLM:
                 hold = max((len(s) for s in request.params.stop or []), default=1) - 1
                 text = text[:len(text) - hold] if hold else text
                 text = text.rstrip("\ufffd")
-            if len(text) > len(printed) and text.startswith(printed):
-                yield text[len(printed):], request
-                printed = text
-        self.last_output = engine.output_of(request)
+            delta = text[len(printed):] if text.startswith(printed) else ""
+            printed = text if delta else printed
+            if request.finished:
+                yield StreamChunk(delta, engine.output_of(request))
+            elif delta:
+                yield StreamChunk(delta, None)
 
     def chat_token_ids(self, messages: list[dict]) -> list[int]:
         tok = self._need_tokenizer()
