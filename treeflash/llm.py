@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import operator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -42,6 +43,18 @@ def _dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
     return _DTYPES[dtype]
+
+
+def _token_ids(prompt, n: int) -> list[int]:
+    """Token ids as plain ints (numpy and torch integers welcome; bools and floats are not ids)."""
+    try:
+        return [operator.index(t) if not isinstance(t, bool) else _not_an_id(t) for t in prompt]
+    except TypeError:
+        raise ValueError(f"prompt_token_ids[{n}] must be a sequence of integer token ids") from None
+
+
+def _not_an_id(value):
+    raise TypeError(value)
 
 
 class LLM:
@@ -175,7 +188,7 @@ class LLM:
             ids = [tok.encode(p) for p in prompts]
             texts = prompts
         else:
-            ids = [list(p) for p in prompt_token_ids]
+            ids = [_token_ids(p, n) for n, p in enumerate(prompt_token_ids)]
             texts = texts or [None] * len(ids)
         if not ids:
             raise ValueError("no prompts given")
@@ -191,7 +204,7 @@ class LLM:
                 raise ValueError(f"sampling_params[{n}] is {type(p).__name__}, not SamplingParams")
             if not prompt:
                 raise ValueError(f"prompt {n} is empty")
-            if not all(isinstance(t, int) and 0 <= t < vocab for t in prompt):
+            if not all(0 <= t < vocab for t in prompt):
                 raise ValueError(f"prompt {n} has token ids outside the vocabulary [0, {vocab})")
             if len(prompt) >= self.max_model_len:
                 raise ValueError(f"prompt {n} has {len(prompt)} tokens; max_model_len is {self.max_model_len} "

@@ -1,0 +1,135 @@
+"""Tiny random checkpoints (and a character tokenizer) written the way Hugging Face writes real ones.
+
+`make_tiny_target(path, "llama" | "qwen2" | "qwen3", ...)` saves a float32 `save_pretrained` directory
+(config.json + model.safetensors) and returns it; `hf_model(path)` loads it back with transformers as the
+reference. Norm weights and biases are perturbed away from their trivial initial values (ones / zeros) so
+that a model that ignores them cannot pass a parity test.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+# A character-level vocabulary: id 0 is EOS_TOKEN, id i > 0 is the character CHARS[i - 1], so decoded
+# text is exact and deterministic.
+CHARS = list(" abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?")
+EOS_TOKEN = "<eos>"
+
+
+def tiny_hf_config(arch: str, *, vocab_size: int = 64, hidden_size: int = 32, num_layers: int = 2,
+                   num_heads: int = 4, num_kv_heads: int = 2, head_dim: int | None = None,
+                   intermediate_size: int = 64, max_position_embeddings: int = 256, tie: bool = False,
+                   init_std: float = 0.3, eos_token_id: int | None = None, **overrides):
+    """A transformers config object for a tiny model of `arch` ("llama", "qwen2" or "qwen3").
+
+    init_std 0.3 (HF's default is 0.02): at that scale a tiny model's next-token distributions are far
+    from uniform and greedy runs vary instead of repeating one token. eos_token_id defaults to none, so
+    transformers' generate never stops early.
+    """
+    import transformers
+
+    cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+           "qwen3": transformers.Qwen3Config}[arch]
+    fields = dict(vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers,
+                  num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+                  head_dim=head_dim or hidden_size // num_heads, intermediate_size=intermediate_size,
+                  max_position_embeddings=max_position_embeddings, tie_word_embeddings=tie,
+                  initializer_range=init_std, bos_token_id=None, eos_token_id=eos_token_id, pad_token_id=None,
+                  architectures=[ARCHITECTURES[arch]])
+    fields.update(overrides)
+    return cls(**fields)
+
+
+def make_tiny_target(path: str | Path, arch: str = "llama", *, seed: int = 0, logit_scale: float = 1.0,
+                     tokenizer: bool = False, **config) -> Path:
+    """Write a tiny random float32 checkpoint of `arch` to `path` and return the directory.
+
+    config: fields for `tiny_hf_config` (vocab_size, num_layers, tie, rope_parameters, ...).
+    logit_scale: multiplies the output projection, making the next-token distributions peakier (> 1)
+    or flatter (< 1); with tied embeddings it scales the input embeddings too. tokenizer: also write the
+    character tokenizer (`write_char_tokenizer`). The global torch RNG is left untouched.
+    """
+    import transformers
+
+    path = Path(path)
+    cfg = tiny_hf_config(arch, **config)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.copy_(0.2 * torch.randn(p.shape, generator=gen))
+            elif "norm" in name:
+                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=gen))
+        model.get_output_embeddings().weight.mul_(logit_scale)
+    model.save_pretrained(path, safe_serialization=True)
+    if tokenizer:
+        write_char_tokenizer(path, cfg.vocab_size)
+    return path
+
+
+def hf_model(path: str | Path):
+    """The reference: the checkpoint loaded by transformers (float32, eager attention)."""
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        str(path), dtype=torch.float32, attn_implementation="eager").eval()
+
+
+def write_char_tokenizer(path: str | Path, vocab_size: int) -> None:
+    """Save a character-level fast tokenizer (tokenizer.json + tokenizer_config.json) into `path`.
+
+    Id 0 is EOS_TOKEN (a special token); ids 1..vocab_size-1 are the first characters of CHARS.
+    Encoding splits text into characters; decoding concatenates them.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    assert 2 <= vocab_size <= len(CHARS) + 1, f"the character tokenizer covers vocab sizes 2..{len(CHARS) + 1}"
+    vocab = {EOS_TOKEN: 0, **{c: i + 1 for i, c in enumerate(CHARS[:vocab_size - 1])}}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=EOS_TOKEN))
+    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")  # one token per character
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens([EOS_TOKEN])
+    path = Path(path)
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS_TOKEN, "model_max_length": 1 << 20,
+    }))
+
+
+def char_ids(text: str) -> list[int]:
+    """The ids the character tokenizer gives `text`."""
+    return [CHARS.index(c) + 1 for c in text]
+
+
+def char_text(ids: list[int]) -> str:
+    """The text of character-tokenizer ids (EOS_TOKEN decodes to nothing, like skip_special_tokens)."""
+    return "".join(CHARS[i - 1] for i in ids if i > 0)
+
+
+def set_config_fields(path: str | Path, **fields) -> None:
+    """Rewrite fields of a directory's config.json (e.g. eos_token_id) in place."""
+    file = Path(path) / "config.json"
+    cfg = json.loads(file.read_text())
+    cfg.update(fields)
+    file.write_text(json.dumps(cfg, indent=2))
+
+
+@contextmanager
+def one_thread():
+    """Run torch on one CPU thread: tiny models gain nothing from more, and on a shared machine the
+    extra threads only contend (several times slower under load)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

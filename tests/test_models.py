@@ -1,0 +1,353 @@
+"""The target decoder against Hugging Face transformers, and the loader's refusals and errors.
+
+Every supported architecture variant is a tiny random float32 checkpoint written by `save_pretrained`;
+transformers loading the same directory is the reference for logits, cached decoding, hidden states and
+greedy generation.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from helpers import hf_model, make_tiny_target, one_thread, set_config_fields
+from treeflash import LLM, SamplingParams
+from treeflash.checkpoint import load_target
+from treeflash.config import SUPPORTED_ARCHITECTURES, UnsupportedModelError
+from treeflash.kv_cache import append_layout
+from treeflash.round import SpecConfig, Speculator
+
+ATOL = 1e-4  # float32 on logits of magnitude ~1
+VOCAB = 64
+PROMPT_LEN = 80  # longer than the llama3 case's original context (64), so rope scaling matters
+
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+
+# name -> (family, make_tiny_target overrides)
+VARIANTS = {
+    "llama_untied": ("llama", {}),
+    "llama_tied": ("llama", {"tie": True}),
+    # head_dim 16: wavelengths from 6 to ~6000 positions, so all three llama3 bands (kept, smoothed, scaled) occur.
+    "llama3_rope": ("llama", {"rope_parameters": LLAMA3_ROPE, "max_position_embeddings": 1024,
+                              "num_heads": 2, "num_kv_heads": 1, "head_dim": 16}),
+    "qwen2_bias": ("qwen2", {}),
+    "qwen3_qk_norm": ("qwen3", {"tie": True}),
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _single_thread():
+    with one_thread():
+        yield
+
+
+class Variant:
+    """One checkpoint with its treeflash model, its HF reference and a few prompts."""
+
+    def __init__(self, name: str, root: Path):
+        family, overrides = VARIANTS[name]
+        self.name = name
+        self.path = make_tiny_target(root / name, family, vocab_size=VOCAB, num_layers=3,
+                                     seed=len(name), **overrides)
+        self.hf = hf_model(self.path)
+        self.model, self.config = load_target(self.path, "cpu", torch.float32)
+        gen = torch.Generator().manual_seed(1)
+        self.prompt = torch.randint(0, VOCAB, (PROMPT_LEN,), generator=gen).tolist()
+        self.prompts = [torch.randint(0, VOCAB, (n,), generator=gen).tolist() for n in (5, 70, 1, 23, 41)]
+        self._greedy = {}
+
+    @torch.no_grad()
+    def hf_logits(self, ids: list[int]) -> torch.Tensor:
+        return self.hf(torch.tensor([ids])).logits[0]
+
+    @torch.no_grad()
+    def hf_greedy(self, ids: list[int], n: int = 32) -> list[int]:
+        key = tuple(ids)
+        if key not in self._greedy:
+            x = torch.tensor([ids])
+            out = self.hf.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n,
+                                   eos_token_id=None, pad_token_id=0)
+            self._greedy[key] = out[0, len(ids):].tolist()
+        return self._greedy[key]
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def variant(request, tmp_path_factory) -> Variant:
+    return Variant(request.param, tmp_path_factory.mktemp("models"))
+
+
+@torch.no_grad()
+def prefill(model, ids: list[int], capacity: int = 256, capture=()):
+    """Run a prompt through treeflash's decoder into a fresh one-slot cache: (logits [T, V], cache, captured)."""
+    cache = model.new_cache(1, capacity)
+    n = len(ids)
+    rows, mask = append_layout(torch.tensor([0]), torch.ones(1, n, n, dtype=torch.bool).tril(), n)
+    hidden, captured = model(torch.tensor([ids]), rows, cache, rows, mask, capture)
+    return model.logits(hidden)[0], cache, captured
+
+
+# --- parity with transformers -------------------------------------------------------------------
+
+def test_prompt_logits_match_transformers(variant):
+    logits, _, _ = prefill(variant.model, variant.prompt)
+    torch.testing.assert_close(logits, variant.hf_logits(variant.prompt), atol=ATOL, rtol=0)
+
+
+@torch.no_grad()
+def test_cached_decode_step_matches_transformers_with_past_key_values(variant):
+    prompt, nxt = variant.prompt, 17
+    _, cache, _ = prefill(variant.model, prompt)
+    n = len(prompt)
+    rows, mask = append_layout(torch.tensor([n]), torch.ones(1, 1, 1, dtype=torch.bool), n + 1)
+    hidden, _ = variant.model(torch.tensor([[nxt]]), rows, cache, rows, mask)
+    past = variant.hf(torch.tensor([prompt]), use_cache=True).past_key_values
+    expected = variant.hf(torch.tensor([[nxt]]), past_key_values=past).logits[0, -1]
+    torch.testing.assert_close(variant.model.logits(hidden)[0, -1], expected, atol=ATOL, rtol=0)
+
+
+@torch.no_grad()
+def test_one_forward_decodes_slots_of_different_lengths(variant):
+    """Two slots with different committed lengths, one new token each, in a single forward."""
+    model, a, b = variant.model, variant.prompts[1], variant.prompts[3]
+    cache = model.new_cache(2, 128)
+    for slot, ids in enumerate((a, b)):
+        n = len(ids)
+        rows, mask = append_layout(torch.tensor([0]), torch.ones(1, n, n, dtype=torch.bool).tril(), n)
+        model(torch.tensor([ids]), rows, cache.slot(slot), rows, mask)
+    seq_lens = torch.tensor([len(a), len(b)])
+    rows, mask = append_layout(seq_lens, torch.ones(2, 1, 1, dtype=torch.bool), max(len(a), len(b)) + 1)
+    hidden, _ = model(torch.tensor([[5], [9]]), rows, cache, rows, mask)
+    logits = model.logits(hidden)[:, 0]
+    torch.testing.assert_close(logits[0], variant.hf_logits(a + [5])[-1], atol=ATOL, rtol=0)
+    torch.testing.assert_close(logits[1], variant.hf_logits(b + [9])[-1], atol=ATOL, rtol=0)
+
+
+def test_chunked_prefill_matches_transformers(variant):
+    speculator = Speculator(variant.model, None, SpecConfig(), slots=1, capacity=128)
+    logits = speculator.prefill(0, variant.prompt, chunk=7)
+    torch.testing.assert_close(logits, variant.hf_logits(variant.prompt)[-1], atol=ATOL, rtol=0)
+
+
+@torch.no_grad()
+def test_captured_layers_are_transformers_hidden_states(variant):
+    """capture_layers=(i,) returns the output of decoder layer i, which is HF `hidden_states[i + 1]`.
+
+    HF applies the final norm to its last entry, so for the last layer norm(captured) is compared.
+    """
+    layers = tuple(range(variant.config.num_layers))
+    _, _, captured = prefill(variant.model, variant.prompt, capture=layers)
+    expected = variant.hf(torch.tensor([variant.prompt]), output_hidden_states=True).hidden_states
+    for i in layers[:-1]:
+        torch.testing.assert_close(captured[i][0], expected[i + 1][0], atol=ATOL, rtol=0)
+    torch.testing.assert_close(variant.model.norm(captured[-1])[0], expected[-1][0], atol=ATOL, rtol=0)
+
+
+@torch.no_grad()
+def test_tree_mask_sibling_sees_only_its_ancestors(variant):
+    """Tokens [a, b, c] at positions [p, p+1, p+1], where c sees a and itself but not its sibling b.
+
+    c's logits must be those of the plain sequence prompt + [a, c], and b's those of prompt + [a, b]:
+    this is what tree verification relies on.
+    """
+    model, prompt = variant.model, variant.prompts[3]
+    a, b, c = 11, 29, 40
+    _, cache, _ = prefill(model, prompt)
+    p = len(prompt)
+    tree = torch.tensor([[[1, 0, 0], [1, 1, 0], [1, 0, 1]]], dtype=torch.bool)
+    rows, mask = append_layout(torch.tensor([p]), tree, p + 3)
+    hidden, _ = model(torch.tensor([[a, b, c]]), torch.tensor([[p, p + 1, p + 1]]), cache, rows, mask)
+    logits = model.logits(hidden)[0]
+    plain_c, _, _ = prefill(model, prompt + [a, c])
+    plain_b, _, _ = prefill(model, prompt + [a, b])
+    torch.testing.assert_close(logits[2], plain_c[-1], atol=1e-5, rtol=0)
+    torch.testing.assert_close(logits[1], plain_b[-1], atol=1e-5, rtol=0)
+    torch.testing.assert_close(logits[2], variant.hf_logits(prompt + [a, c])[-1], atol=ATOL, rtol=0)
+
+
+GREEDY_32 = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+
+
+def test_greedy_generation_matches_transformers_generate(variant):
+    out = LLM(variant.path, device="cpu").generate(prompt_token_ids=[variant.prompt], sampling_params=GREEDY_32)
+    assert out[0].token_ids == variant.hf_greedy(variant.prompt)
+    assert out[0].finish_reason == "length"
+
+
+def test_batched_greedy_with_continuous_admission_matches_transformers(variant):
+    """Five prompts of different lengths through two slots: requests join as others finish."""
+    llm = LLM(variant.path, device="cpu", max_num_seqs=2)
+    lengths = [32, 7, 32, 20, 3]  # different max_tokens, so slots free up at different rounds
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
+    outs = llm.generate(prompt_token_ids=variant.prompts, sampling_params=params)
+    for prompt, n, out in zip(variant.prompts, lengths, outs):
+        assert out.prompt_token_ids == prompt
+        assert out.token_ids == variant.hf_greedy(prompt)[:n]
+
+
+# --- refused architectures ----------------------------------------------------------------------
+
+def write_config(path: Path, **cfg) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    base = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                num_attention_heads=2, num_key_value_heads=1, rms_norm_eps=1e-6)
+    (path / "config.json").write_text(json.dumps({**base, **cfg}))
+    return path
+
+
+@pytest.mark.parametrize("arch", ["MixtralForCausalLM", "MambaForCausalLM", "Qwen3MoeForCausalLM",
+                                  "Qwen3NextForCausalLM", "GPT2LMHeadModel"])
+def test_unsupported_architecture_is_refused_naming_it_and_the_supported_ones(tmp_path, arch):
+    path = write_config(tmp_path / "m", architectures=[arch])
+    with pytest.raises(UnsupportedModelError) as err:
+        LLM(path, device="cpu")
+    message = str(err.value)
+    assert arch in message
+    for supported in SUPPORTED_ARCHITECTURES:
+        assert supported in message
+
+
+def test_sliding_attention_layers_are_refused(tmp_path):
+    path = write_config(tmp_path / "m", architectures=["Qwen3ForCausalLM"], num_hidden_layers=2,
+                        layer_types=["full_attention", "sliding_attention"])
+    with pytest.raises(UnsupportedModelError, match="sliding_attention.*only full attention"):
+        LLM(path, device="cpu")
+
+
+def test_linear_attention_layers_are_refused_as_hybrid(tmp_path):
+    path = write_config(tmp_path / "m", architectures=["Qwen3ForCausalLM"], num_hidden_layers=2,
+                        layer_types=["linear_attention", "full_attention"])
+    with pytest.raises(UnsupportedModelError, match="Qwen3ForCausalLM.*recurrent"):
+        LLM(path, device="cpu")
+
+
+def test_sliding_window_and_experts_in_a_supported_architecture_are_refused(tmp_path):
+    sliding = write_config(tmp_path / "sw", architectures=["Qwen2ForCausalLM"], use_sliding_window=True,
+                           sliding_window=16)
+    with pytest.raises(UnsupportedModelError, match="sliding-window"):
+        LLM(sliding, device="cpu")
+    moe = write_config(tmp_path / "moe", architectures=["Qwen3ForCausalLM"], num_experts=8)
+    with pytest.raises(UnsupportedModelError, match="MoE"):
+        LLM(moe, device="cpu")
+
+
+def test_unsupported_rope_scaling_is_refused(tmp_path):
+    path = write_config(tmp_path / "m", architectures=["LlamaForCausalLM"],
+                        rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    with pytest.raises(UnsupportedModelError, match="yarn"):
+        LLM(path, device="cpu")
+
+
+# --- broken directories -------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def good_dir(tmp_path_factory) -> Path:
+    return make_tiny_target(tmp_path_factory.mktemp("good") / "m", "llama", vocab_size=32, num_layers=1)
+
+
+def copy_config(src: Path, dst: Path) -> Path:
+    dst.mkdir(parents=True)
+    (dst / "config.json").write_text((src / "config.json").read_text())
+    return dst
+
+
+def test_missing_directory_is_a_file_not_found_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such model directory"):
+        LLM(tmp_path / "nowhere", device="cpu")
+
+
+def test_directory_without_config_json_is_a_file_not_found_error(tmp_path):
+    (tmp_path / "m").mkdir()
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        LLM(tmp_path / "m", device="cpu")
+
+
+def test_malformed_config_json_is_a_value_error(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text('{"architectures": ["LlamaForCausalLM"],')
+    with pytest.raises(ValueError, match="malformed config.json"):
+        LLM(tmp_path / "m", device="cpu")
+
+
+class _Tripwire:
+    """Unpickling this creates a marker file: proof that a pickle was loaded."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+def test_pickle_weights_are_never_loaded(tmp_path, good_dir):
+    path = copy_config(good_dir, tmp_path / "m")
+    marker = tmp_path / "unpickled"
+    (path / "pytorch_model.bin").write_bytes(pickle.dumps(_Tripwire(marker)))
+    with pytest.raises(FileNotFoundError, match="pickle-based weights are never loaded") as err:
+        LLM(path, device="cpu")
+    assert "pytorch_model.bin" in str(err.value)
+    assert not marker.exists()
+
+
+def test_corrupt_safetensors_is_a_value_error(tmp_path, good_dir):
+    path = copy_config(good_dir, tmp_path / "m")
+    (path / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not a header}" + b"\0" * 64)
+    with pytest.raises(ValueError, match="cannot read safetensors"):
+        LLM(path, device="cpu")
+
+
+def test_truncated_safetensors_is_a_value_error(tmp_path, good_dir):
+    path = copy_config(good_dir, tmp_path / "m")
+    data = (good_dir / "model.safetensors").read_bytes()
+    (path / "model.safetensors").write_bytes(data[:len(data) // 2])
+    with pytest.raises(ValueError, match="cannot read safetensors"):
+        LLM(path, device="cpu")
+
+
+def test_checkpoint_missing_a_tensor_names_it(tmp_path, good_dir):
+    path = copy_config(good_dir, tmp_path / "m")
+    tensors = load_file(good_dir / "model.safetensors")
+    del tensors["model.layers.0.mlp.up_proj.weight"]
+    save_file(tensors, path / "model.safetensors")
+    with pytest.raises(ValueError, match=r"lacks 1 tensors.*layers\.0\.mlp\.up_proj\.weight"):
+        LLM(path, device="cpu")
+
+
+def test_tensor_with_wrong_shape_names_it_and_both_shapes(tmp_path, good_dir):
+    path = copy_config(good_dir, tmp_path / "m")
+    tensors = load_file(good_dir / "model.safetensors")
+    tensors["model.norm.weight"] = torch.ones(7)
+    save_file(tensors, path / "model.safetensors")
+    with pytest.raises(ValueError, match=r"norm\.weight has shape \(7,\), config implies \(32,\)"):
+        LLM(path, device="cpu")
+
+
+def test_unexpected_tensor_is_a_value_error(tmp_path, good_dir):
+    path = copy_config(good_dir, tmp_path / "m")
+    tensors = load_file(good_dir / "model.safetensors")
+    tensors["model.layers.0.self_attn.extra.weight"] = torch.ones(3)
+    save_file(tensors, path / "model.safetensors")
+    with pytest.raises(ValueError, match="does not use"):
+        LLM(path, device="cpu")
+
+
+def test_config_disagreeing_with_weights_is_a_value_error(tmp_path, good_dir):
+    path = copy_config(good_dir, tmp_path / "m")
+    (path / "model.safetensors").write_bytes((good_dir / "model.safetensors").read_bytes())
+    set_config_fields(path, intermediate_size=48)
+    with pytest.raises(ValueError, match="has shape"):
+        LLM(path, device="cpu")
+
+
+def test_directory_without_tokenizer_takes_token_ids_but_refuses_text(good_dir):
+    llm = LLM(good_dir, device="cpu")
+    assert llm.tokenizer is None
+    out = llm.generate(prompt_token_ids=[[1, 2, 3]], sampling_params=SamplingParams(temperature=0, max_tokens=4))
+    assert len(out[0].token_ids) == 4 and out[0].text == ""
+    with pytest.raises(ValueError, match="no tokenizer files"):
+        llm.generate("hello")
