@@ -109,3 +109,38 @@ def test_cli_bad_input_is_a_clear_error(args: list[str], message: str) -> None:
 def test_cli_help_documents_every_command(command: list[str]) -> None:
     result = run_cli(*command, "--help")
     assert result.returncode == 0 and "usage: treeflash" in result.stdout and len(result.stdout) > 300
+
+
+@pytest.fixture(scope="module")
+def random_smollm2_drafter(tmp_path_factory, llm: LLM):
+    """A randomly initialised one-layer DFlash drafter shaped for SmolLM2 (no trained one ships yet):
+    it proposes poorly, which is exactly when losslessness must still hold."""
+    from treeflash.models.dflash import DFlashDrafter, DrafterConfig, save_drafter
+
+    c = llm.config
+    torch.manual_seed(0)
+    cfg = DrafterConfig.from_hf({
+        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 8,
+        "dflash_config": {"mask_token_id": 3, "target_layer_ids": [15]}, "num_target_layers": c.num_layers,
+        "vocab_size": c.vocab_size, "hidden_size": c.hidden_size, "intermediate_size": 1536,
+        "num_hidden_layers": 1, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
+        "rms_norm_eps": 1e-5, "rope_theta": 100000.0, "max_position_embeddings": 8192})
+    return save_drafter(DFlashDrafter(cfg), tmp_path_factory.mktemp("drafter"))
+
+
+@pytest.mark.parametrize("spec", ["dflash", "ddtree"])
+def test_speculative_greedy_on_smollm2_equals_plain(llm: LLM, random_smollm2_drafter, spec: str) -> None:
+    spec_llm = LLM(draft_model=random_smollm2_drafter, spec=spec, tree_budget=16)
+    outs = spec_llm.generate(PROMPTS, greedy(24))
+    assert [o.token_ids for o in outs] == [o.token_ids for o in llm.generate(PROMPTS, greedy(24))]
+    # Every token after the first comes from a round; the last round may accept past max_tokens.
+    assert all(o.metrics.rounds >= 1 and sum(o.metrics.acceptance_lengths) >= 23 for o in outs)
+
+
+def test_cli_show_tree_draws_the_draft_tree(random_smollm2_drafter) -> None:
+    result = run_cli("generate", PROMPTS[0], "--temperature", "0", "--max-tokens", "6", "--ignore-eos",
+                     "--draft-model", str(random_smollm2_drafter), "--tree-budget", "8", "--show-tree")
+    assert result.returncode == 0, result.stderr
+    tree = result.stdout.split("last round's draft tree:")[1]
+    assert "8 draft nodes" in tree and "log q=" in tree and "accepted path" in tree
+    assert "[ddtree]" in result.stderr and "mean acceptance length" in result.stderr
