@@ -92,7 +92,7 @@ class Speculator:
             rows, mask = append_layout(seq, causal, start + n)
             hidden, features = self.target(piece, rows, cache, rows, mask, self.capture)
             if self.drafter:
-                self.drafter.add_context(torch.cat(features, -1), rows, draft_cache, rows)
+                self.drafter.add_context(self.drafter_features(features), rows, draft_cache, rows)
         self.state.seq_lens[slot] = len(prompt)
         # Step 0 is the engine's draw of the first token from these logits; rounds count from 1, so
         # the first round's root never reuses that uniform.
@@ -165,7 +165,15 @@ class Speculator:
         rows, mask = append_layout(state.seq_lens, ancestor_mask(tree), kv_bound + tree.size)
         positions = state.seq_lens[:, None] + tree.depths
         hidden, features = self.target(tree.tokens, positions, cache, rows, mask, self.capture)
-        return self.target.logits(hidden), torch.cat(features, -1) if features else None
+        return self.target.logits(hidden), self.drafter_features(features) if features else None
+
+    def drafter_features(self, captured: list[torch.Tensor]) -> torch.Tensor:
+        """The drafter's context features: HF `hidden_states[i + 1]` of every target layer id, concatenated.
+
+        HF's entry for the last layer is after the final norm, and DFlash checkpoints were trained on it.
+        """
+        last = len(self.target.layers) - 1
+        return torch.cat([self.target.norm(f) if i == last else f for i, f in zip(self.capture, captured)], -1)
 
     def commit(self, accepted: Walk, features: torch.Tensor | None, state: SlotState, cache: KVCache,
                num_slots: int) -> None:

@@ -1,0 +1,124 @@
+"""Shared builders for the speculative-decoding tests: tiny random targets and DFlash drafters on disk,
+plain autoregressive references, and a chi-square test with merged bins."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from treeflash.models.dflash import DFlashDrafter, DrafterConfig, save_drafter
+
+
+# --- tiny targets ---------------------------------------------------------------------------------
+def make_target(path: Path, arch: str = "qwen3", vocab: int = 64, hidden: int = 32, layers: int = 2,
+                heads: int = 4, kv_heads: int = 2, intermediate: int = 64, seed: int = 0,
+                init_std: float = 0.02, head_scale: float = 1.0, tie: bool = False) -> Path:
+    """A random float32 HF checkpoint (Qwen3ForCausalLM or LlamaForCausalLM) saved at `path`.
+
+    init_std: the normal init of every linear and embedding weight; head_scale multiplies the output
+    head (peakier next-token distributions). No eos/bos, so generation never stops early.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+                  num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hidden // heads,
+                  max_position_embeddings=512, tie_word_embeddings=tie, initializer_range=init_std,
+                  eos_token_id=None, bos_token_id=None, pad_token_id=None, rms_norm_eps=1e-6)
+    torch.manual_seed(seed)
+    if arch == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(**common))
+    elif arch == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    else:
+        raise ValueError(arch)
+    model = model.float().eval()
+    if head_scale != 1.0:
+        with torch.no_grad():
+            model.lm_head.weight.mul_(head_scale)
+    model.save_pretrained(str(path))
+    return Path(path)
+
+
+def load_hf(path: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+
+
+def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """transformers `generate(do_sample=False)`: the first n new tokens."""
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                             do_sample=False, pad_token_id=0, eos_token_id=None)
+    return out[0, len(prompt):].tolist()
+
+
+# --- tiny drafters --------------------------------------------------------------------------------
+def drafter_hf_config(target_dir: Path, block_size: int, layers: int = 1, mask_token_id: int | None = None,
+                      target_layer_ids: list[int] | None = None, hidden: int | None = None,
+                      **dflash_extra) -> dict:
+    """A z-lab style drafter config.json dict for the target saved at `target_dir`."""
+    import json
+
+    t = json.loads((Path(target_dir) / "config.json").read_text())
+    hidden = hidden or t["hidden_size"]
+    heads = t["num_attention_heads"]
+    dflash = {"mask_token_id": t["vocab_size"] - 1 if mask_token_id is None else mask_token_id}
+    if target_layer_ids is not None:
+        dflash["target_layer_ids"] = list(target_layer_ids)
+    dflash.update(dflash_extra)
+    return {
+        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": block_size,
+        "dflash_config": dflash, "num_target_layers": t["num_hidden_layers"], "vocab_size": t["vocab_size"],
+        "hidden_size": hidden, "intermediate_size": 2 * hidden, "num_hidden_layers": layers,
+        "num_attention_heads": heads, "num_key_value_heads": t["num_key_value_heads"], "head_dim": hidden // heads,
+        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 512,
+    }
+
+
+def make_drafter(path: Path, target_dir: Path, block_size: int, seed: int = 0, **kwargs) -> Path:
+    """A random treeflash DFlash drafter for the target at `target_dir`, saved with `save_drafter`."""
+    torch.manual_seed(seed)
+    drafter = DFlashDrafter(DrafterConfig.from_hf(drafter_hf_config(target_dir, block_size, **kwargs)))
+    save_drafter(drafter.float(), path)
+    return Path(path)
+
+
+# --- statistics -----------------------------------------------------------------------------------
+def chi_square(observed: torch.Tensor, expected_probs: torch.Tensor, min_expected: float = 10.0):
+    """Pearson's chi-square of counts against exact cell probabilities, small cells merged.
+
+    Cells are sorted by expected count and merged greedily until each bin expects >= min_expected.
+    Returns (statistic, degrees of freedom, threshold df + 10 sqrt(2 df)). A count in a cell of
+    probability zero makes the statistic infinite.
+    """
+    observed = observed.flatten().double()
+    probs = expected_probs.flatten().double()
+    total = observed.sum().item()
+    if (observed[probs <= 0] > 0).any():
+        return math.inf, 1, 1 + 10 * math.sqrt(2)
+    keep = probs > 0
+    observed, expected = observed[keep], probs[keep] / probs[keep].sum() * total
+    order = expected.argsort()
+    bins_o, bins_e, acc_o, acc_e = [], [], 0.0, 0.0
+    for i in order.tolist():
+        acc_o += observed[i].item()
+        acc_e += expected[i].item()
+        if acc_e >= min_expected:
+            bins_o.append(acc_o)
+            bins_e.append(acc_e)
+            acc_o = acc_e = 0.0
+    if acc_e > 0:  # leftovers join the last full bin
+        if bins_e:
+            bins_o[-1] += acc_o
+            bins_e[-1] += acc_e
+        else:
+            bins_o.append(acc_o)
+            bins_e.append(acc_e)
+    o, e = torch.tensor(bins_o), torch.tensor(bins_e)
+    stat = (((o - e) ** 2) / e).sum().item()
+    df = max(len(bins_o) - 1, 1)
+    return stat, df, df + 10 * math.sqrt(2 * df)
