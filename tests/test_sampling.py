@@ -17,7 +17,7 @@ import torch
 
 from helpers import char_text, hf_model, make_tiny_target, one_thread
 from treeflash import LLM, SamplingParams
-from treeflash.sampling import SamplingTensors, derive, node_uniforms, processed_probs, sample_from
+from treeflash.sampling import SamplingTensors, derive, draw_uniforms, processed_probs, sample_from
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -309,13 +309,16 @@ def test_sample_from_single_token_support_always_returns_it():
     assert sample_from(probs.expand(3, -1), u).tolist() == [4, 4, 4]
 
 
-def test_node_uniforms_are_strictly_inside_the_unit_interval_and_depend_on_every_input():
+def test_draw_uniforms_are_strictly_inside_the_unit_interval_and_depend_on_every_input():
     seeds = torch.tensor([[s & 0xFFFFFFFF, s >> 32] for s in (0, 1, 1 << 32, (1 << 64) - 1)])
-    u = node_uniforms(seeds, torch.zeros(4, dtype=torch.long), 6)
+    positions = torch.arange(6).expand(4, 6)
+    u = draw_uniforms(seeds, positions)
     assert ((u > 0) & (u < 1)).all()
-    assert len(set(u.flatten().tolist())) == u.numel()  # seed high bits, low bits and node all matter
-    assert not torch.equal(u, node_uniforms(seeds, torch.ones(4, dtype=torch.long), 6))
-    torch.testing.assert_close(u, node_uniforms(seeds, torch.zeros(4, dtype=torch.long), 6), rtol=0, atol=0)
+    assert len(set(u.flatten().tolist())) == u.numel()  # seed high bits, low bits and position all matter
+    assert not torch.equal(u, draw_uniforms(seeds, positions + 1))
+    torch.testing.assert_close(u, draw_uniforms(seeds, positions.clone()), rtol=0, atol=0)
+    # Keyed by position only: nodes drawing the same position (siblings) share their uniform.
+    assert torch.equal(draw_uniforms(seeds, torch.full((4, 3), 9)), draw_uniforms(seeds, torch.full((4, 1), 9)).expand(4, 3))
 
 
 # --- derive: the per-node draw matches the processed distribution ---------------------------------
@@ -338,7 +341,7 @@ def seeded(params: SamplingParams, n: int, first_seed: int = 0) -> SamplingTenso
 def test_derived_tokens_follow_the_processed_distribution(params):
     vocab, n = 24, 20000
     logits = torch.randn(vocab, generator=torch.Generator().manual_seed(5)) * 1.5
-    tokens = derive(logits.expand(n, 1, vocab), seeded(params, n), torch.zeros(n, dtype=torch.long))
+    tokens = derive(logits.expand(n, 1, vocab), seeded(params, n), torch.zeros(n, 1, dtype=torch.long))
     probs = probs_for(logits, params)
     counts = token_counts(tokens, vocab)
     assert set(support(counts)) <= set(support(probs))
@@ -349,24 +352,24 @@ def test_derived_tokens_follow_the_processed_distribution(params):
     assert not chi_square_ok(counts, probs_for(logits, hotter))
 
 
-def test_derive_nodes_are_independent_draws_from_their_own_distributions():
-    """Two nodes of one tree with different logits: the joint of their tokens is the product."""
+def test_derive_draws_at_different_positions_are_independent():
+    """Two nodes drawing different positions (a parent and its child): the joint of their tokens is the product."""
     vocab, n = 8, 20000
     gen = torch.Generator().manual_seed(6)
     logits = torch.randn(2, vocab, generator=gen) * 1.2
     params = SamplingParams(temperature=0.9)
-    tokens = derive(logits.expand(n, 2, vocab), seeded(params, n), torch.zeros(n, dtype=torch.long))
+    tokens = derive(logits.expand(n, 2, vocab), seeded(params, n), torch.tensor([[7, 8]]).expand(n, 2))
     p = probs_for(logits, params)
     assert_distribution(token_counts(tokens[:, 0] * vocab + tokens[:, 1], vocab * vocab), torch.outer(p[0], p[1]))
 
 
-def test_derive_rounds_draw_fresh_randomness():
-    """The same node in consecutive rounds: independent draws (joint = product)."""
+def test_derive_consecutive_positions_draw_fresh_randomness():
+    """The root of consecutive rounds draws consecutive positions: independent draws (joint = product)."""
     vocab, n = 8, 20000
     logits = torch.randn(vocab, generator=torch.Generator().manual_seed(7))
     st = seeded(SamplingParams(), n)
-    first = derive(logits.expand(n, 1, vocab), st, torch.zeros(n, dtype=torch.long))[:, 0]
-    second = derive(logits.expand(n, 1, vocab), st, torch.ones(n, dtype=torch.long))[:, 0]
+    first = derive(logits.expand(n, 1, vocab), st, torch.zeros(n, 1, dtype=torch.long))[:, 0]
+    second = derive(logits.expand(n, 1, vocab), st, torch.ones(n, 1, dtype=torch.long))[:, 0]
     p = torch.softmax(logits, -1)
     assert_distribution(token_counts(first * vocab + second, vocab * vocab), torch.outer(p, p))
 
@@ -375,7 +378,7 @@ def test_derive_greedy_rows_take_the_argmax_beside_sampled_rows():
     logits = torch.randn(4, 3, 10, generator=torch.Generator().manual_seed(8))
     params = [SamplingParams(temperature=0), SamplingParams(temperature=1.0), SamplingParams(temperature=0),
               SamplingParams(temperature=2.0, top_k=1)]
-    tokens = derive(logits, SamplingTensors.build(params, [1, 2, 3, 4], "cpu"), torch.zeros(4, dtype=torch.long))
+    tokens = derive(logits, SamplingTensors.build(params, [1, 2, 3, 4], "cpu"), torch.arange(3).expand(4, 3))
     assert torch.equal(tokens[[0, 2, 3]], logits[[0, 2, 3]].argmax(-1))
 
 

@@ -269,6 +269,27 @@ def test_mixed_batch_greedy_and_seeded_sampling(models, monkeypatch, spec, budge
     assert len({tuple(t) for t in sampled}) == len(sampled)
 
 
+SEEDED = [SamplingParams(temperature=1.0, max_tokens=24, seed=1, ignore_eos=True),
+          SamplingParams(temperature=0.7, top_p=0.9, max_tokens=24, seed=2, ignore_eos=True),
+          SamplingParams(temperature=1.3, top_k=12, min_p=0.02, max_tokens=24, seed=3, ignore_eos=True),
+          SamplingParams(temperature=0.9, max_tokens=24, seed=4, ignore_eos=True)]
+
+
+@pytest.mark.parametrize("spec,budget", [("ddtree", 16), ("dflash", 0)])
+def test_seeded_sample_is_the_same_with_or_without_a_drafter(models, monkeypatch, spec, budget):
+    """Uniforms are keyed by (seed, position), so speculation reproduces plain sampling token for token:
+    a pathwise check of losslessness on top of the distributional one below."""
+    target, drafter = models.target("qwen3-64"), models.drafter("qwen3-64", 8)
+    prompts = PROMPTS[:len(SEEDED)]
+    plain = [o.token_ids for o in run_llm(target, None, "none", 64, prompts, SEEDED)]
+    assert [o.token_ids for o in run_llm(target, drafter, spec, budget or 64, prompts, SEEDED)] == plain
+    # A drafter that proposes this very sample (behind decoys): deep acceptance, the same tokens.
+    install_oracle(monkeypatch, {tuple(p): p + t for p, t in zip(prompts, plain)}, 64, decoy_rate=0.2)
+    outs = run_llm(target, drafter, spec, budget or 64, prompts, SEEDED)
+    assert [o.token_ids for o in outs] == plain
+    assert mean_acceptance(outs) > 2.0
+
+
 # ==================================================================================================
 # Sampling losslessness: the joint law of the first three emitted tokens
 # ==================================================================================================
@@ -328,13 +349,11 @@ class SamplingSetup:
             per_slot = (table[None] + 0.7 * torch.randn(chunk, *table.shape, generator=g)).log_softmax(-1)
             sp.draft = lambda state, sampling, kv_bound: per_slot[:state.bonus.shape[0]]
         s = sp.state
-        step = int(s.steps[0])
         counts = torch.zeros(V ** DEPTH, dtype=torch.long)
         accepted_total, rounds = 0.0, 0
         for start in range(0, slots, chunk):
             s.seq_lens.fill_(len(CONTEXT))
             s.active.fill_(True)
-            s.steps.fill_(step)
             s.bonus.fill_(ROOT)
             st = SamplingTensors.build([params] * chunk, list(range(start, start + chunk)), "cpu")
             got = torch.zeros(chunk, DEPTH, dtype=torch.long)
@@ -404,10 +423,10 @@ def test_sampling_joint_with_the_real_drafter(sampling_setup):
 
 # --- teeth: deliberately broken verifiers must fail the same test --------------------------------------
 def reused_coin(monkeypatch):
-    """Every node of a slot draws with the same uniform."""
-    original = sampling_module.node_uniforms
-    monkeypatch.setattr(sampling_module, "node_uniforms",
-                        lambda seed, step, num_nodes: original(seed, step, 1).expand(-1, num_nodes))
+    """Every node of a slot draws with the same uniform, whatever position it draws."""
+    original = sampling_module.draw_uniforms
+    monkeypatch.setattr(sampling_module, "draw_uniforms",
+                        lambda seed, positions: original(seed, positions[:, :1]).expand_as(positions))
 
 
 def relaxed_acceptance(monkeypatch):
@@ -415,9 +434,9 @@ def relaxed_acceptance(monkeypatch):
     stash = {}
     original_derive = round_module.derive
 
-    def derive(logits, st, step):
+    def derive(logits, st, positions):
         stash["top2"] = logits.topk(2, dim=-1).indices
-        return original_derive(logits, st, step)
+        return original_derive(logits, st, positions)
 
     def walk(tree, derived):
         slots, n = tree.tokens.shape

@@ -96,8 +96,9 @@ class Engine:
             slot = self.slots.index(None)
             start = time.perf_counter()
             logits = self.speculator.prefill(slot, request.prompt_ids)
+            # The first generated token sits at position len(prompt): the same key plain decoding uses.
             first = derive(logits[None, None], SamplingTensors.build([request.params], [request.seed], logits.device),
-                           torch.zeros(1, dtype=torch.long, device=logits.device))
+                           torch.full((1, 1), len(request.prompt_ids), device=logits.device))
             token = int(first)
             request.metrics.prefill_seconds = time.perf_counter() - start
             request.metrics.num_prompt_tokens = len(request.prompt_ids)

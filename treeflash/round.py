@@ -49,7 +49,6 @@ class SlotState:
 
     seq_lens: torch.Tensor  # [S] committed tokens (rows of the target and drafter caches)
     bonus: torch.Tensor  # [S] next root token: emitted, not yet in the caches
-    steps: torch.Tensor  # [S] rounds so far: the counter of the sampling randomness
     active: torch.Tensor  # [S] bool: the slot holds a running request
 
 
@@ -74,7 +73,7 @@ class Speculator:
         self.draft_cache = self.drafter.new_cache(slots, capacity) if self.drafter else None
         self.capture = self.drafter.config.target_layer_ids if self.drafter else ()
         zeros = lambda dtype: torch.zeros(slots, dtype=dtype, device=self.device)  # noqa: E731
-        self.state = SlotState(zeros(torch.long), zeros(torch.long), zeros(torch.long), zeros(torch.bool))
+        self.state = SlotState(zeros(torch.long), zeros(torch.long), zeros(torch.bool))
         self.time_stages = time_stages
 
 
@@ -94,9 +93,6 @@ class Speculator:
             if self.drafter:
                 self.drafter.add_context(self.drafter_features(features), rows, draft_cache, rows)
         self.state.seq_lens[slot] = len(prompt)
-        # Step 0 is the engine's draw of the first token from these logits; rounds count from 1, so
-        # the first round's root never reuses that uniform.
-        self.state.steps[slot] = 1
         self.state.active[slot] = True
         return self.target.logits(hidden[0, -1])
 
@@ -116,7 +112,7 @@ class Speculator:
         every tensor a view, with no gathers of the caches.
         """
         s = self.state
-        state = SlotState(*(t[:num_slots] for t in (s.seq_lens, s.bonus, s.steps, s.active)))
+        state = SlotState(*(t[:num_slots] for t in (s.seq_lens, s.bonus, s.active)))
         cache = _prefix(self.cache, num_slots)
         clock = _StageClock(self.device, self.time_stages)
 
@@ -124,9 +120,10 @@ class Speculator:
         clock.lap("draft")
         tree = self.build(state.bonus, logprobs)
         clock.lap("tree")
-        logits, features = self.verify(tree, state, cache, kv_bound)
+        positions = state.seq_lens[:, None] + tree.depths
+        logits, features = self.verify(tree, positions, state, cache, kv_bound)
         clock.lap("verify")
-        derived = derive(logits, sampling, state.steps)
+        derived = derive(logits, sampling, positions + 1)
         accepted = walk(tree, derived)
         clock.lap("derive_walk")
         self.commit(accepted, features, state, cache, num_slots)
@@ -157,13 +154,12 @@ class Speculator:
             return build_tree(bonus, logprobs, budget=logprobs.shape[1], branching=1)
         return build_tree(bonus, logprobs, budget=self.spec.tree_budget)
 
-    def verify(self, tree: DraftTree, state: SlotState, cache: KVCache, kv_bound: int):
-        """One target forward over root + nodes: depth positions, ancestor-only mask.
+    def verify(self, tree: DraftTree, positions: torch.Tensor, state: SlotState, cache: KVCache, kv_bound: int):
+        """One target forward over root + nodes at their depth positions, ancestor-only mask.
 
         Returns the logits at every node [S, N, V] and the drafter's features at every node (or None).
         """
         rows, mask = append_layout(state.seq_lens, ancestor_mask(tree), kv_bound + tree.size)
-        positions = state.seq_lens[:, None] + tree.depths
         hidden, features = self.target(tree.tokens, positions, cache, rows, mask, self.capture)
         return self.target.logits(hidden), self.drafter_features(features) if features else None
 
@@ -186,7 +182,6 @@ class Speculator:
         state.bonus.copy_(accepted.emitted.gather(1, (accepted.accepted - 1)[:, None])[:, 0])
         # Idle slots stay put, so their garbage rounds never write past the cache.
         state.seq_lens.add_(accepted.accepted * state.active)
-        state.steps.add_(1)
 
 
 def _prefix(cache: KVCache, slots: int) -> KVCache:

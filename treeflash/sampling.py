@@ -2,9 +2,15 @@
 
 `processed_probs` is the only function that turns logits into the distribution a request samples
 from; plain decoding and tree verification both call it, which is half of why sampling is lossless.
-Randomness is counter-based: a node's uniform is a hash of (request seed, round, node index), so a
-seeded request draws the same numbers whatever else is in the batch, with no generator state, no
-host synchronisation and nothing that CUDA graphs cannot replay.
+
+Randomness is counter-based: the uniform behind a drawn token is a hash of (request seed, position of
+that token in the sequence). No generator state, no host synchronisation, nothing CUDA graphs cannot
+replay, and nothing that depends on the batch. Why keying by position is exact: every tree node at
+depth d draws the token at position start + d + 1, so nodes of one depth share a uniform, but the walk
+visits one node per depth and the uniforms of depths it does not reach are never observed; the
+emitted token at each position is F^-1(u_pos) under that position's true conditional, exactly what
+plain sampling with the same seed emits. A seeded request therefore gives the same tokens with or
+without a drafter (up to float rounding at a CDF boundary), whatever its batch.
 """
 
 from __future__ import annotations
@@ -176,16 +182,15 @@ def _fmix32(h: torch.Tensor) -> torch.Tensor:
     return h ^ (h >> 16)
 
 
-def node_uniforms(seed: torch.Tensor, step: torch.Tensor, num_nodes: int) -> torch.Tensor:
-    """One uniform in (0, 1) per (slot, node): seed [S, 2], step [S] -> [S, num_nodes] float32.
+def draw_uniforms(seed: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """One uniform in (0, 1) per draw: seed [S, 2], positions [S, N] of the tokens drawn -> [S, N] float32.
 
     24-bit resolution, exactly representable in float32 and never 0 or 1.
     """
-    node = torch.arange(num_nodes, device=seed.device, dtype=torch.int64)[None, :]
-    h = _fmix32(node ^ 0x9E3779B9)
-    h = _fmix32(h ^ (step[:, None] & _MASK32))
+    h = _fmix32((positions & _MASK32) ^ 0x9E3779B9)
     h = _fmix32(h ^ seed[:, :1])
     h = _fmix32(h ^ seed[:, 1:])
+    h = _fmix32(h ^ 0x7F4A7C15)
     return ((h >> 8).float() + 0.5) / float(1 << 24)
 
 
@@ -203,12 +208,12 @@ def sample_from(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.minimum(idx, last_nonzero)
 
 
-def derive(logits: torch.Tensor, st: SamplingTensors, step: torch.Tensor) -> torch.Tensor:
+def derive(logits: torch.Tensor, st: SamplingTensors, positions: torch.Tensor) -> torch.Tensor:
     """One token per node from the target's logits: the only step where greedy and sampling differ.
 
-    logits: [S, N, V] (row 0 = root); st: per-slot params [S]; step: [S] round counter.
-    Greedy slots take the argmax; sampled slots draw independently at each node from the processed
-    distribution of that node.
+    logits: [S, N, V] (row 0 = root); st: per-slot params [S]; positions: [S, N] position in the
+    sequence of the token each node draws (the node's own position + 1). Greedy slots take the
+    argmax; sampled slots draw at each node from that node's processed distribution.
     """
     greedy_tokens = logits.argmax(-1)
     if st.all_greedy:
@@ -216,5 +221,5 @@ def derive(logits: torch.Tensor, st: SamplingTensors, step: torch.Tensor) -> tor
     slots, nodes = logits.shape[:2]
     per_node = st.rows(torch.arange(slots, device=logits.device)[:, None].expand(slots, nodes))
     probs = processed_probs(logits, per_node)
-    sampled = sample_from(probs, node_uniforms(st.seed, step, nodes))
+    sampled = sample_from(probs, draw_uniforms(st.seed, positions))
     return torch.where(st.greedy[:, None], greedy_tokens, sampled)
