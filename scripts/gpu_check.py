@@ -7,7 +7,7 @@ writes a JSON file.
 
 A. tiny random Llama / Qwen2 / Qwen3 (float32): greedy tokens identical to transformers on the GPU.
 B. tiny random DFlash drafter: dflash and ddtree greedy identical to plain decoding; seeded sampling
-   reproducible alone and inside a mixed batch.
+   reproducible alone and inside a mixed batch, and identical to plain sampling with the same seed.
 C. no host synchronisation inside a round: every round runs under
    torch.cuda.set_sync_debug_mode("error") (greedy + sampled rows, top-k/top-p/min-p on).
 D. with --smollm2: the real model, greedy float32 identical to transformers on the GPU, and bf16 runs.
@@ -101,6 +101,8 @@ def check_speculative(target: Path, drafter: Path) -> dict:
     mixed = llm.generate(prompt_token_ids=[PROMPTS[1], PROMPTS[0], PROMPTS[2]],
                          sampling_params=[others[0], seeded, others[1]])[1].token_ids
     results["seeded sample reproducible alone / in a mixed batch"] = alone == mixed
+    plain = LLM(target, device=DEVICE, dtype="float32").generate(prompt_token_ids=PROMPTS[:1], sampling_params=seeded)
+    results["seeded sample identical with spec=none and ddtree"] = plain[0].token_ids == alone
     return results
 
 
