@@ -62,3 +62,11 @@ def test_dtype_and_device_arguments_are_checked(single_and_sharded):
         with pytest.raises(ValueError, match="no CUDA device"):
             LLM(single, device="cuda")
     assert LLM(single, dtype="bfloat16").model.embed_tokens.weight.dtype == torch.bfloat16
+
+
+def test_chat_input_is_checked(single_and_sharded):
+    single, _ = single_and_sharded
+    llm = LLM(single)
+    for bad in ([], [[]], [{"content": "no role"}], ["just a string"]):
+        with pytest.raises(ValueError, match="message|conversation"):
+            llm.chat(bad)

@@ -121,7 +121,11 @@ class LLM:
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, **kwargs) -> list[RequestOutput]:
         """Generate replies to one conversation (a list of {role, content}) or a list of them."""
-        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        if not messages:
+            raise ValueError("chat needs at least one message ({'role': ..., 'content': ...})")
+        conversations = [messages] if isinstance(messages[0], dict) else messages
+        if not all(conv and all(isinstance(m, dict) and "role" in m for m in conv) for conv in conversations):
+            raise ValueError("each conversation must be a non-empty list of {'role': ..., 'content': ...} dicts")
         ids = [self.chat_token_ids(c) for c in conversations]
         prompts = [self.tokenizer.decode(i) for i in ids]
         requests = self._requests(None, sampling_params, ids, texts=prompts)

@@ -76,7 +76,6 @@ class Speculator:
         self.state = SlotState(zeros(torch.long), zeros(torch.long), zeros(torch.bool))
         self.time_stages = time_stages
 
-
     # --- prefill ---------------------------------------------------------------------------------
     @torch.inference_mode()
     def prefill(self, slot: int, prompt: list[int], chunk: int = 512) -> torch.Tensor:
