@@ -168,7 +168,9 @@ class Engine:
         return self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else ""
 
     def _token_text(self, token: int) -> str:
-        return repr(self._decode([token])) if self.tokenizer is not None else str(token)
+        if self.tokenizer is None:
+            return str(token)
+        return repr(self.tokenizer.decode([token], skip_special_tokens=False))  # show special tokens too
 
     def text_of(self, request: Request) -> str:
         ids = request.output_ids
