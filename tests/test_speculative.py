@@ -223,6 +223,30 @@ def test_stop_token_inside_accepted_path(models, monkeypatch, spec, budget):
     assert 1 + sum(rounds) > len(out.token_ids)
 
 
+@pytest.mark.parametrize("spec,budget", [("ddtree", 16), ("dflash", 0)])
+def test_stop_string_inside_accepted_path(tmp_path, monkeypatch, spec, budget):
+    """A stop string completed in the middle of a multi-token round: text and tokens cut exactly there."""
+    from helpers import char_text, make_tiny_target
+
+    target = make_tiny_target(tmp_path / "text-target", "qwen3", vocab_size=64, seed=11, tokenizer=True)
+    drafter = make_drafter(tmp_path / "text-drafter", target, 8)
+    prompt = "the quick brown fox"
+    plain = LLM(str(target), device="cpu")
+    free = plain.generate(prompt, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))[0]
+    text = char_text(free.token_ids)
+    start = next(j for j in range(6, len(text) - 2) if text[j:j + 2] not in text[:j + 1] and j % 7)
+    stop = text[start:start + 2]
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, stop=["zzzz", stop])
+    want = plain.generate(prompt, params)[0]
+    assert want.finish_reason == "stop" and want.text == text[:start]
+    install_oracle(monkeypatch, {tuple(free.prompt_token_ids): free.prompt_token_ids + free.token_ids}, 64,
+                   decoy_rate=0.0)
+    out = LLM(str(target), device="cpu", draft_model=str(drafter), spec=spec, tree_budget=budget or 64).generate(
+        prompt, params)[0]
+    assert (out.text, out.token_ids, out.finish_reason) == (want.text, want.token_ids, "stop")
+    assert 1 + sum(out.metrics.acceptance_lengths) > len(out.token_ids), "the stop must fall inside a round"
+
+
 # --- mixed batches and seeds --------------------------------------------------------------------------
 MIXED_PROMPTS = [PROMPTS[0], PROMPTS[1], PROMPTS[2], PROMPTS[3], PROMPTS[4], [8, 8, 8]]
 MIXED_PARAMS = [
