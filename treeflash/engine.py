@@ -47,8 +47,9 @@ class StepUpdate:
 
 
 class Engine:
-    def __init__(self, speculator: Speculator, tokenizer, max_model_len: int, record_trees: bool = False):
-        self.speculator, self.tokenizer, self.max_model_len = speculator, tokenizer, max_model_len
+    def __init__(self, speculator: Speculator, tokenizer, record_trees: bool = False):
+        # The context limit is already in each request's max_new_tokens.
+        self.speculator, self.tokenizer = speculator, tokenizer
         self.record_trees = record_trees
         self.slots: list[Request | None] = [None] * speculator.state.seq_lens.shape[0]
         self.seq_lens = [0] * len(self.slots)  # host copy, known after each round's one sync
@@ -70,8 +71,9 @@ class Engine:
         kv_bound = max(self.seq_lens[i] for i in running)
         start = time.perf_counter()
         result = self.speculator.round(num_slots, self._batch_sampling(), kv_bound)
-        accepted = result.walk.accepted.tolist()  # the round's one host synchronisation
-        emitted = result.walk.emitted.tolist()
+        # The round's one host synchronisation: accepted counts and emitted tokens in one copy.
+        rows = torch.cat([result.walk.accepted[:, None], result.walk.emitted], 1).tolist()
+        accepted, emitted = [r[0] for r in rows], [r[1:] for r in rows]
         elapsed = time.perf_counter() - start
         for i in running:
             request = self.slots[i]

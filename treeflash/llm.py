@@ -232,7 +232,7 @@ class LLM:
         # Caches sized for this call: the longest request plus what one round writes beyond it.
         speculator = Speculator(self.model, self.drafter, self.spec, slots,
                                 capacity=longest + rows_per_round(self.spec, self.drafter) + 1, time_stages=self.time_stages)
-        engine = Engine(speculator, self.tokenizer, self.max_model_len, record_trees=self.record_trees)
+        engine = Engine(speculator, self.tokenizer, record_trees=self.record_trees)
         for r in requests:
             engine.add(r)
         return engine
