@@ -639,3 +639,12 @@ def test_stop_string_not_generated_runs_to_length(text_llm, free_run):
     absent = next(s for s in ("QQ", "ZZZ", "0000") if s not in char_text(free_run))
     out = text_llm.generate(PROMPT, SamplingParams(**GREEDY, ignore_eos=True, stop=absent))[0]
     assert out.finish_reason == "length" and out.token_ids == free_run
+
+
+def test_tiny_temperature_decodes_greedily_instead_of_overflowing():
+    """logits / 1e-30 would be inf (NaN probabilities); below 1e-5 a request is greedy, as in vLLM."""
+    logits = torch.randn(2, 3, 50, generator=torch.Generator().manual_seed(9)) * 100
+    params = [SamplingParams(temperature=1e-30, seed=1), SamplingParams(temperature=5e-6, top_p=0.5, seed=2)]
+    assert all(p.greedy for p in params) and not SamplingParams(temperature=1e-4).greedy
+    tokens = derive(logits, SamplingTensors.build(params, [1, 2], "cpu"), torch.arange(3).expand(2, 3))
+    assert torch.equal(tokens, logits.argmax(-1))

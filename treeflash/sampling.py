@@ -22,9 +22,12 @@ from dataclasses import dataclass, field
 import torch
 
 
+GREEDY_BELOW = 1e-5  # temperatures below this decode greedily
+
+
 @dataclass
 class SamplingParams:
-    """How to sample one request (vLLM conventions). temperature=0 means greedy decoding.
+    """How to sample one request (vLLM conventions). temperature=0 (or below 1e-5) means greedy.
 
     Filters apply in this order: temperature, top_k (keep the k most likely tokens; -1 = off), top_p
     (keep the smallest most-likely set whose mass reaches top_p), min_p (keep tokens with at least
@@ -84,7 +87,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        # Below this, logits / temperature overflow float32; such requests are greedy (as in vLLM).
+        return self.temperature < GREEDY_BELOW
 
 
 @dataclass(frozen=True)
@@ -111,7 +115,7 @@ class SamplingTensors:
 
         top_k = [max(p.top_k, 0) for p in params]
         return SamplingTensors(
-            temperature=tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], torch.float32),
+            temperature=tensor([1.0 if p.greedy else p.temperature for p in params], torch.float32),
             top_k=tensor(top_k, torch.int64),
             top_p=tensor([p.top_p for p in params], torch.float32),
             min_p=tensor([p.min_p for p in params], torch.float32),
