@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from treeflash import LLM, SamplingParams  # noqa: E402
 from treeflash.models.dflash import DFlashDrafter, DrafterConfig, save_drafter  # noqa: E402
-from treeflash.round import SpecConfig, Speculator  # noqa: E402
+from treeflash.round import Speculator  # noqa: E402
 from treeflash.sampling import SamplingTensors  # noqa: E402
 
 PROMPTS = [[5, 17, 42, 8, 99, 3], [1, 2, 3], [7] * 20]
