@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -33,10 +34,7 @@ def test_sharded_checkpoint_loads_and_generates_the_same(single_and_sharded):
 
 def test_missing_shard_is_named(single_and_sharded, tmp_path):
     _, sharded = single_and_sharded
-    broken = tmp_path / "broken"
-    broken.mkdir()
-    for f in sharded.iterdir():
-        (broken / f.name).write_bytes(f.read_bytes())
+    broken = shutil.copytree(sharded, tmp_path / "broken")
     shard = sorted(broken.glob("model-*.safetensors"))[1]
     shard.unlink()
     with pytest.raises(FileNotFoundError, match=shard.name):
@@ -45,10 +43,7 @@ def test_missing_shard_is_named(single_and_sharded, tmp_path):
 
 def test_malformed_index_is_a_clear_error(single_and_sharded, tmp_path):
     _, sharded = single_and_sharded
-    broken = tmp_path / "broken"
-    broken.mkdir()
-    for f in sharded.iterdir():
-        (broken / f.name).write_bytes(f.read_bytes())
+    broken = shutil.copytree(sharded, tmp_path / "broken")
     (broken / "model.safetensors.index.json").write_text("{not json")
     with pytest.raises(ValueError, match="malformed safetensors index"):
         LLM(broken)

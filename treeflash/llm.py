@@ -16,6 +16,7 @@ from treeflash.outputs import RequestOutput
 from treeflash.round import SpecConfig, Speculator, rows_per_round
 from treeflash.sampling import SamplingParams, new_seed
 
+
 @dataclass(frozen=True)
 class StreamChunk:
     text: str  # newly accepted text
@@ -48,13 +49,11 @@ def _dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype
 def _token_ids(prompt, n: int) -> list[int]:
     """Token ids as plain ints (numpy and torch integers welcome; bools and floats are not ids)."""
     try:
-        return [operator.index(t) if not isinstance(t, bool) else _not_an_id(t) for t in prompt]
+        if any(isinstance(t, bool) for t in prompt):
+            raise TypeError
+        return [operator.index(t) for t in prompt]
     except TypeError:
         raise ValueError(f"prompt_token_ids[{n}] must be a sequence of integer token ids") from None
-
-
-def _not_an_id(value):
-    raise TypeError(value)
 
 
 class LLM:
@@ -103,23 +102,11 @@ class LLM:
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
                  prompt_token_ids: Sequence[Sequence[int]] | None = None, use_tqdm: bool = True) -> list[RequestOutput]:
         """Generate for every prompt (strings, or token ids by keyword); the requests run as a batch."""
-        requests = self._requests(prompts, sampling_params, prompt_token_ids)
-        engine = self._engine(requests)
-        bar = None
-        if use_tqdm:
-            from tqdm import tqdm
-
-            bar = tqdm(total=len(requests), desc="generating", unit="req", disable=None)  # off when not a terminal
-        while engine.has_work():
-            for update in engine.step():
-                if bar is not None and update.request.finished:
-                    bar.update(1)
-        if bar is not None:
-            bar.close()
-        return [engine.output_of(r) for r in requests]
+        return self._run(self._requests(prompts, sampling_params, prompt_token_ids), use_tqdm)
 
     def chat(self, messages: list[dict] | list[list[dict]],
-             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, **kwargs) -> list[RequestOutput]:
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+             use_tqdm: bool = True) -> list[RequestOutput]:
         """Generate replies to one conversation (a list of {role, content}) or a list of them."""
         if not messages:
             raise ValueError("chat needs at least one message ({'role': ..., 'content': ...})")
@@ -128,11 +115,7 @@ class LLM:
             raise ValueError("each conversation must be a non-empty list of {'role': ..., 'content': ...} dicts")
         ids = [self.chat_token_ids(c) for c in conversations]
         prompts = [self.tokenizer.decode(i) for i in ids]
-        requests = self._requests(None, sampling_params, ids, texts=prompts)
-        engine = self._engine(requests)
-        while engine.has_work():
-            engine.step()
-        return [engine.output_of(r) for r in requests]
+        return self._run(self._requests(None, sampling_params, ids, texts=prompts), use_tqdm)
 
     def stream(self, prompt: str | None = None, sampling_params: SamplingParams | None = None, *,
                prompt_token_ids: Sequence[int] | None = None) -> Iterator[StreamChunk]:
@@ -165,6 +148,22 @@ class LLM:
         return tok.encode(text, add_special_tokens=False)
 
     # --- internals -------------------------------------------------------------------------------
+    def _run(self, requests: list[Request], use_tqdm: bool) -> list[RequestOutput]:
+        """Run requests to completion as one batch; outputs in request order."""
+        engine = self._engine(requests)
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(requests), desc="generating", unit="req", disable=None)  # off when not a terminal
+        while engine.has_work():
+            for update in engine.step():
+                if bar is not None and update.request.finished:
+                    bar.update(1)
+        if bar is not None:
+            bar.close()
+        return [engine.output_of(r) for r in requests]
+
     def _need_tokenizer(self):
         if self.tokenizer is None:
             raise ValueError(f"{self.model_dir} has no tokenizer files: pass prompt_token_ids=[[...]] instead of text")
