@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from treeflash.checkpoint import load_target
+from treeflash.checkpoint import load_drafter, load_target
 from treeflash.llm import LLM
-from treeflash.models.dflash import DFlashDrafter, DrafterConfig, DrafterMismatchError, load_drafter, save_drafter
+from treeflash.models.dflash import DFlashDrafter, DrafterConfig, DrafterMismatchError, save_drafter
 from treeflash.round import SpecConfig, Speculator
 from treeflash.sampling import SamplingParams, SamplingTensors
 

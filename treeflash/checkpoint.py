@@ -12,7 +12,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from treeflash.config import ModelConfig
+from treeflash.config import ModelConfig, read_config_json
 
 
 def resolve_model_dir(model: str | Path | None) -> Path:
@@ -97,6 +97,21 @@ def load_target(model_dir: Path, device: torch.device | str, dtype: torch.dtype)
     load_weights(model, tensors, model_dir, dtype, device)
     model.rotary.to(device)
     return model.eval(), cfg
+
+
+def load_drafter(path: str | Path, device: torch.device | str, dtype: torch.dtype):
+    """Build a DFlash drafter from a z-lab format directory. Returns DFlashDrafter."""
+    from treeflash.models.dflash import DFlashDrafter, DrafterConfig
+
+    path = Path(path).expanduser()
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path}: no such drafter directory (expected config.json + *.safetensors)")
+    cfg = DrafterConfig.from_hf(read_config_json(path))
+    with torch.device("meta"):
+        drafter = DFlashDrafter(cfg)
+    load_weights(drafter, read_safetensors(path), path, dtype, device)
+    drafter.rotary.to(device)
+    return drafter.eval()
 
 
 def load_tokenizer(model_dir: Path):

@@ -1,8 +1,10 @@
 """The engine: requests in slots, one round per step, emitted tokens cut exactly at stops.
 
+The engine is long-lived: `LLM` builds one and every call (and, later, the server) feeds it requests.
 `Engine.step()` admits waiting requests into free slots (prefill + first token), runs one round over
 the running slots, reads the emitted tokens back (the round's only host synchronisation) and
 finishes requests whose tokens hit a stop token, a stop string, max_tokens or the context limit.
+`Engine.abort()` ends a request at once, waiting or running, and frees its slot.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from dataclasses import dataclass, field
 import torch
 
 from treeflash.outputs import RequestMetrics, RequestOutput
-from treeflash.round import STAGES, Speculator
-from treeflash.sampling import SamplingParams, SamplingTensors, derive
+from treeflash.round import STAGES, SpecConfig, Speculator, rows_per_round
+from treeflash.sampling import SamplingParams, SamplingTensors
 from treeflash.tree_view import render_tree
 
 
@@ -46,18 +48,48 @@ class StepUpdate:
     new_token_ids: list[int]
 
 
+@dataclass(frozen=True)
+class EngineConfig:
+    max_num_seqs: int = 8  # slots: requests that run side by side
+    max_model_len: int = 2048  # prompt + generated tokens of one request
+    time_stages: bool = True  # time each round's stages (synchronises on a GPU)
+    record_trees: bool = False  # keep each request's last draft tree, drawn
+    min_capacity: int = 256  # caches start this long and double as requests need
+
+
 class Engine:
-    def __init__(self, speculator: Speculator, tokenizer, record_trees: bool = False):
-        # The context limit is already in each request's max_new_tokens.
-        self.speculator, self.tokenizer = speculator, tokenizer
-        self.record_trees = record_trees
-        self.slots: list[Request | None] = [None] * speculator.state.seq_lens.shape[0]
+    """Owns the speculator (caches sized by the engine, grown on demand) and the request slots."""
+
+    def __init__(self, target, drafter, spec: SpecConfig, tokenizer, config: EngineConfig):
+        self.config, self.tokenizer = config, tokenizer
+        # Rows a request can ever need: its whole context, plus what one round writes past it.
+        self.round_rows = rows_per_round(spec, drafter)
+        self.max_capacity = config.max_model_len + self.round_rows + 1
+        self.speculator = Speculator(target, drafter, spec, config.max_num_seqs,
+                                     capacity=min(config.min_capacity, self.max_capacity),
+                                     time_stages=config.time_stages)
+        self.record_trees = config.record_trees
+        self.slots: list[Request | None] = [None] * config.max_num_seqs
         self.seq_lens = [0] * len(self.slots)  # host copy, known after each round's one sync
         self.waiting: deque[Request] = deque()
         self._sampling: SamplingTensors | None = None
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
+
+    def abort(self, request_id: int) -> bool:
+        """End a waiting or running request now (finish reason "abort"); False if it is not here."""
+        for request in self.waiting:
+            if request.id == request_id:
+                self.waiting.remove(request)
+                request.finish_reason = "abort"
+                return True
+        for request in self.slots:
+            if request is not None and request.id == request_id:
+                request.finish_reason = "abort"
+                self._retire_if_done(request)
+                return True
+        return False
 
     def has_work(self) -> bool:
         return bool(self.waiting) or any(r is not None for r in self.slots)
@@ -97,15 +129,15 @@ class Engine:
             request = self.waiting.popleft()
             slot = self.slots.index(None)
             start = time.perf_counter()
-            logits = self.speculator.prefill(slot, request.prompt_ids)
-            # The first generated token sits at position len(prompt): the same key plain decoding uses.
-            first = derive(logits[None, None], SamplingTensors.build([request.params], [request.seed], logits.device),
-                           torch.full((1, 1), len(request.prompt_ids), device=logits.device))
+            need = len(request.prompt_ids) + request.max_new_tokens + self.round_rows + 1
+            if need > self.speculator.capacity:  # doubling keeps regrowth (a copy of the caches) rare
+                self.speculator.reserve(min(max(need, 2 * self.speculator.capacity), self.max_capacity))
+            first = self.speculator.admit(slot, request.prompt_ids,
+                                          SamplingTensors.build([request.params], [request.seed], self.speculator.device))
             token = int(first)
             request.metrics.prefill_seconds = time.perf_counter() - start
             request.metrics.num_prompt_tokens = len(request.prompt_ids)
             request.slot, self.slots[slot], self.seq_lens[slot] = slot, request, len(request.prompt_ids)
-            self.speculator.set_bonus(slot, token)
             self._sampling = None
             updates.append(StepUpdate(request, self._append(request, [token])))
             self._retire_if_done(request)

@@ -30,6 +30,15 @@ class KVCache:
     def capacity(self) -> int:
         return self.keys[0].shape[2]
 
+    def grown(self, capacity: int) -> "KVCache":
+        """A copy with room for `capacity` rows per slot; the rows written so far come along."""
+        def grow(t: torch.Tensor) -> torch.Tensor:
+            new = t.new_zeros(*t.shape[:2], capacity, t.shape[3])
+            new[:, :, :t.shape[2]] = t
+            return new
+
+        return KVCache([grow(k) for k in self.keys], [grow(v) for v in self.values])
+
     def slot(self, index: int) -> "KVCache":
         """A one-slot view that writes through to this cache (for prefilling one request)."""
         return KVCache([k[index:index + 1] for k in self.keys], [v[index:index + 1] for v in self.values])

@@ -10,10 +10,10 @@ from typing import Iterator, Sequence
 
 import torch
 
-from treeflash.checkpoint import load_target, load_tokenizer, resolve_model_dir
-from treeflash.engine import Engine, Request
+from treeflash.checkpoint import load_drafter, load_target, load_tokenizer, resolve_model_dir
+from treeflash.engine import Engine, EngineConfig, Request
 from treeflash.outputs import RequestOutput
-from treeflash.round import SpecConfig, Speculator, rows_per_round
+from treeflash.round import SpecConfig
 from treeflash.sampling import SamplingParams, new_seed
 
 
@@ -83,8 +83,6 @@ class LLM:
         self.tokenizer = load_tokenizer(self.model_dir)
         self.drafter = None
         if draft_model is not None and self.spec.method != "none":
-            from treeflash.models.dflash import load_drafter
-
             self.drafter = load_drafter(draft_model, self.device, self.dtype)
             self.drafter.config.check_target(self.config)
         limit = self.config.max_position_embeddings
@@ -92,10 +90,13 @@ class LLM:
             raise ValueError(f"max_model_len must be an integer in [2, {limit}] for this model, got {max_model_len!r}")
         self.max_model_len = max_model_len or limit
         self.max_num_seqs = max_num_seqs
-        self.time_stages = self.device.type == "cpu" if time_stages is None else time_stages
-        self.record_trees = record_trees
         self.eos_token_ids = self._eos_ids()
         self._next_id = 0
+        # One engine for the life of this object: caches, buffers and slots are reused by every call.
+        self.engine = Engine(self.model, self.drafter, self.spec, self.tokenizer, EngineConfig(
+            max_num_seqs=max_num_seqs, max_model_len=self.max_model_len,
+            time_stages=self.device.type == "cpu" if time_stages is None else time_stages,
+            record_trees=record_trees))
 
     # --- public API ------------------------------------------------------------------------------
     def generate(self, prompts: str | Sequence[str] | None = None,
@@ -121,24 +122,30 @@ class LLM:
                prompt_token_ids: Sequence[int] | None = None) -> Iterator[StreamChunk]:
         """Generate for one prompt, yielding text as rounds accept it; the last chunk carries the output."""
         ids = None if prompt_token_ids is None else [list(prompt_token_ids)]
-        requests = self._requests(None if ids else prompt, sampling_params, ids)
-        engine = self._engine(requests)
-        request, printed = requests[0], ""
-        while engine.has_work():
-            if not engine.step():
-                continue
-            text = engine.text_of(request)
-            if not request.finished:
-                # Hold back what may still become a stop string or a partial UTF-8 character.
-                hold = max((len(s) for s in request.params.stop or []), default=1) - 1
-                text = text[:len(text) - hold] if hold else text
-                text = text.rstrip("\ufffd")
-            delta = text[len(printed):] if text.startswith(printed) else ""
-            printed = text if delta else printed
-            if request.finished:
-                yield StreamChunk(delta, engine.output_of(request))
-            elif delta:
-                yield StreamChunk(delta, None)
+        request = self._requests(None if ids else prompt, sampling_params, ids)[0]
+        engine, printed = self.engine, ""
+        engine.add(request)
+        try:
+            while True:
+                # (Another call on this engine may have stepped the request meanwhile: read its state.)
+                if not request.finished and not any(u.request is request for u in engine.step()):
+                    continue
+                text = engine.text_of(request)
+                if not request.finished:
+                    # Hold back what may still become a stop string or a partial UTF-8 character.
+                    hold = max((len(s) for s in request.params.stop or []), default=1) - 1
+                    text = text[:len(text) - hold] if hold else text
+                    text = text.rstrip("\ufffd")
+                delta = text[len(printed):] if text.startswith(printed) else ""
+                printed = text if delta else printed
+                if request.finished:
+                    yield StreamChunk(delta, engine.output_of(request))
+                    return
+                if delta:
+                    yield StreamChunk(delta, None)
+        finally:
+            # A consumer that stops early (or an error) must not leave the request holding a slot.
+            engine.abort(request.id)
 
     def chat_token_ids(self, messages: list[dict]) -> list[int]:
         tok = self._need_tokenizer()
@@ -149,19 +156,24 @@ class LLM:
 
     # --- internals -------------------------------------------------------------------------------
     def _run(self, requests: list[Request], use_tqdm: bool) -> list[RequestOutput]:
-        """Run requests to completion as one batch; outputs in request order."""
-        engine = self._engine(requests)
-        bar = None
+        """Run requests to completion on the engine; outputs in request order."""
+        engine, bar = self.engine, None
         if use_tqdm:
             from tqdm import tqdm
 
             bar = tqdm(total=len(requests), desc="generating", unit="req", disable=None)  # off when not a terminal
-        while engine.has_work():
-            for update in engine.step():
-                if bar is not None and update.request.finished:
-                    bar.update(1)
-        if bar is not None:
-            bar.close()
+        for r in requests:
+            engine.add(r)
+        try:
+            while not all(r.finished for r in requests):
+                for update in engine.step():
+                    if bar is not None and update.request.finished:
+                        bar.update(1)
+        finally:
+            for r in requests:  # after an error or an interrupt, free what this call still holds
+                engine.abort(r.id)
+            if bar is not None:
+                bar.close()
         return [engine.output_of(r) for r in requests]
 
     def _need_tokenizer(self):
@@ -224,14 +236,3 @@ class LLM:
                 max_new_tokens=min(p.max_tokens, self.max_model_len - len(prompt))))
             self._next_id += 1
         return requests
-
-    def _engine(self, requests: list[Request]) -> Engine:
-        slots = min(self.max_num_seqs, len(requests))
-        longest = max(len(r.prompt_ids) + r.max_new_tokens for r in requests)
-        # Caches sized for this call: the longest request plus what one round writes beyond it.
-        speculator = Speculator(self.model, self.drafter, self.spec, slots,
-                                capacity=longest + rows_per_round(self.spec, self.drafter) + 1, time_stages=self.time_stages)
-        engine = Engine(speculator, self.tokenizer, record_trees=self.record_trees)
-        for r in requests:
-            engine.add(r)
-        return engine

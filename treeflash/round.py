@@ -95,8 +95,28 @@ class Speculator:
         self.state.active[slot] = True
         return self.target.logits(hidden[0, -1])
 
+    def admit(self, slot: int, prompt: list[int], sampling: SamplingTensors) -> torch.Tensor:
+        """Prefill `slot` with a prompt and derive its first token (the first round's root).
+
+        sampling: the request's parameters as one row. The first token sits at position len(prompt),
+        the same counter key plain decoding uses. Returns it as a [1] device tensor.
+        """
+        logits = self.prefill(slot, prompt)
+        first = derive(logits[None, None], sampling, torch.full((1, 1), len(prompt), device=self.device))[0]
+        self.state.bonus[slot:slot + 1] = first
+        return first
+
     def set_bonus(self, slot: int, token: int) -> None:
         self.state.bonus[slot] = token
+
+    def reserve(self, capacity: int) -> None:
+        """Grow the caches to hold `capacity` rows per slot; committed rows are kept."""
+        if capacity <= self.capacity:
+            return
+        self.cache = self.cache.grown(capacity)
+        if self.draft_cache is not None:
+            self.draft_cache = self.draft_cache.grown(capacity)
+        self.capacity = capacity
 
     def release(self, slot: int) -> None:
         self.state.seq_lens[slot] = 0

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from treeflash.config import ModelConfig, read_config_json
+from treeflash.config import ModelConfig
 from treeflash.kv_cache import KVCache
 from treeflash.models.layers import RMSNorm, Rotary
 from treeflash.models.transformer import DecoderLayer
@@ -181,20 +181,6 @@ class DFlashDrafter(nn.Module):
         logits = F.linear(hidden, output_weight).float() * self.config.output_multiplier
         cap = self.config.final_logit_softcapping
         return torch.tanh(logits / cap) * cap if cap else logits
-
-
-def load_drafter(path: str | Path, device, dtype) -> DFlashDrafter:
-    from treeflash.checkpoint import load_weights, read_safetensors
-
-    path = Path(path).expanduser()
-    if not path.is_dir():
-        raise FileNotFoundError(f"{path}: no such drafter directory (expected config.json + *.safetensors)")
-    cfg = DrafterConfig.from_hf(read_config_json(path))
-    with torch.device("meta"):
-        drafter = DFlashDrafter(cfg)
-    load_weights(drafter, read_safetensors(path), path, dtype, device)
-    drafter.rotary.to(device)
-    return drafter.eval()
 
 
 def save_drafter(drafter: DFlashDrafter, path: str | Path) -> Path:

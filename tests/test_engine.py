@@ -1,0 +1,99 @@
+"""The long-lived engine: built once per LLM, reused by every call, growing its caches on demand,
+and able to abort a request (waiting or running) so its slot is free at once."""
+
+from __future__ import annotations
+
+import pytest
+
+from treeflash import LLM, SamplingParams
+from helpers import make_tiny_target
+from spec_helpers import make_drafter, make_target
+
+GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+PROMPTS = [[3, 5, 7, 11], [2, 4, 6], [9, 8, 7, 6, 5, 4, 3, 2, 1]]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("engine")
+    target = make_target(root / "target", vocab=64)
+    return target, make_drafter(root / "drafter", target, 4)
+
+
+@pytest.mark.parametrize("spec", ["none", "ddtree"])
+def test_one_engine_serves_every_call_with_the_same_tokens(pair, spec):
+    target, drafter = pair
+    llm = LLM(str(target), device="cpu", draft_model=str(drafter) if spec != "none" else None, spec=spec,
+              tree_budget=8, max_num_seqs=2)
+    engine, cache = llm.engine, llm.engine.speculator.cache
+    first = [o.token_ids for o in llm.generate(prompt_token_ids=PROMPTS, sampling_params=GREEDY)]
+    again = [o.token_ids for o in llm.generate(prompt_token_ids=PROMPTS[::-1], sampling_params=GREEDY)][::-1]
+    assert first == again
+    assert llm.engine is engine and llm.engine.speculator.cache is cache  # nothing rebuilt between calls
+    assert not engine.has_work() and all(s is None for s in engine.slots)
+
+
+def test_caches_grow_for_a_long_request_and_keep_running_slots(pair):
+    target, drafter = pair
+    llm = LLM(str(target), device="cpu", draft_model=str(drafter), tree_budget=8, max_num_seqs=2)
+    short = llm.generate(prompt_token_ids=[PROMPTS[0]], sampling_params=GREEDY)[0].token_ids
+    start = llm.engine.speculator.capacity
+    long = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
+    outs = llm.generate(prompt_token_ids=[PROMPTS[0], PROMPTS[1]], sampling_params=[GREEDY, long])
+    assert llm.engine.speculator.capacity > start
+    assert outs[0].token_ids == short
+    plain = LLM(str(target), device="cpu", max_num_seqs=1).generate(prompt_token_ids=[PROMPTS[1]],
+                                                                      sampling_params=long)[0].token_ids
+    assert outs[1].token_ids == plain
+
+
+def test_abort_frees_the_slot_of_a_running_and_drops_a_waiting_request(pair):
+    target, _ = pair
+    llm = LLM(str(target), device="cpu", max_num_seqs=1)
+    engine = llm.engine
+    running, waiting = llm._requests(None, SamplingParams(temperature=0, max_tokens=50, ignore_eos=True),
+                                     PROMPTS[:2])
+    engine.add(running)
+    engine.add(waiting)
+    engine.step()
+    assert engine.slots[0] is running and list(engine.waiting) == [waiting]
+    assert engine.abort(waiting.id) and waiting.finish_reason == "abort" and not engine.waiting
+    assert engine.abort(running.id) and running.finish_reason == "abort"
+    assert engine.slots == [None] and not engine.has_work()
+    assert not engine.abort(running.id)  # already gone
+    assert int(engine.speculator.state.active.sum()) == 0
+    # The freed slot serves the next request exactly.
+    again = llm.generate(prompt_token_ids=[PROMPTS[0]], sampling_params=GREEDY)[0].token_ids
+    fresh = LLM(str(target), device="cpu").generate(prompt_token_ids=[PROMPTS[0]], sampling_params=GREEDY)
+    assert again == fresh[0].token_ids
+
+
+def test_a_stream_closed_early_gives_its_slot_back(tmp_path):
+    target = make_tiny_target(tmp_path / "chars", tokenizer=True)  # text, so chunks come before the end
+    llm = LLM(str(target), device="cpu", max_num_seqs=1)
+    stream = llm.stream("abc",
+                        sampling_params=SamplingParams(temperature=0, max_tokens=100, ignore_eos=True))
+    next(stream)
+    assert llm.engine.slots[0] is not None
+    stream.close()
+    assert llm.engine.slots == [None] and not llm.engine.has_work()
+
+
+def test_an_interrupted_generate_leaves_the_engine_clean(pair, monkeypatch):
+    target, _ = pair
+    llm = LLM(str(target), device="cpu", max_num_seqs=2)
+    calls = {"n": 0}
+    step = llm.engine.step
+
+    def interrupted_step():
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return step()
+
+    monkeypatch.setattr(llm.engine, "step", interrupted_step)
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate(prompt_token_ids=PROMPTS, sampling_params=GREEDY)
+    assert not llm.engine.has_work()
+    monkeypatch.setattr(llm.engine, "step", step)
+    assert len(llm.generate(prompt_token_ids=PROMPTS, sampling_params=GREEDY)) == 3
