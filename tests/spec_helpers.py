@@ -1,14 +1,16 @@
 """Shared builders for the speculative-decoding tests: tiny random targets and DFlash drafters on disk,
-plain autoregressive references, and a chi-square test with merged bins."""
+plain autoregressive references, an oracle drafter, and a chi-square test with merged bins."""
 
 from __future__ import annotations
 
 import math
+import zlib
 from pathlib import Path
 
 import torch
 
 from treeflash.models.dflash import DFlashDrafter, DrafterConfig, save_drafter
+from treeflash.round import Speculator
 
 
 # --- tiny targets ---------------------------------------------------------------------------------
@@ -85,6 +87,47 @@ def make_drafter(path: Path, target_dir: Path, block_size: int, seed: int = 0, *
     drafter = DFlashDrafter(DrafterConfig.from_hf(drafter_hf_config(target_dir, block_size, **kwargs)))
     save_drafter(drafter.float(), path)
     return Path(path)
+
+
+# --- the oracle drafter -------------------------------------------------------------------------
+def install_oracle(monkeypatch, known: dict[tuple[int, ...], list[int]], vocab: int, decoy_rate: float = 0.3,
+                   seed: int = 0) -> None:
+    """Replace the drafter's output by log-probs that mostly put the true greedy continuation first.
+
+    known: prompt -> prompt + its greedy continuation. At depth d a slot whose committed length is n
+    drafts for sequence position n + d: the true token gets a high logit; with probability
+    `decoy_rate` another token gets a higher one, so the truth is second (a side branch of a DDTree,
+    a rejection for the chain). Unknown positions and unknown requests get noise that depends only on
+    the slot's own state (committed length, bonus), so a request's drafts do not depend on its batch.
+    """
+    sequences: dict[tuple[int, int], list[int]] = {}
+    original_prefill = Speculator.prefill
+
+    def prefill(self, slot, prompt, chunk=512):
+        sequences[(id(self), slot)] = known.get(tuple(prompt))
+        return original_prefill(self, slot, prompt, chunk)
+
+    def draft(self, state, sampling, kv_bound):
+        depth = self.drafter.config.depth
+        seq_lens, bonus = state.seq_lens.tolist(), state.bonus.tolist()
+        out = torch.empty(len(seq_lens), depth, vocab)
+        for s, (n, b) in enumerate(zip(seq_lens, bonus)):
+            g = torch.Generator().manual_seed(zlib.crc32(f"{seed}/{n}/{b}".encode()))
+            logits = 0.5 * torch.randn(depth, vocab, generator=g)
+            decoys = torch.randint(0, vocab, (depth,), generator=g)
+            use_decoy = torch.rand(depth, generator=g) < decoy_rate
+            full = sequences.get((id(self), s))
+            if full is not None and n < len(full) and full[n] == b:
+                for d in range(depth):
+                    if n + 1 + d < len(full):
+                        logits[d, full[n + 1 + d]] += 8.0
+                        if use_decoy[d] and decoys[d] != full[n + 1 + d]:
+                            logits[d, decoys[d]] += 9.0
+            out[s] = logits
+        return torch.log_softmax(out / sampling.temperature[:, None, None], dim=-1)
+
+    monkeypatch.setattr(Speculator, "prefill", prefill)
+    monkeypatch.setattr(Speculator, "draft", draft)
 
 
 # --- statistics -----------------------------------------------------------------------------------

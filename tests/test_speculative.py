@@ -11,7 +11,6 @@ reused coin, a relaxed acceptance and a duplicate sibling, or it would prove not
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,7 +26,8 @@ from treeflash.round import SpecConfig, Speculator, rows_per_round
 from treeflash.sampling import SamplingParams, SamplingTensors, processed_probs
 from treeflash.tree import Walk
 
-from spec_helpers import chi_square, drafter_hf_config, hf_greedy, load_hf, make_drafter, make_target
+from spec_helpers import (chi_square, drafter_hf_config, hf_greedy, install_oracle, load_hf, make_drafter,
+                          make_target)
 
 # ==================================================================================================
 # Greedy losslessness
@@ -117,46 +117,6 @@ def test_greedy_identical_random_drafter(models, target, spec, budget, block, la
 
 
 # --- the oracle drafter -----------------------------------------------------------------------------
-def install_oracle(monkeypatch, known: dict[tuple[int, ...], list[int]], vocab: int, decoy_rate: float = 0.3,
-                   seed: int = 0) -> None:
-    """Replace the drafter's output by log-probs that mostly put the true greedy continuation first.
-
-    known: prompt -> prompt + its greedy continuation. At depth d a slot whose committed length is n
-    drafts for sequence position n + d: the true token gets a high logit; with probability
-    `decoy_rate` another token gets a higher one, so the truth is second (a side branch of a DDTree,
-    a rejection for the chain). Unknown positions and unknown requests get noise that depends only on
-    the slot's own state (committed length, bonus), so a request's drafts do not depend on its batch.
-    """
-    sequences: dict[tuple[int, int], list[int]] = {}
-    original_prefill = Speculator.prefill
-
-    def prefill(self, slot, prompt, chunk=512):
-        sequences[(id(self), slot)] = known.get(tuple(prompt))
-        return original_prefill(self, slot, prompt, chunk)
-
-    def draft(self, state, sampling, kv_bound):
-        depth = self.drafter.config.depth
-        seq_lens, bonus = state.seq_lens.tolist(), state.bonus.tolist()
-        out = torch.empty(len(seq_lens), depth, vocab)
-        for s, (n, b) in enumerate(zip(seq_lens, bonus)):
-            g = torch.Generator().manual_seed(zlib.crc32(f"{seed}/{n}/{b}".encode()))
-            logits = 0.5 * torch.randn(depth, vocab, generator=g)
-            decoys = torch.randint(0, vocab, (depth,), generator=g)
-            use_decoy = torch.rand(depth, generator=g) < decoy_rate
-            full = sequences.get((id(self), s))
-            if full is not None and n < len(full) and full[n] == b:
-                for d in range(depth):
-                    if n + 1 + d < len(full):
-                        logits[d, full[n + 1 + d]] += 8.0
-                        if use_decoy[d] and decoys[d] != full[n + 1 + d]:
-                            logits[d, decoys[d]] += 9.0
-            out[s] = logits
-        return torch.log_softmax(out / sampling.temperature[:, None, None], dim=-1)
-
-    monkeypatch.setattr(Speculator, "prefill", prefill)
-    monkeypatch.setattr(Speculator, "draft", draft)
-
-
 def count_side_branches(monkeypatch) -> dict[str, int]:
     """Count accepted nodes (of running slots) that have an earlier valid sibling: paths that leave
     the first child, so the kept KV rows are not a prefix of the tree's rows."""

@@ -9,6 +9,7 @@ finishes requests whose tokens hit a stop token, a stop string, max_tokens or th
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -162,40 +163,46 @@ class Engine:
 
     # --- stops -----------------------------------------------------------------------------------
     def _append(self, request: Request, tokens: list[int]) -> list[int]:
-        """Append a round's tokens, cutting exactly at the first stop; returns what was kept."""
+        """Append a round's tokens one at a time, as plain decoding would, up to the first that ends the
+        request (a stop token, max_tokens or a stop string); returns what was kept.
+
+        Checking token by token is what makes a many-token round end exactly where one-token rounds
+        end: with stop=["hello world", "lo"], "say hello world" stops at "lo", after "say hello".
+        """
+        strings = bool(request.params.stop) and self.tokenizer is not None
+        text = self._decode(request.output_ids) if strings else ""
         kept = []
         for token in tokens:
             kept.append(token)
             request.output_ids.append(token)
             if token in request.stop_ids:
                 request.finish_reason = "stop"
-                break
-            if len(request.output_ids) >= request.max_new_tokens:
+            elif len(request.output_ids) >= request.max_new_tokens:
                 request.finish_reason = "length"
+            if strings:
+                text = self._check_stop_strings(request, text)
+            if request.finished:
                 break
-        if request.params.stop and self.tokenizer is not None:
-            kept = self._cut_at_stop_string(request, kept)
         request.metrics.num_generated_tokens = len(request.output_ids)
         return kept
 
-    def _cut_at_stop_string(self, request: Request, kept: list[int]) -> list[int]:
-        base = len(request.output_ids) - len(kept)
-        # Only text that the new tokens could have completed needs searching.
-        before = self._decode(request.output_ids[:base])
-        from_char = max(0, len(before) - max(len(s) for s in request.params.stop) + 1)
+    def _check_stop_strings(self, request: Request, before: str) -> str:
+        """Did the last output token complete a stop string? `before` is the text without that token;
+        returns the text with it. On a hit the request ends, and its text is cut at the earliest
+        occurrence found.
+
+        Only occurrences that end in the part of the text the token changed are new (older ones would
+        have ended the request already), so the search starts at most `longest - 1` characters before
+        that part. The token usually appends to the text, but it may also rewrite the end of it: a
+        partial UTF-8 character decodes as U+FFFD until its last byte arrives.
+        """
         text = self._decode(request.output_ids)
-        hits = [(i, s) for s in request.params.stop if (i := text.find(s, from_char)) >= 0]
-        if not hits:
-            return kept
-        at = min(i for i, _ in hits)
-        # The fewest new tokens whose text already contains the stop string.
-        for n in range(1, len(kept) + 1):
-            partial = self._decode(request.output_ids[:base + n])
-            if any(partial.find(s, from_char) == at for _, s in hits):
-                break
-        del request.output_ids[base + n:]
-        request.finish_reason, request.stop_string_at = "stop", at
-        return kept[:n]
+        stable = _common_prefix_len(before, text)
+        from_char = max(0, stable - max(len(s) for s in request.params.stop) + 1)
+        hits = [i for s in request.params.stop if (i := text.find(s, from_char)) >= 0]
+        if hits:
+            request.finish_reason, request.stop_string_at = "stop", min(hits)
+        return text
 
     # --- text ------------------------------------------------------------------------------------
     def _decode(self, ids: list[int]) -> str:
@@ -217,3 +224,13 @@ class Engine:
         return RequestOutput(request.id, request.prompt, request.prompt_ids, list(request.output_ids),
                              self.text_of(request), request.finish_reason or "length", request.metrics,
                              request.last_tree)
+
+
+def _common_prefix_len(a: str, b: str) -> int:
+    """An n with a[:n] == b[:n]: the longest, or less (a search that starts earlier is still exact)."""
+    if b.startswith(a):  # the usual case: the token appended text
+        return len(a)
+    trimmed = a.rstrip("\ufffd")  # a partial UTF-8 character was completed (or continued)
+    if b.startswith(trimmed):
+        return len(trimmed)
+    return len(os.path.commonprefix([a, b]))  # e.g. a tokenizer's clean-up rewrote earlier spaces
