@@ -29,9 +29,17 @@ GREEDY_BELOW = 1e-5  # temperatures below this decode greedily
 class SamplingParams:
     """How to sample one request (vLLM conventions). temperature=0 (or below 1e-5) means greedy.
 
-    Filters apply in this order: temperature, top_k (keep the k most likely tokens; -1 = off), top_p
-    (keep the smallest most-likely set whose mass reaches top_p), min_p (keep tokens with at least
-    min_p times the top token's probability). Tokens tied with the last kept one are kept too.
+    The filters follow vLLM's v1 sampler, in its order:
+    1. temperature: logits / temperature.
+    2. min_p: drop tokens whose probability is below min_p times the top token's.
+    3. top_k: keep the tokens whose logit is at least the k-th largest (-1 = off); tokens tied with
+       the k-th are all kept, so a tie can keep more than k (as in vLLM's reference implementation
+       and Hugging Face's warper).
+    4. top_p: on the distribution renormalised over what min_p and top_k kept, keep the smallest set
+       of most likely tokens whose mass reaches top_p (every token whose more likely tokens hold
+       less than top_p). Ties are broken by token id, larger id first, as the stable ascending sort
+       of vLLM and Hugging Face breaks them: [.4 .2 .2 .2] at top_p=.5 keeps ids 0 and 3.
+    The result is renormalised. min_p and top_k commute; top_p sees their renormalised remainder.
     """
 
     temperature: float = 1.0
@@ -97,7 +105,7 @@ class SamplingTensors:
 
     temperature: torch.Tensor  # [S] float32, 1.0 on greedy rows (their processed probs are unused)
     top_k: torch.Tensor  # [S] int64, 0 = off
-    top_p: torch.Tensor  # [S] float32
+    top_p: torch.Tensor  # [S] float64 (the cumulative masses it is compared with are float64)
     min_p: torch.Tensor  # [S] float32
     greedy: torch.Tensor  # [S] bool
     seed: torch.Tensor  # [S, 2] int64: low and high 32 bits
@@ -117,7 +125,7 @@ class SamplingTensors:
         return SamplingTensors(
             temperature=tensor([1.0 if p.greedy else p.temperature for p in params], torch.float32),
             top_k=tensor(top_k, torch.int64),
-            top_p=tensor([p.top_p for p in params], torch.float32),
+            top_p=tensor([p.top_p for p in params], torch.float64),
             min_p=tensor([p.min_p for p in params], torch.float32),
             greedy=tensor([p.greedy for p in params], torch.bool),
             seed=tensor([[s & 0xFFFFFFFF, (s >> 32) & 0xFFFFFFFF] for s in seeds], torch.int64),
@@ -142,30 +150,44 @@ def new_seed() -> int:
 
 
 def processed_probs(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
-    """logits: [..., V] with st's tensors shaped [...] -> the processed distribution [..., V] (float32)."""
+    """logits: [..., V] with st's tensors shaped [...] -> the processed distribution [..., V] (float32).
+
+    The order and tie rules are SamplingParams' (vLLM's): temperature, min_p, top_k, top_p.
+    """
     x = logits.float() / st.temperature[..., None]
+    if st.use_min_p:
+        # p_i >= min_p * p_max  <=>  exp(x_i - x_max) >= min_p: no normalisation needed.
+        ratio = (x - x.amax(-1, keepdim=True)).exp()
+        x = x.masked_fill(ratio < st.min_p[..., None], -math.inf)
     if st.use_top_k:
-        vocab = x.shape[-1]
-        kmax = min(st.max_top_k, vocab)
+        kmax = min(st.max_top_k, x.shape[-1])
         top = x.topk(kmax, dim=-1).values
         k = st.top_k.clamp(1, kmax)[..., None]
         kth = torch.where(st.top_k[..., None] > 0, top.gather(-1, k - 1), torch.full_like(top[..., :1], -math.inf))
         x = x.masked_fill(x < kth, -math.inf)
     probs = torch.softmax(x, dim=-1)
     if st.use_top_p:
-        sorted_probs = probs.sort(dim=-1, descending=True).values
-        mass_before = sorted_probs.cumsum(-1) - sorted_probs
-        kept = (mass_before < st.top_p[..., None]).sum(-1, keepdim=True).clamp_min(1)
-        threshold = sorted_probs.gather(-1, kept - 1)
-        # top_p = 1 keeps everything: cumulative sums can round to 1 before the tail ends.
-        threshold = torch.where(st.top_p[..., None] < 1, threshold, torch.zeros_like(threshold))
-        probs = probs.masked_fill(probs < threshold, 0.0)
-    if st.use_min_p:
-        floor = st.min_p[..., None] * probs.amax(-1, keepdim=True)
-        probs = probs.masked_fill(probs < floor, 0.0)
-    if st.use_top_p or st.use_min_p:
-        probs = probs / probs.sum(-1, keepdim=True)
+        probs = _top_p(probs, st.top_p)
     return probs
+
+
+def _top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """probs [..., V], top_p [...] -> probs cut to the smallest most likely set reaching top_p, renormalised.
+
+    A stable ascending sort ranks equal probabilities by token id, so among ties the larger id counts
+    as more likely (vLLM's and Hugging Face's rule). A token is kept when the tokens ranked above it
+    hold less than top_p of the mass; the masses are summed in float64 so that a 150k-token
+    vocabulary does not move the cut.
+    """
+    ascending, order = probs.sort(dim=-1, stable=True)
+    below = ascending.cumsum(-1, dtype=torch.float64)  # mass of this token and all ranked below it
+    total = below[..., -1:]
+    above = total - below
+    # top_p = 1 keeps everything (a token under 1e-16 of the mass can vanish in the subtraction).
+    keep_sorted = (above < top_p[..., None] * total) | (top_p >= 1)[..., None]
+    keep = torch.empty_like(keep_sorted).scatter_(-1, order, keep_sorted)
+    probs = probs.masked_fill(~keep, 0.0)
+    return probs / probs.sum(-1, keepdim=True)
 
 
 # --- counter-based uniforms -------------------------------------------------------------------
