@@ -522,8 +522,8 @@ def test_stop_token_ids_outside_the_vocabulary_are_rejected(small_llm):
 def test_number_of_sampling_params_must_match_the_prompts(small_llm):
     with pytest.raises(ValueError, match="got 3 SamplingParams for 2 prompts"):
         small_llm.generate(prompt_token_ids=[[1], [2]], sampling_params=[SamplingParams()] * 3)
-    with pytest.raises(ValueError, match="is dict, not SamplingParams"):
-        small_llm.generate(prompt_token_ids=[[1]], sampling_params=[{"temperature": 0}])
+    with pytest.raises(ValueError, match="must be a SamplingParams or a dict of its fields, got str"):
+        small_llm.generate(prompt_token_ids=[[1]], sampling_params=["greedy"])
 
 
 def test_prompts_and_prompt_token_ids_are_exclusive(small_llm):
