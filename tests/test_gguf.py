@@ -173,13 +173,17 @@ def test_tokenizer_and_chat_template(tmp_path: Path) -> None:
     assert tok.convert_ids_to_tokens(ids) == ["t", "en", "Ġ", "t", "ea", "<|im_end|>"]
 
 
-def test_cached_conversion_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cached_conversion_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     src = write_gguf(tmp_path / "tiny.gguf", tiny_model("qwen3"), "qwen3")
     monkeypatch.setenv("TREEFLASH_CACHE", str(tmp_path / "cache"))
     out = cached_conversion(src)
     assert out == tmp_path / "cache" / "converted" / f"tiny-{gguf_cache_key(src)}"
+    # The first use says, in one line, that it converts and where the cache is; later uses are silent.
+    assert capsys.readouterr().err == (f"treeflash: converting tiny.gguf once to safetensors in {out} "
+                                       f"(set TREEFLASH_CACHE to move the cache)\n")
     stamp = (out / "model.safetensors").stat().st_mtime_ns
     assert cached_conversion(src) == out
+    assert capsys.readouterr().err == ""
     assert (out / "model.safetensors").stat().st_mtime_ns == stamp
     assert [p.name for p in out.parent.iterdir()] == [out.name]  # no temporary directories left
     assert cached_conversion(src, tmp_path / "other").parent == tmp_path / "other" / "converted"
@@ -190,6 +194,12 @@ def test_convert_refuses_existing_dir(tmp_path: Path) -> None:
     (tmp_path / "out").mkdir()
     with pytest.raises(FileExistsError):
         convert_gguf(src, tmp_path / "out", tokenizer=False)
+
+
+def test_a_directory_is_not_a_gguf_file(tmp_path: Path) -> None:
+    for fn in (lambda p: convert_gguf(p, tmp_path / "out"), cached_conversion):
+        with pytest.raises(ValueError, match="is a directory, not a GGUF file"):
+            fn(tmp_path)
 
 
 def test_missing_file(tmp_path: Path) -> None:
