@@ -275,6 +275,7 @@ def test_default_model_path() -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # converts the GGUF into a private cache first
 def test_smollm2_weights_and_config_match_transformers(smollm2: tuple[Path, Path]) -> None:
     from transformers import AutoModelForCausalLM
 
@@ -305,6 +306,7 @@ def test_smollm2_weights_and_config_match_transformers(smollm2: tuple[Path, Path
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # converts the GGUF into a private cache first
 def test_smollm2_tokenizer(smollm2: tuple[Path, Path]) -> None:
     from transformers import AutoTokenizer
 
@@ -325,6 +327,7 @@ def test_smollm2_tokenizer(smollm2: tuple[Path, Path]) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # converts the GGUF into a private cache first
 def test_smollm2_cache_is_reused(smollm2: tuple[Path, Path]) -> None:
     src, out = smollm2
     stamp = (out / "model.safetensors").stat().st_mtime_ns

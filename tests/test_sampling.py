@@ -449,6 +449,7 @@ def test_filtered_sampling_never_emits_a_token_outside_the_allowed_set(small_llm
 ENGINE_CASES = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=8, top_p=0.9, min_p=0.02)]
 
 
+@pytest.mark.slow  # thousands of requests; test_speculative's engine joint test is the quick check
 @pytest.mark.parametrize("base", ENGINE_CASES, ids=["T1", "T0.7-filtered"])
 def test_first_generated_token_follows_the_processed_distribution(small_llm, small_hf, base):
     n, prompt = 4000, [3, 1, 4, 1, 5]
@@ -462,6 +463,7 @@ def test_first_generated_token_follows_the_processed_distribution(small_llm, sma
     assert not chi_square_ok(counts, probs_for(next_logits(small_hf, [prompt])[0], hotter))
 
 
+@pytest.mark.slow
 def test_first_two_generated_tokens_follow_the_product_of_conditionals(small_llm, small_hf):
     """The joint law of (token 1, token 2), against p(t1 | prompt) * p(t2 | prompt, t1).
 
