@@ -101,6 +101,19 @@ def _sampling_params(sampling_params, n: int) -> list[SamplingParams]:
     return params
 
 
+def _check_one_prompt(prompt, sampling_params, prompt_token_ids) -> None:
+    """stream() serves one request: refuse lists rather than run them all and stream only the first."""
+    if prompt is not None and not isinstance(prompt, str):
+        raise ValueError(f"stream takes one prompt (a string), got {type(prompt).__name__}; "
+                         f"use generate() for several prompts")
+    if prompt_token_ids is not None and len(prompt_token_ids) and isinstance(prompt_token_ids[0], Sequence):
+        raise ValueError("stream takes one prompt: prompt_token_ids=[id, ...], not a list of prompts; "
+                         "use generate() for several prompts")
+    if not (sampling_params is None or isinstance(sampling_params, (SamplingParams, dict))):
+        raise ValueError(f"stream takes one SamplingParams (or a dict of its fields), "
+                         f"got {type(sampling_params).__name__}")
+
+
 def _fit_budget(spec: SpecConfig, depth: int, vocab: int) -> SpecConfig:
     """Lower a ddtree budget to the number of distinct prefixes of 1..depth tokens: nodes beyond it stay empty."""
     prefixes, level = 0, 1
@@ -202,15 +215,7 @@ class LLM:
     def stream(self, prompt: str | None = None, sampling_params: SamplingParams | dict | None = None, *,
                prompt_token_ids: Sequence[int] | None = None) -> Iterator[StreamChunk]:
         """Generate for one prompt, yielding text as rounds accept it; the last chunk carries the output."""
-        if prompt is not None and not isinstance(prompt, str):
-            raise ValueError(f"stream takes one prompt (a string), got {type(prompt).__name__}; "
-                             f"use generate() for several prompts")
-        if prompt_token_ids is not None and len(prompt_token_ids) and isinstance(prompt_token_ids[0], Sequence):
-            raise ValueError("stream takes one prompt: prompt_token_ids=[id, ...], not a list of prompts; "
-                             "use generate() for several prompts")
-        if not (sampling_params is None or isinstance(sampling_params, (SamplingParams, dict))):
-            raise ValueError(f"stream takes one SamplingParams (or a dict of its fields), "
-                             f"got {type(sampling_params).__name__}")
+        _check_one_prompt(prompt, sampling_params, prompt_token_ids)
         ids = None if prompt_token_ids is None else [list(prompt_token_ids)]
         requests = self._requests(None if ids else prompt, sampling_params, ids)
         engine = self._engine(requests)
