@@ -1,7 +1,7 @@
 """The embedded default, SmolLM2-135M-Instruct (GGUF): greedy output identical to transformers.
 
-One LLM is loaded per module and shared; the tests that load transformers' reference, start the CLI
-with the model, or build a second LLM with a drafter are marked `slow` (over ~20 s on 2 cores)."""
+One LLM is loaded per module and shared; the tests that load transformers' reference or build a
+second LLM with a drafter are marked `slow` (over ~20 s on 2 busy cores)."""
 
 from __future__ import annotations
 
@@ -97,7 +97,6 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
                           env=env)
 
 
-@pytest.mark.slow
 def test_cli_generate_streams_the_greedy_text(llm: LLM) -> None:
     result = run_cli("generate", PROMPTS[0], "--temperature", "0", "--max-tokens", "8", "--ignore-eos")
     assert result.returncode == 0, result.stderr
@@ -106,7 +105,6 @@ def test_cli_generate_streams_the_greedy_text(llm: LLM) -> None:
     assert "8 tokens" in result.stderr and "tokens/s" in result.stderr
 
 
-@pytest.mark.slow
 def test_cli_chat_streams_the_seeded_templated_reply_and_show_tree_needs_a_drafter(llm: LLM) -> None:
     result = run_cli("generate", "Hi", "--chat", "--system", "Be brief.", "--max-tokens", "6", "--seed", "3",
                      "--show-tree")
@@ -165,7 +163,6 @@ def test_speculative_greedy_on_smollm2_equals_plain(llm: LLM, random_smollm2_dra
     assert all(o.metrics.rounds >= 1 and sum(o.metrics.acceptance_lengths) >= 23 for o in outs)
 
 
-@pytest.mark.slow
 def test_cli_show_tree_draws_the_draft_tree(random_smollm2_drafter) -> None:
     result = run_cli("generate", PROMPTS[0], "--temperature", "0", "--max-tokens", "6", "--ignore-eos",
                      "--draft-model", str(random_smollm2_drafter), "--tree-budget", "8", "--show-tree")
