@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from treeflash.checkpoint import load_drafter, load_target
+from treeflash.config import ConfigError
 from treeflash.llm import LLM
 from treeflash.models.dflash import DFlashDrafter, DrafterConfig, DrafterMismatchError, save_drafter
 from treeflash.round import SpecConfig, Speculator
@@ -229,10 +230,30 @@ def test_mismatched_drafter_is_refused(target_dir, tmp_path, name):
 
 
 def test_matching_drafter_is_accepted(target_dir, tmp_path):
+    """Accepted means loaded and drafting: every token after the first comes from a drafted round, and
+    the output is still the target's greedy continuation."""
     path = make_drafter(tmp_path / "drafter", target_dir, block_size=4, target_layer_ids=[2])
-    llm = LLM(str(target_dir), device="cpu", dtype="float32", draft_model=str(path), spec="dflash")
-    out = llm.generate(prompt_token_ids=[[1, 2, 3]], sampling_params=SamplingParams(temperature=0, max_tokens=3))
-    assert len(out[0].token_ids) == 3
+    llm = LLM(str(target_dir), device="cpu", dtype="float32", draft_model=str(path), spec="dflash",
+              record_trees=True)
+    assert llm.drafter is not None and llm.drafter.config.target_layer_ids == (2,)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    out = llm.generate(prompt_token_ids=[CONTEXT], sampling_params=params, use_tqdm=False)[0]
+    assert out.token_ids == hf_greedy(load_hf(target_dir), CONTEXT, 6)
+    assert out.metrics.rounds >= 1 and sum(out.metrics.acceptance_lengths) >= 5
+    assert "(3 draft nodes," in out.last_tree  # the drafter's chain: block_size - 1 nodes per round
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("block_size", "8", "'block_size' must be an integer"),
+    ("num_target_layers", 5.5, "'num_target_layers' must be an integer"),
+    ("dflash_config", [], "'dflash_config' must be an object"),
+    ("target_layer_ids", [1, "2"], "'target_layer_ids' must be a list of integers"),
+])
+def test_mistyped_drafter_config_key_is_named(target_dir, tmp_path, key, value, message):
+    path = make_drafter(tmp_path / "drafter", target_dir, block_size=4, target_layer_ids=[2])
+    edit_config(path, lambda c: (c["dflash_config"] if key == "target_layer_ids" else c).update({key: value}))
+    with pytest.raises(ConfigError, match=re.escape(f"{path / 'config.json'}: {message}")):
+        LLM(str(target_dir), device="cpu", dtype="float32", draft_model=str(path), spec="ddtree")
 
 
 @pytest.mark.parametrize("kwargs,fragment", [

@@ -173,13 +173,17 @@ def test_tokenizer_and_chat_template(tmp_path: Path) -> None:
     assert tok.convert_ids_to_tokens(ids) == ["t", "en", "Ġ", "t", "ea", "<|im_end|>"]
 
 
-def test_cached_conversion_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cached_conversion_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     src = write_gguf(tmp_path / "tiny.gguf", tiny_model("qwen3"), "qwen3")
     monkeypatch.setenv("TREEFLASH_CACHE", str(tmp_path / "cache"))
     out = cached_conversion(src)
     assert out == tmp_path / "cache" / "converted" / f"tiny-{gguf_cache_key(src)}"
+    # The first use says, in one line, that it converts and where the cache is; later uses are silent.
+    assert capsys.readouterr().err == (f"treeflash: converting tiny.gguf once to safetensors in {out} "
+                                       f"(set TREEFLASH_CACHE to move the cache)\n")
     stamp = (out / "model.safetensors").stat().st_mtime_ns
     assert cached_conversion(src) == out
+    assert capsys.readouterr().err == ""
     assert (out / "model.safetensors").stat().st_mtime_ns == stamp
     assert [p.name for p in out.parent.iterdir()] == [out.name]  # no temporary directories left
     assert cached_conversion(src, tmp_path / "other").parent == tmp_path / "other" / "converted"
@@ -190,6 +194,12 @@ def test_convert_refuses_existing_dir(tmp_path: Path) -> None:
     (tmp_path / "out").mkdir()
     with pytest.raises(FileExistsError):
         convert_gguf(src, tmp_path / "out", tokenizer=False)
+
+
+def test_a_directory_is_not_a_gguf_file(tmp_path: Path) -> None:
+    for fn in (lambda p: convert_gguf(p, tmp_path / "out"), cached_conversion):
+        with pytest.raises(ValueError, match="is a directory, not a GGUF file"):
+            fn(tmp_path)
 
 
 def test_missing_file(tmp_path: Path) -> None:
@@ -265,6 +275,7 @@ def test_default_model_path() -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # converts the GGUF into a private cache first
 def test_smollm2_weights_and_config_match_transformers(smollm2: tuple[Path, Path]) -> None:
     from transformers import AutoModelForCausalLM
 
@@ -295,6 +306,7 @@ def test_smollm2_weights_and_config_match_transformers(smollm2: tuple[Path, Path
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # converts the GGUF into a private cache first
 def test_smollm2_tokenizer(smollm2: tuple[Path, Path]) -> None:
     from transformers import AutoTokenizer
 
@@ -315,6 +327,7 @@ def test_smollm2_tokenizer(smollm2: tuple[Path, Path]) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # converts the GGUF into a private cache first
 def test_smollm2_cache_is_reused(smollm2: tuple[Path, Path]) -> None:
     src, out = smollm2
     stamp = (out / "model.safetensors").stat().st_mtime_ns

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from safetensors.torch import load_file, save_file
 from helpers import hf_model, make_tiny_target, one_thread, set_config_fields
 from treeflash import LLM, SamplingParams
 from treeflash.checkpoint import load_target
-from treeflash.config import SUPPORTED_ARCHITECTURES, UnsupportedModelError
+from treeflash.config import SUPPORTED_ARCHITECTURES, ConfigError, ModelConfig, UnsupportedModelError
 from treeflash.kv_cache import append_layout
 from treeflash.round import SpecConfig, Speculator
 
@@ -271,6 +272,58 @@ def test_malformed_config_json_is_a_value_error(tmp_path):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text('{"architectures": ["LlamaForCausalLM"],')
     with pytest.raises(ValueError, match="malformed config.json"):
+        LLM(tmp_path / "m", device="cpu")
+
+
+CONFIG_KEYS = dict(architectures=["LlamaForCausalLM"], vocab_size=32, hidden_size=16, intermediate_size=32,
+                   num_hidden_layers=1, num_attention_heads=2)
+
+
+@pytest.mark.parametrize("key", ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                 "num_attention_heads"])
+def test_missing_config_key_is_named(tmp_path, key):
+    cfg = {k: v for k, v in CONFIG_KEYS.items() if k != key}
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match=f"config.json: required key '{key}' is missing"):
+        LLM(tmp_path / "m", device="cpu")
+
+
+@pytest.mark.parametrize("key,value,kind", [
+    ("vocab_size", "100", "an integer"), ("num_attention_heads", True, "an integer"),
+    ("hidden_size", 16.5, "an integer"),
+    ("rms_norm_eps", "small", "a number"), ("tie_word_embeddings", "yes", "true or false"),
+    ("rope_scaling", "linear", "an object"), ("hidden_act", 3, "a string"), ("layer_types", "full", "a list"),
+    ("eos_token_id", [2, "x"], "an integer or a list of integers"), ("num_key_value_heads", 0, "at least 1"),
+])
+def test_mistyped_config_key_is_named(tmp_path, key, value, kind):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**CONFIG_KEYS, key: value}))
+    with pytest.raises(ConfigError, match=f"'{key}' must be {kind}"):
+        LLM(tmp_path / "m", device="cpu")
+
+
+def test_config_errors_name_the_file(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**CONFIG_KEYS, "rope_scaling": {"factor": "big"}}))
+    where = re.escape(f"{tmp_path / 'm' / 'config.json'} rope parameters")
+    with pytest.raises(ConfigError, match=f"{where}: 'factor' must be a number"):
+        LLM(tmp_path / "m", device="cpu")
+
+
+def test_architectures_as_one_string_is_read_as_that_architecture():
+    cfg = ModelConfig.from_hf({**CONFIG_KEYS, "architectures": "Qwen3ForCausalLM"})
+    assert cfg.architecture == "Qwen3ForCausalLM" and cfg.qk_norm
+    with pytest.raises(UnsupportedModelError, match="unsupported architecture 'GPT2LMHeadModel'"):
+        ModelConfig.from_hf({**CONFIG_KEYS, "architectures": "GPT2LMHeadModel"})
+    with pytest.raises(ConfigError, match="'architectures' must be a list of names"):
+        ModelConfig.from_hf({**CONFIG_KEYS, "architectures": {"name": "LlamaForCausalLM"}})
+
+
+def test_config_json_that_is_not_an_object_is_a_config_error(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="must hold a JSON object"):
         LLM(tmp_path / "m", device="cpu")
 
 

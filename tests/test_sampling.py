@@ -415,6 +415,7 @@ def test_filtered_sampling_never_emits_a_token_outside_the_allowed_set(small_llm
 ENGINE_CASES = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=8, top_p=0.9, min_p=0.02)]
 
 
+@pytest.mark.slow  # thousands of requests; test_speculative's engine joint test is the quick check
 @pytest.mark.parametrize("base", ENGINE_CASES, ids=["T1", "T0.7-filtered"])
 def test_first_generated_token_follows_the_processed_distribution(small_llm, small_hf, base):
     n, prompt = 4000, [3, 1, 4, 1, 5]
@@ -428,6 +429,7 @@ def test_first_generated_token_follows_the_processed_distribution(small_llm, sma
     assert not chi_square_ok(counts, probs_for(next_logits(small_hf, [prompt])[0], hotter))
 
 
+@pytest.mark.slow
 def test_first_two_generated_tokens_follow_the_product_of_conditionals(small_llm, small_hf):
     """The joint law of (token 1, token 2), against p(t1 | prompt) * p(t2 | prompt, t1).
 
@@ -488,8 +490,8 @@ def test_stop_token_ids_outside_the_vocabulary_are_rejected(small_llm):
 def test_number_of_sampling_params_must_match_the_prompts(small_llm):
     with pytest.raises(ValueError, match="got 3 SamplingParams for 2 prompts"):
         small_llm.generate(prompt_token_ids=[[1], [2]], sampling_params=[SamplingParams()] * 3)
-    with pytest.raises(ValueError, match="is dict, not SamplingParams"):
-        small_llm.generate(prompt_token_ids=[[1]], sampling_params=[{"temperature": 0}])
+    with pytest.raises(ValueError, match="must be a SamplingParams or a dict of its fields, got str"):
+        small_llm.generate(prompt_token_ids=[[1]], sampling_params=["greedy"])
 
 
 def test_prompts_and_prompt_token_ids_are_exclusive(small_llm):

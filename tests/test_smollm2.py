@@ -1,13 +1,18 @@
-"""The embedded default, SmolLM2-135M-Instruct (GGUF): greedy output identical to transformers."""
+"""The embedded default, SmolLM2-135M-Instruct (GGUF): greedy output identical to transformers.
+
+One LLM is loaded per module and shared; the tests that load transformers' reference or build a
+second LLM with a drafter are marked `slow` (over ~20 s on 2 busy cores)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
 import torch
 
+from helpers import one_thread
 from treeflash import LLM, SamplingParams
 from treeflash.default_model import default_gguf_path
 
@@ -17,6 +22,13 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, i
 CHATS = [[{"role": "user", "content": "What is the boiling point of water?"}],
          [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name three trees."}]]
 NEW_TOKENS = 32
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _single_thread():
+    # The CLI's default on this kind of machine too, so the CLI and in-process runs compute alike.
+    with one_thread():
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +61,7 @@ def test_default_model_is_smollm2(llm: LLM) -> None:
     assert llm.tokenizer is not None and llm.tokenizer.chat_template
 
 
+@pytest.mark.slow
 def test_greedy_text_prompts_match_transformers(llm: LLM, reference) -> None:
     outs = llm.generate(PROMPTS, greedy())
     for prompt, out in zip(PROMPTS, outs):
@@ -56,6 +69,7 @@ def test_greedy_text_prompts_match_transformers(llm: LLM, reference) -> None:
         assert out.finish_reason == "length" and out.text == llm.tokenizer.decode(out.token_ids, skip_special_tokens=True)
 
 
+@pytest.mark.slow
 def test_greedy_chat_prompts_match_transformers(llm: LLM, reference) -> None:
     outs = llm.chat(CHATS, greedy())
     for chat, out in zip(CHATS, outs):
@@ -78,7 +92,9 @@ def test_batched_one_slot_and_many_slots_agree(llm: LLM) -> None:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "treeflash.cli", *args], capture_output=True, text=True, timeout=600)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "treeflash", *args], capture_output=True, text=True, timeout=600,
+                          env=env)
 
 
 def test_cli_generate_streams_the_greedy_text(llm: LLM) -> None:
@@ -89,20 +105,29 @@ def test_cli_generate_streams_the_greedy_text(llm: LLM) -> None:
     assert "8 tokens" in result.stderr and "tokens/s" in result.stderr
 
 
-def test_cli_show_tree_and_chat() -> None:
-    result = run_cli("generate", "Hi", "--chat", "--max-tokens", "4", "--seed", "3", "--show-tree")
+def test_cli_chat_streams_the_seeded_templated_reply_and_show_tree_needs_a_drafter(llm: LLM) -> None:
+    result = run_cli("generate", "Hi", "--chat", "--system", "Be brief.", "--max-tokens", "6", "--seed", "3",
+                     "--show-tree")
     assert result.returncode == 0, result.stderr
-    assert "last round's draft tree" in result.stdout and "root" in result.stdout
+    # The CLI's defaults (temperature 0.7) and seed give the reply the API gives the same conversation.
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    expected = llm.chat(chat, SamplingParams(temperature=0.7, max_tokens=6, seed=3), use_tqdm=False)[0]
+    assert result.stdout.rstrip("\n") == expected.text and expected.text
+    # Plain decoding drafts no tree: said once, with no empty drawing.
+    assert "no draft tree: plain decoding" in result.stderr and "draft tree:" not in result.stdout
+    assert result.stderr.splitlines()[-2].startswith(f"[none] {len(expected.token_ids)} tokens in ")
 
 
 @pytest.mark.parametrize("args, message", [
     (["generate", "x", "--top-p", "1.5"], "top_p"),
     (["generate", "x", "--model", "/nonexistent/model"], "no such model"),
     (["generate", "x", "--spec", "ddtree"], "draft_model"),
+    (["generate", "x", "--device", "tpu"], "device must be 'cpu' or 'cuda'"),
 ])
 def test_cli_bad_input_is_a_clear_error(args: list[str], message: str) -> None:
     result = run_cli(*args)
     assert result.returncode == 1 and message in result.stderr and "Traceback" not in result.stderr
+    assert result.stderr.startswith("treeflash: error: ") and result.stderr.count("\n") == 1
 
 
 @pytest.mark.parametrize("command", [[], ["generate"], ["convert"]])
@@ -128,6 +153,7 @@ def random_smollm2_drafter(tmp_path_factory, llm: LLM):
     return save_drafter(DFlashDrafter(cfg), tmp_path_factory.mktemp("drafter"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", ["dflash", "ddtree"])
 def test_speculative_greedy_on_smollm2_equals_plain(llm: LLM, random_smollm2_drafter, spec: str) -> None:
     spec_llm = LLM(draft_model=random_smollm2_drafter, spec=spec, tree_budget=16)

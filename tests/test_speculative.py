@@ -376,8 +376,11 @@ def test_sampling_target_is_peaky_and_path_dependent(sampling_setup):
     assert with_y2_fixed.mean() > 0.1 and with_y2_fixed.max() > 0.5
 
 
-SAMPLING_CASES = [(spec, budget, temp, filt) for spec, budget in (("ddtree", 8), ("dflash", 0))
-                  for temp in (0.7, 1.0) for filt in ("plain", "filtered")]
+# Two cases (one per method) stay in the quick subset; the rest of the grid is marked slow.
+QUICK_SAMPLING_CASES = {("ddtree", 8, 1.0, "plain"), ("dflash", 0, 0.7, "filtered")}
+SAMPLING_CASES = [pytest.param(*case, marks=() if case in QUICK_SAMPLING_CASES else pytest.mark.slow)
+                  for case in ((spec, budget, temp, filt) for spec, budget in (("ddtree", 8), ("dflash", 0))
+                               for temp in (0.7, 1.0) for filt in ("plain", "filtered"))]
 
 
 @pytest.mark.parametrize("spec,budget,temperature,filters", SAMPLING_CASES)
@@ -468,6 +471,7 @@ BROKEN = {"reused_coin": reused_coin, "relaxed_acceptance": relaxed_acceptance,
           "duplicate_sibling": duplicate_sibling}
 
 
+@pytest.mark.slow  # they test the test (its teeth), not treeflash
 @pytest.mark.parametrize("bug,spec,budget", [("reused_coin", "ddtree", 8), ("reused_coin", "dflash", 0),
                                              ("relaxed_acceptance", "ddtree", 8),
                                              ("relaxed_acceptance", "dflash", 0),

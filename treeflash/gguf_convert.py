@@ -13,6 +13,7 @@ import os
 import re
 import secrets
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,9 @@ def unpermute_rotary(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def _check_magic(path: Path) -> None:
+    if path.is_dir():
+        raise ValueError(f"{path}: is a directory, not a GGUF file (a Hugging Face directory needs no conversion: "
+                         f"pass it as --model / LLM(model=...) directly)")
     if not path.is_file():
         raise FileNotFoundError(f"{path}: GGUF file not found")
     with open(path, "rb") as f:
@@ -283,4 +287,7 @@ def cached_conversion(gguf_path: str | Path, cache_dir: str | Path | None = None
     out = Path(cache_dir or default_cache_dir()) / "converted" / f"{path.stem}-{gguf_cache_key(path)}"
     if (out / "config.json").is_file():
         return out
+    # The first use takes a while (dequantising every tensor): say what is happening and where it goes.
+    print(f"treeflash: converting {path.name} once to safetensors in {out} (set TREEFLASH_CACHE to move the cache)",
+          file=sys.stderr, flush=True)
     return convert_gguf(path, out)

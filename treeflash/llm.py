@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import operator
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -13,6 +14,7 @@ import torch
 from treeflash.checkpoint import load_drafter, load_target, load_tokenizer, resolve_model_dir
 from treeflash.engine import Engine, EngineConfig, Request
 from treeflash.outputs import RequestOutput
+from treeflash.progress import Progress
 from treeflash.round import SpecConfig
 from treeflash.sampling import SamplingParams, new_seed
 
@@ -30,10 +32,17 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bf
 def _device(device: str | torch.device | None) -> torch.device:
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(device)
-    if device.type == "cuda" and not torch.cuda.is_available():
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        parsed = None
+    if parsed is None or parsed.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda' (or 'cuda:N'), got {device!r}")
+    if parsed.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device='cuda' asked for, but no CUDA device is available")
-    return device
+    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        raise ValueError(f"device={device!r}: only {torch.cuda.device_count()} CUDA device(s) are available")
+    return parsed
 
 
 def _dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
@@ -44,6 +53,78 @@ def _dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
     return _DTYPES[dtype]
+
+
+_CHAT_ROLES = ("system", "user", "assistant")
+
+
+def _check_conversation(messages, where: str, template) -> None:
+    """Refuse, naming the message, what a chat template would fail on or silently mis-render."""
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise ValueError(f"{where} must be a non-empty list of {{'role': ..., 'content': ...}} messages")
+    # A template that never mentions tool messages would render them as something else, or drop them.
+    roles = _CHAT_ROLES + (("tool",) if "tool" in str(template or "") else ())
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise ValueError(f"{where}[{i}] must be a dict {{'role': ..., 'content': ...}}, got {type(m).__name__}")
+        if m.get("role") not in roles:
+            raise ValueError(f"{where}[{i}]: role must be one of {', '.join(roles)}, got {m.get('role')!r}")
+        content = m.get("content")
+        if not isinstance(content, str) or not content:
+            raise ValueError(f"{where}[{i}]: content must be a non-empty string, got {content!r}")
+
+
+def _sampling_params(sampling_params, n: int) -> list[SamplingParams]:
+    """One SamplingParams per prompt from: None, a SamplingParams, a dict of its fields, or a list of those."""
+    if sampling_params is None:
+        sampling_params = SamplingParams()
+    if isinstance(sampling_params, (SamplingParams, dict)):
+        sampling_params = [sampling_params] * n
+    elif isinstance(sampling_params, (str, bytes)) or not isinstance(sampling_params, Sequence):
+        raise ValueError(f"sampling_params must be a SamplingParams, a dict of its fields or a list of those, "
+                         f"got {type(sampling_params).__name__} {sampling_params!r}")
+    if len(sampling_params) != n:
+        raise ValueError(f"got {len(sampling_params)} SamplingParams for {n} prompts")
+    names = {f.name for f in fields(SamplingParams)}
+    params = []
+    for i, p in enumerate(sampling_params):
+        if isinstance(p, dict):
+            unknown = sorted(map(str, set(p) - names))
+            if unknown:
+                raise ValueError(f"sampling_params[{i}] has unknown fields {unknown}; SamplingParams has "
+                                 f"{', '.join(f.name for f in fields(SamplingParams))}")
+            p = SamplingParams(**p)
+        elif not isinstance(p, SamplingParams):
+            raise ValueError(f"sampling_params[{i}] must be a SamplingParams or a dict of its fields, "
+                             f"got {type(p).__name__} {p!r}")
+        params.append(p)
+    return params
+
+
+def _check_one_prompt(prompt, sampling_params, prompt_token_ids) -> None:
+    """stream() serves one request: refuse lists rather than run them all and stream only the first."""
+    if prompt is not None and not isinstance(prompt, str):
+        raise ValueError(f"stream takes one prompt (a string), got {type(prompt).__name__}; "
+                         f"use generate() for several prompts")
+    if prompt_token_ids is not None and len(prompt_token_ids) and isinstance(prompt_token_ids[0], Sequence):
+        raise ValueError("stream takes one prompt: prompt_token_ids=[id, ...], not a list of prompts; "
+                         "use generate() for several prompts")
+    if not (sampling_params is None or isinstance(sampling_params, (SamplingParams, dict))):
+        raise ValueError(f"stream takes one SamplingParams (or a dict of its fields), "
+                         f"got {type(sampling_params).__name__}")
+
+
+def _fit_budget(spec: SpecConfig, depth: int, vocab: int) -> SpecConfig:
+    """Lower a ddtree budget to the number of distinct prefixes of 1..depth tokens: nodes beyond it stay empty."""
+    prefixes, level = 0, 1
+    for _ in range(depth):
+        level = min(level * vocab, spec.tree_budget)  # capped: only the comparison with the budget matters
+        prefixes += level
+    if spec.method != "ddtree" or spec.tree_budget <= prefixes:
+        return spec
+    warnings.warn(f"tree_budget={spec.tree_budget} lowered to {prefixes}: a {depth}-token draft block over a "
+                  f"{vocab}-token vocabulary has only {prefixes} distinct prefixes", stacklevel=3)
+    return replace(spec, tree_budget=prefixes)
 
 
 def _token_ids(prompt, n: int) -> list[int]:
@@ -62,7 +143,9 @@ class LLM:
     model: HF directory, .gguf file, or None for the embedded SmolLM2-135M-Instruct.
     draft_model: a DFlash drafter directory (z-lab format). spec: "ddtree" (default with a drafter),
     "dflash" (the drafter's chain) or "none" (autoregressive; the default without a drafter).
-    tree_budget: draft nodes per round for ddtree. max_num_seqs: requests run side by side.
+    tree_budget: draft nodes per round for ddtree, at most 4096 (round.MAX_TREE_BUDGET); a budget above
+    the number of distinct prefixes a draft block can hold is lowered to that number, with a warning.
+    max_num_seqs: requests run side by side.
     time_stages: time each round's stages (default on CPU; on a GPU it adds synchronisations).
     record_trees: keep each request's last draft tree, drawn, in `output.last_tree`.
     """
@@ -85,6 +168,7 @@ class LLM:
         if draft_model is not None and self.spec.method != "none":
             self.drafter = load_drafter(draft_model, self.device, self.dtype)
             self.drafter.config.check_target(self.config)
+            self.spec = _fit_budget(self.spec, self.drafter.config.depth, self.config.vocab_size)
         limit = self.config.max_position_embeddings
         if max_model_len is not None and (not isinstance(max_model_len, int) or not 1 < max_model_len <= limit):
             raise ValueError(f"max_model_len must be an integer in [2, {limit}] for this model, got {max_model_len!r}")
@@ -100,27 +184,39 @@ class LLM:
 
     # --- public API ------------------------------------------------------------------------------
     def generate(self, prompts: str | Sequence[str] | None = None,
-                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+                 sampling_params: SamplingParams | dict | Sequence[SamplingParams | dict] | None = None, *,
                  prompt_token_ids: Sequence[Sequence[int]] | None = None, use_tqdm: bool = True) -> list[RequestOutput]:
-        """Generate for every prompt (strings, or token ids by keyword); the requests run as a batch."""
+        """Generate for every prompt (strings, or token ids by keyword); the requests run as a batch.
+
+        sampling_params: one for all prompts or one per prompt; each a SamplingParams or a dict of its
+        fields, e.g. {"temperature": 0, "max_tokens": 32}. The progress bar (a terminal only) counts
+        finished requests, generated tokens and tokens/s.
+        """
         return self._run(self._requests(prompts, sampling_params, prompt_token_ids), use_tqdm)
 
     def chat(self, messages: list[dict] | list[list[dict]],
-             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+             sampling_params: SamplingParams | dict | Sequence[SamplingParams | dict] | None = None, *,
              use_tqdm: bool = True) -> list[RequestOutput]:
-        """Generate replies to one conversation (a list of {role, content}) or a list of them."""
-        if not messages:
+        """Generate replies to one conversation (a list of {role, content}) or a list of them.
+
+        Roles: system, user, assistant (and tool when the chat template handles tool messages); every
+        content a non-empty string. A bad message is a ValueError naming it before anything runs.
+        """
+        if not messages or not isinstance(messages, (list, tuple)):
             raise ValueError("chat needs at least one message ({'role': ..., 'content': ...})")
-        conversations = [messages] if isinstance(messages[0], dict) else messages
-        if not all(conv and all(isinstance(m, dict) and "role" in m for m in conv) for conv in conversations):
-            raise ValueError("each conversation must be a non-empty list of {'role': ..., 'content': ...} dicts")
+        one = isinstance(messages[0], dict)
+        conversations = [messages] if one else messages
+        template = getattr(self.tokenizer, "chat_template", None)
+        for n, conv in enumerate(conversations):
+            _check_conversation(conv, "messages" if one else f"messages[{n}]", template)
         ids = [self.chat_token_ids(c) for c in conversations]
         prompts = [self.tokenizer.decode(i) for i in ids]
         return self._run(self._requests(None, sampling_params, ids, texts=prompts), use_tqdm)
 
-    def stream(self, prompt: str | None = None, sampling_params: SamplingParams | None = None, *,
+    def stream(self, prompt: str | None = None, sampling_params: SamplingParams | dict | None = None, *,
                prompt_token_ids: Sequence[int] | None = None) -> Iterator[StreamChunk]:
         """Generate for one prompt, yielding text as rounds accept it; the last chunk carries the output."""
+        _check_one_prompt(prompt, sampling_params, prompt_token_ids)
         ids = None if prompt_token_ids is None else [list(prompt_token_ids)]
         request = self._requests(None if ids else prompt, sampling_params, ids)[0]
         engine, printed = self.engine, ""
@@ -148,32 +244,27 @@ class LLM:
             engine.abort(request.id)
 
     def chat_token_ids(self, messages: list[dict]) -> list[int]:
+        """The prompt token ids of one conversation under the model's chat template (checked first)."""
+        _check_conversation(messages, "messages", getattr(self.tokenizer, "chat_template", None))
         tok = self._need_tokenizer()
-        if not getattr(tok, "chat_template", None):
+        if not tok.chat_template:
             raise ValueError(f"{self.model_dir}: the tokenizer has no chat template")
-        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return tok.encode(text, add_special_tokens=False)
+        text = tok.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+        return tok.encode(text, add_special_tokens=False, verbose=False)  # _requests checks the length
 
     # --- internals -------------------------------------------------------------------------------
     def _run(self, requests: list[Request], use_tqdm: bool) -> list[RequestOutput]:
         """Run requests to completion on the engine; outputs in request order."""
-        engine, bar = self.engine, None
-        if use_tqdm:
-            from tqdm import tqdm
-
-            bar = tqdm(total=len(requests), desc="generating", unit="req", disable=None)  # off when not a terminal
+        engine = self.engine
         for r in requests:
             engine.add(r)
         try:
-            while not all(r.finished for r in requests):
-                for update in engine.step():
-                    if bar is not None and update.request.finished:
-                        bar.update(1)
+            with Progress(len(requests), use_tqdm) as progress:
+                while not all(r.finished for r in requests):
+                    progress.update(engine.step())
         finally:
             for r in requests:  # after an error or an interrupt, free what this call still holds
                 engine.abort(r.id)
-            if bar is not None:
-                bar.close()
         return [engine.output_of(r) for r in requests]
 
     def _need_tokenizer(self):
@@ -200,23 +291,18 @@ class LLM:
             if not all(isinstance(p, str) for p in prompts):
                 raise ValueError("prompts must be strings; pass token ids as prompt_token_ids=[[...], ...]")
             tok = self._need_tokenizer()
-            ids = [tok.encode(p) for p in prompts]
+            # verbose=False: transformers would warn about over-long prompts; the check below says it clearly.
+            ids = [tok.encode(p, verbose=False) for p in prompts]
             texts = prompts
         else:
             ids = [_token_ids(p, n) for n, p in enumerate(prompt_token_ids)]
             texts = texts or [None] * len(ids)
         if not ids:
             raise ValueError("no prompts given")
-        if sampling_params is None:
-            sampling_params = SamplingParams()
-        params = [sampling_params] * len(ids) if isinstance(sampling_params, SamplingParams) else list(sampling_params)
-        if len(params) != len(ids):
-            raise ValueError(f"got {len(params)} SamplingParams for {len(ids)} prompts")
+        params = _sampling_params(sampling_params, len(ids))
         vocab = self.config.vocab_size
         requests = []
         for n, (text, prompt, p) in enumerate(zip(texts, ids, params)):
-            if not isinstance(p, SamplingParams):
-                raise ValueError(f"sampling_params[{n}] is {type(p).__name__}, not SamplingParams")
             if not prompt:
                 raise ValueError(f"prompt {n} is empty")
             if not all(0 <= t < vocab for t in prompt):

@@ -5,6 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+def plural(n: int, word: str) -> str:
+    """'1 round', '3 rounds'."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 @dataclass
 class RequestMetrics:
     num_prompt_tokens: int = 0
@@ -29,10 +34,10 @@ class RequestMetrics:
         return self.num_generated_tokens / total if total > 0 else 0.0
 
     def summary(self) -> str:
-        parts = [f"{self.num_generated_tokens} tokens", f"{self.tokens_per_second:.1f} tokens/s",
+        parts = [plural(self.num_generated_tokens, "token"), f"{self.tokens_per_second:.1f} tokens/s",
                  f"prefill {self.prefill_seconds * 1e3:.0f} ms"]
         if self.rounds:
-            parts.append(f"{self.rounds} rounds, mean acceptance length {self.mean_acceptance_length:.2f}")
+            parts.append(f"{plural(self.rounds, 'round')}, mean acceptance length {self.mean_acceptance_length:.2f}")
         if self.stage_seconds:
             total = sum(self.stage_seconds.values()) or 1.0
             parts.append("stages: " + ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in self.stage_seconds.items()))

@@ -20,6 +20,10 @@ from treeflash.tree import DraftTree, Walk, ancestor_mask, build_tree, root_only
 
 METHODS = ("none", "dflash", "ddtree")
 STAGES = ("draft", "tree", "verify", "derive_walk", "commit")
+# Draft nodes per round at most. Each round verifies root + budget nodes in one target pass (with a
+# budget x budget mask) and every slot's caches hold budget extra rows: the bound turns a mistyped
+# budget into an error at construction instead of an out-of-memory crash or an hours-long round.
+MAX_TREE_BUDGET = 4096
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,9 @@ class SpecConfig:
             raise ValueError(f"spec must be one of {METHODS}, got {self.method!r}")
         if isinstance(self.tree_budget, bool) or not isinstance(self.tree_budget, int) or self.tree_budget < 1:
             raise ValueError(f"tree_budget must be a positive integer, got {self.tree_budget!r}")
+        if self.tree_budget > MAX_TREE_BUDGET:
+            raise ValueError(f"tree_budget must be at most {MAX_TREE_BUDGET}, got {self.tree_budget}: one round "
+                             f"verifies every node in one pass and the caches grow by the budget")
 
 
 def rows_per_round(spec: SpecConfig, drafter: DFlashDrafter | None) -> int:

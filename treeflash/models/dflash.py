@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from treeflash.config import ModelConfig
+from treeflash.config import ConfigError, ModelConfig, config_value
 from treeflash.kv_cache import KVCache
 from treeflash.models.layers import RMSNorm, Rotary
 from treeflash.models.transformer import DecoderLayer
@@ -58,32 +58,32 @@ class DrafterConfig:
         if "DFlashDraftModel" not in (cfg.get("architectures") or []):
             raise DrafterMismatchError(
                 f"not a DFlash drafter: architectures={cfg.get('architectures')} (expected ['DFlashDraftModel'])")
-        dflash = cfg.get("dflash_config") or {}
-
-        def value(name, default=None):  # the z-lab format allows these at top level or in dflash_config
-            return dflash.get(name, cfg.get(name, default))
-
+        # The z-lab format allows these at top level or in dflash_config (which wins).
+        merged = {**cfg, **config_value(cfg, "dflash_config", dict, {})}
         layers = ModelConfig.from_hf({**cfg, "architectures": ["Qwen3ForCausalLM"], "layer_types": None})
         if cfg.get("num_target_layers") is None:
             raise DrafterMismatchError("drafter config lacks num_target_layers")
-        num_target_layers = int(cfg["num_target_layers"])
-        ids = value("target_layer_ids") or default_target_layer_ids(num_target_layers, layers.num_layers)
-        mask = value("mask_token_id")
+        num_target_layers = config_value(cfg, "num_target_layers", int, minimum=1)
+        ids = config_value(merged, "target_layer_ids", list, None) or default_target_layer_ids(
+            num_target_layers, layers.num_layers)
+        if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise ConfigError(f"config.json: 'target_layer_ids' must be a list of integers, got {ids!r}")
+        mask = config_value(merged, "mask_token_id", int, None)
         if mask is None:
             raise DrafterMismatchError("drafter config lacks dflash_config.mask_token_id")
-        block_size = int(value("block_size", 16))
+        block_size = config_value(merged, "block_size", int, 16)
         if block_size < 2:
             raise DrafterMismatchError(f"block_size must be at least 2, got {block_size}")
-        softcap = value("final_logit_softcapping")
+        softcap = config_value(merged, "final_logit_softcapping", float, None)
         return DrafterConfig(
             layers=layers,
             block_size=block_size,
-            mask_token_id=int(mask),
-            target_layer_ids=tuple(int(i) for i in ids),
+            mask_token_id=mask,
+            target_layer_ids=tuple(ids),
             num_target_layers=num_target_layers,
-            input_embedding_scale=float(value("input_embedding_scale", 1.0)),
-            output_multiplier=float(value("output_multiplier", 1.0)),
-            final_logit_softcapping=float(softcap) if softcap else None,
+            input_embedding_scale=config_value(merged, "input_embedding_scale", float, 1.0),
+            output_multiplier=config_value(merged, "output_multiplier", float, 1.0),
+            final_logit_softcapping=softcap or None,
         )
 
     def to_hf(self) -> dict[str, Any]:
