@@ -78,10 +78,11 @@ def _sharded_logits(path, size, tokens):
     return results
 
 
-@pytest.mark.parametrize("arch, size, kv_heads", [("llama", 2, 2), ("qwen2", 2, 2), ("qwen3", 2, 2),
-                                                  ("qwen3", 4, 2), ("llama", 4, 1)])
-def test_shards_hold_their_slice_and_every_rank_gets_the_same_logits(tmp_path, arch, size, kv_heads):
-    path = make_tiny_target(tmp_path / arch, arch, num_heads=4, num_kv_heads=kv_heads)
+@pytest.mark.parametrize("arch, size, kv_heads, vocab", [("llama", 2, 2, 64), ("qwen2", 2, 2, 63), ("qwen3", 2, 2, 64),
+                                                         ("qwen3", 4, 2, 62), ("llama", 4, 1, 64)])
+def test_shards_hold_their_slice_and_every_rank_gets_the_same_logits(tmp_path, arch, size, kv_heads, vocab):
+    """vocab not divisible by the ranks: the vocab-parallel logits pad the last rank's rows."""
+    path = make_tiny_target(tmp_path / arch, arch, num_heads=4, num_kv_heads=kv_heads, vocab_size=vocab)
     full, cfg = load_target(path, "cpu", torch.float32)
     tokens = torch.tensor([[3, 5, 7, 9, 11, 2]])
     with one_thread():
@@ -180,14 +181,14 @@ def test_a_killed_worker_gives_a_clear_error_and_leaves_no_process(models):
 
 
 @pytest.mark.slow
-def test_a_worker_error_is_reported_with_its_traceback(models):
-    target, _ = models["llama"]
+def test_a_worker_error_is_reported_with_its_traceback_and_the_others_stop(models):
+    target, _ = models["llama"]  # 4 heads, 2 KV heads: over 4 ranks each KV head serves two
     with one_thread():
-        llm = LLM(str(target), device="cpu", tensor_parallel_size=2)
-    llm.parallel._send(("no-such-command",))  # the worker raises on it
-    with pytest.raises(TensorParallelError, match=r"(?s)worker 1 .*failed:.*unknown command 'no-such-command'"):
+        llm = LLM(str(target), device="cpu", tensor_parallel_size=4)
+    llm.parallel._cmds[1].send(("no-such-command",))  # worker 2 raises on it
+    with pytest.raises(TensorParallelError, match=r"(?s)worker 2 .*failed:.*unknown command 'no-such-command'"):
         llm.generate(prompt_token_ids=PROMPTS, sampling_params=GREEDY)
-    assert not any(p.is_alive() for p in llm.parallel._procs)
+    assert len(llm.parallel._procs) == 3 and not any(p.is_alive() for p in llm.parallel._procs)
 
 
 @pytest.mark.slow

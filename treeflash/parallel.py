@@ -174,6 +174,7 @@ class TensorParallel:
     # --- commands to the workers ------------------------------------------------------------------
     def _send(self, message: tuple) -> None:
         if self.failure is not None or self._closed:
+            self._shutdown(polite=False)  # returns once the monitor, if it is shutting down, is done
             raise TensorParallelError(self.failure or "the tensor-parallel group was closed (LLM.close())")
         try:
             for conn in self._cmds:
@@ -222,15 +223,19 @@ class TensorParallel:
     def _watch(self) -> None:
         """Monitor thread: the first worker death or error shuts the group down and is recorded."""
         handles = [p.sentinel for p in self._procs] + list(self._status)
-        while not self._closing:
-            wait(handles)
-            if self._closing:
-                return
-            for i, proc in enumerate(self._procs):
-                message = self._read_status(i)
-                if message is not None or not proc.is_alive():
-                    self._fail(self._describe(i, message))
+        try:
+            while not self._closing:
+                wait(handles)
+                if self._closing:
                     return
+                for i, proc in enumerate(self._procs):
+                    message = self._read_status(i)
+                    if message is not None or not proc.is_alive():
+                        self._fail(self._describe(i, message))
+                        return
+        except (OSError, ValueError):  # the pipes were closed under us: only by a shutdown
+            if not self._closing:
+                raise
 
     def _read_status(self, i: int):
         conn = self._status[i]
@@ -259,35 +264,37 @@ class TensorParallel:
         self._shutdown(polite=self.failure is None)
 
     def _shutdown(self, polite: bool) -> None:
-        with self._lock:  # the monitor thread and the caller may both get here
+        with self._lock:  # the monitor thread and the caller may both get here; the second waits
             if self._closed:
                 return
             self._closed = self._closing = True
-        atexit.unregister(self.close)
-        if polite:
-            for conn in self._cmds:
+            atexit.unregister(self.close)
+            group = getattr(getattr(self, "comm", None), "group", None)
+            if group is not None and not polite and hasattr(group, "abort"):
+                # NCCL: a collective rank 0 is blocked in would otherwise wait for the dead peer until timeout.
                 try:
-                    conn.send(("close",))
-                except OSError:
+                    group.abort()
+                except Exception:
                     pass
-        for proc in self._procs:
-            proc.join(timeout=10.0 if polite else 0.0)
-        for proc in self._procs:
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(timeout=5.0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-        for conn in (*self._cmds, *self._status):
-            conn.close()
-        group = getattr(getattr(self, "comm", None), "group", None)
-        if group is not None and not polite and hasattr(group, "abort"):
-            # NCCL: a collective rank 0 is blocked in would otherwise wait for the dead peer until timeout.
-            try:
-                group.abort()
-            except Exception:
-                pass
+            if polite:
+                for conn in self._cmds:
+                    try:
+                        conn.send(("close",))
+                    except OSError:
+                        pass
+            for proc in self._procs:
+                proc.join(timeout=10.0 if polite else 0.0)
+                if proc.is_alive():
+                    proc.terminate()
+                    proc.join(timeout=5.0)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join()
+            monitor = self._monitor
+            if monitor is not None and monitor is not threading.current_thread():
+                monitor.join(timeout=2.0)  # it wakes on the exits, sees the shutdown and returns
+            for conn in (*self._cmds, *self._status):
+                conn.close()
 
     def __del__(self):
         try:

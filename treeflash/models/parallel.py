@@ -6,8 +6,10 @@ Megatron-style split over N ranks, one implementation of the decoder for every N
   intermediate width), so these stay plain `nn.Linear`s of the rank's width and need no communication;
 - o_proj and down_proj are row-parallel: a rank holds the matching columns, computes a partial sum of the
   output, and one all-reduce gives every rank the full output (`RowParallelLinear`);
-- embedding, norms and the output head are replicated. The head stays whole because the replicated
-  drafter borrows it too; the arithmetic behind that choice is in the README's tensor-parallel section.
+- embedding, norms and the output head are replicated (the replicated drafter borrows both whole), but
+  the target's logits are computed vocab-parallel: each rank multiplies by its rows of the head and one
+  all-gather assembles them, so each rank reads 1/N of the head per forward (measured and argued in
+  the README's tensor-parallel section).
 
 A rank's decoder is the ordinary `Transformer` built from `Shard.config` (its own head counts and MLP
 width), with o_proj/down_proj swapped for `RowParallelLinear` before any weight is read, and every weight
@@ -26,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from treeflash.config import ModelConfig
+from treeflash.models.transformer import Transformer
 
 
 class TensorParallelConfigError(ValueError):
@@ -65,10 +68,20 @@ class Communicator:
         self.group = group
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        self._need_group().allreduce([x]).wait()
+        return x
+
+    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [n, ...] on every rank -> [ranks * n, ...], rank 0's rows first (the same on every rank)."""
+        group = self._need_group()
+        out = x.new_empty((group.size() * x.shape[0], *x.shape[1:]))
+        group._allgather_base(out, x).wait()
+        return out
+
+    def _need_group(self):
         if self.group is None:
             raise RuntimeError("tensor-parallel communicator used before it was connected")
-        self.group.allreduce([x]).wait()
-        return x
+        return self.group
 
 
 class RowParallelLinear(nn.Linear):
@@ -85,6 +98,25 @@ class RowParallelLinear(nn.Linear):
         # x: [..., in / N] -> [..., out], identical on every rank
         y = self.comm.all_reduce(F.linear(x, self.weight))
         return y if self.bias is None else y + self.bias
+
+
+class ShardedTransformer(Transformer):
+    """A rank's decoder: the shared Transformer code on the rank's shapes; logits computed vocab-parallel."""
+
+    def __init__(self, cfg: ModelConfig, shard: "Shard"):
+        super().__init__(cfg)
+        self.shard = shard
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        # hidden: [..., hidden] -> [..., V] float32, bit-identical on every rank
+        weight, n = self.output_weight, self.shard.size
+        vocab = weight.shape[0]
+        chunk = -(-vocab // n)  # the last rank's rows are padded when N does not divide V
+        start = min(self.shard.rank * chunk, vocab)
+        stop = min(start + chunk, vocab)
+        part = F.pad(F.linear(hidden, weight[start:stop]).float(), (0, chunk - (stop - start)))
+        gathered = self.shard.comm.all_gather(part.movedim(-1, 0).contiguous())  # [N * chunk, ...]
+        return gathered.movedim(0, -1)[..., :vocab].contiguous()
 
 
 # Parameter name (without the leading "model.") -> what kind of slice a rank reads.
@@ -108,9 +140,7 @@ class Shard:
 
     def build(self, cfg: ModelConfig) -> nn.Module:
         """The rank's Transformer (call on the meta device): the shared decoder code with row-parallel o/down."""
-        from treeflash.models.transformer import Transformer
-
-        model = Transformer(self.config(cfg))
+        model = ShardedTransformer(self.config(cfg), self)
         for layer in model.layers:
             for owner, name in ((layer.self_attn, "o_proj"), (layer.mlp, "down_proj")):
                 old = getattr(owner, name)
