@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -95,7 +96,6 @@ def _graph_rank(rank: int, size: int, target: str, port: int, results) -> None:
     from treeflash.models.parallel import Communicator, Shard
     from treeflash.parallel import NCCL_ENV, WorkerPlan, _connect
 
-    import os
     os.environ.update(NCCL_ENV)
     device = torch.device("cuda", rank)
     torch.cuda.set_device(device)

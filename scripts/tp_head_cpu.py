@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import statistics
 import time
 
@@ -68,7 +69,8 @@ def main() -> None:
     for p in procs:
         p.join()
     report = {"what": "median ms on rank 0 to get full float32 logits [T, V]; CPU, gloo, 2 processes, 1 thread each",
-              "torch": torch.__version__, "results": out}
+              "torch": torch.__version__, "cpus": os.cpu_count(),
+              "load_average_1min": round(os.getloadavg()[0], 2), "results": out}
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:

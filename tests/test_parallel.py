@@ -211,3 +211,37 @@ def test_workers_exit_when_rank_0_is_killed(models):
     while not all(_gone(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert all(_gone(p) for p in pids)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_smollm2_over_three_ranks_gives_the_same_greedy_tokens():
+    """The real checkpoint: 9 heads and 3 KV heads split over 3 ranks (each rank reads its slices)."""
+    prompts = ["The capital of France is", "def fibonacci(n):"]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    with one_thread():
+        want = [o.token_ids for o in LLM(device="cpu").generate(prompts, params, use_tqdm=False)]
+        with LLM(device="cpu", tensor_parallel_size=3) as llm:
+            assert [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == want
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "treeflash.cli", *args], capture_output=True, text=True,
+                          timeout=600, env=env)
+
+
+@pytest.mark.slow
+def test_cli_tensor_parallel_size_streams_the_same_text(models):
+    target, _ = models["qwen2"]
+    args = ["generate", "hello", "--model", str(target), "--device", "cpu", "--temperature", "0",
+            "--max-tokens", "12", "--ignore-eos"]
+    one, two = _cli(*args), _cli(*args, "--tensor-parallel-size", "2")
+    assert one.returncode == 0 and two.returncode == 0, two.stderr
+    assert two.stdout == one.stdout and "12 tokens" in two.stderr
+
+
+def test_cli_uneven_split_is_a_clear_error(models):
+    target, _ = models["qwen2"]
+    result = _cli("generate", "hello", "--model", str(target), "--device", "cpu", "--tensor-parallel-size", "3")
+    assert result.returncode == 1 and "does not split" in result.stderr and "Traceback" not in result.stderr
