@@ -94,7 +94,7 @@ def _graph_rank(rank: int, size: int, target: str, port: int, results) -> None:
     from treeflash.checkpoint import load_target
     from treeflash.kv_cache import append_layout
     from treeflash.models.parallel import Communicator, Shard
-    from treeflash.parallel import NCCL_ENV, WorkerPlan, _connect
+    from treeflash.parallel.rank import NCCL_ENV, WorkerPlan, connect
 
     os.environ.update(NCCL_ENV)
     device = torch.device("cuda", rank)
@@ -103,7 +103,7 @@ def _graph_rank(rank: int, size: int, target: str, port: int, results) -> None:
     plan = WorkerPlan(Path(target), "cuda:0", torch.bfloat16, size, port, 1)
     comm = Communicator()
     model, _ = load_target(Path(target), device, torch.bfloat16, Shard(rank, size, comm))
-    _connect(comm, plan, rank, store)
+    connect(comm, plan, rank, store)
     cache = model.new_cache(1, 512)
     with torch.inference_mode():
         prompt = torch.tensor([PROMPTS[1]], device=device)

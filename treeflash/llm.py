@@ -68,7 +68,7 @@ class LLM:
     time_stages: time each round's stages (default on CPU; on a GPU it adds synchronisations).
     record_trees: keep each request's last draft tree, drawn, in `output.last_tree`.
     tensor_parallel_size: split the target over this many ranks (one GPU each with NCCL, or CPU processes
-    with gloo); the LLM starts the worker processes itself and `close()` stops them (see treeflash/parallel.py).
+    with gloo); the LLM starts the worker processes itself and `close()` stops them (see treeflash/parallel/).
     """
 
     def __init__(self, model: str | Path | None = None, device: str | torch.device | None = None,

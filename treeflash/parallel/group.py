@@ -1,101 +1,28 @@
-"""Tensor parallelism across processes: rank 0 is the caller's `LLM`, ranks 1..N-1 are workers it starts.
-
-SPMD. Every rank holds its shard of the target (`models/parallel.py`), a whole copy of the drafter and an
-identical `Engine`. Rank 0's engine (`MirroredEngine`) sends every call that changes engine state (add,
-abort, step) to the workers through a pipe, in order, and each worker applies it to its own engine. All
-ranks therefore run the same round on the same inputs; the all-reduces inside the target give every rank
-the same logits, so derive, walk and commit decide the same everywhere and the engines stay in lockstep
-with no communication beyond the all-reduces. Greedy and seeded sampling are deterministic by design
-(counter-based uniforms), so that holds for sampling too.
-
-Processes: torch.multiprocessing with the spawn method (one process per GPU on CUDA, NCCL between them;
-gloo on CPU). Rank 0 hosts the rendezvous store. A worker that dies, or raises, is reported by rank 0
-with its error, and the other workers are stopped; a worker whose parent dies exits by itself. `close()`
-(called by `LLM.close`, `__del__` and at interpreter exit) stops them all.
-
-NOTE: spawn re-imports the caller's main module in every worker, so a script that builds an LLM with
-tensor_parallel_size > 1 must do it under `if __name__ == "__main__":` (as with any spawn-based library).
-"""
+"""Rank 0's side of a tensor-parallel group: starts the workers, loads rank 0's shard, watches the workers,
+shuts them all down."""
 
 from __future__ import annotations
 
 import atexit
 import datetime
 import os
-import signal
-import sys
 import threading
 import time
-import traceback
-from contextlib import contextmanager
-from dataclasses import dataclass
 from multiprocessing.connection import wait
 from pathlib import Path
 
 import torch
 
-from treeflash.engine import Engine, EngineConfig, Request, StepUpdate
+from treeflash.engine import EngineConfig
 from treeflash.models.parallel import Communicator, Shard
+from treeflash.parallel.mirror import MirroredEngine
+from treeflash.parallel.rank import NCCL_ENV, STARTUP_TIMEOUT_S, EnginePlan, WorkerPlan, connect
+from treeflash.parallel.worker import main as worker_main
 from treeflash.round import SpecConfig
-
-# Multicast over NVLink (NVLS) can take shared GPUs out of service on the machines this project runs on;
-# it is kept off in every rank, workers included (they inherit rank 0's environment and set it again).
-NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=10)  # a rank that hangs (without dying) fails after this
-STARTUP_TIMEOUT_S = 600.0
 
 
 class TensorParallelError(RuntimeError):
     """A tensor-parallel worker died or failed; the group is shut down and the LLM cannot continue."""
-
-
-@dataclass(frozen=True)
-class WorkerPlan:
-    """What a worker needs to load its shard (sent when it is started)."""
-
-    model_dir: Path
-    device: str  # "cpu" or "cuda:<rank 0's index>"; rank r uses cuda:<index + r>
-    dtype: torch.dtype
-    size: int
-    store_port: int
-    threads: int  # torch CPU threads, as rank 0 has
-
-    def device_of(self, rank: int) -> torch.device:
-        base = torch.device(self.device)
-        return base if base.type == "cpu" else torch.device("cuda", (base.index or 0) + rank)
-
-
-@dataclass(frozen=True)
-class EnginePlan:
-    """What a worker needs to build its engine (sent once rank 0 has validated everything)."""
-
-    draft_model: str | None
-    spec: SpecConfig
-    config: EngineConfig
-
-
-def _process_group(plan: WorkerPlan, rank: int, store):
-    """This rank's backend of the group: NCCL between GPUs, gloo on CPU. Standalone (not torch's default
-    group), so an LLM never claims the process-wide torch.distributed state of the program it runs in."""
-    import torch.distributed as dist
-
-    prefixed = dist.PrefixStore("treeflash-tp", store)
-    if plan.device_of(rank).type == "cuda":
-        options = dist.ProcessGroupNCCL.Options()
-        options._timeout = COLLECTIVE_TIMEOUT
-        return dist.ProcessGroupNCCL(prefixed, rank, plan.size, options)
-    return dist.ProcessGroupGloo(prefixed, rank, plan.size, COLLECTIVE_TIMEOUT)
-
-
-def _connect(comm: Communicator, plan: WorkerPlan, rank: int, store) -> None:
-    device = plan.device_of(rank)
-    comm.connect(_process_group(plan, rank, store))
-    # One all-reduce now: NCCL creates its communicator lazily on the first collective, which must not
-    # happen inside a CUDA graph capture; it also proves every rank is connected.
-    probe = torch.ones(1, device=device)
-    comm.all_reduce(probe)
-    if int(probe.item()) != plan.size:
-        raise RuntimeError(f"tensor-parallel rank {rank}: connection check summed to {probe.item()}, not {plan.size}")
 
 
 class TensorParallel:
@@ -135,7 +62,7 @@ class TensorParallel:
             for rank in range(1, size):
                 cmd_recv, cmd_send = ctx.Pipe(duplex=False)
                 status_recv, status_send = ctx.Pipe(duplex=False)
-                proc = ctx.Process(target=_worker_main, args=(rank, self.plan, cmd_recv, status_send),
+                proc = ctx.Process(target=worker_main, args=(rank, self.plan, cmd_recv, status_send),
                                    name=f"treeflash-tp{rank}")
                 proc.start()
                 cmd_recv.close()
@@ -161,7 +88,7 @@ class TensorParallel:
         """Build every rank's engine (workers load the drafter from `draft_model`); returns rank 0's."""
         try:
             self._send(("build", EnginePlan(None if draft_model is None else str(draft_model), spec, config)))
-            _connect(self.comm, self.plan, 0, self._store)
+            connect(self.comm, self.plan, 0, self._store)
             engine = MirroredEngine(self, self.model, drafter, spec, tokenizer, config)
             self._await("ready")
         except BaseException:
@@ -301,135 +228,3 @@ class TensorParallel:
             self.close()
         except Exception:
             pass
-
-
-class MirroredEngine(Engine):
-    """Rank 0's engine: each state-changing call is sent to the workers, then applied here.
-
-    NOTE: every Engine method that changes engine state must be mirrored here, or the ranks drift apart.
-    """
-
-    def __init__(self, tp: TensorParallel, *args):
-        super().__init__(*args)
-        self.tp = tp
-
-    def add(self, request: Request) -> None:
-        self.tp._send(("add", request))
-        super().add(request)
-
-    def abort(self, request_id: int) -> bool:
-        if self.tp.failure is None and not self.tp._closed:
-            self.tp._send(("abort", request_id))
-        return super().abort(request_id)  # after a failure: free the slot here; the workers are gone
-
-    def step(self) -> list[StepUpdate]:
-        self.tp._send(("step",))
-        with _interrupt_after_step():
-            try:
-                updates = super().step()
-            except BaseException as e:
-                failure = self.tp.stopped(e)
-                if failure is not None:
-                    raise failure from e
-                raise
-        return updates
-
-
-@contextmanager
-def _interrupt_after_step():
-    """Hold a Ctrl-C until the step ends: a rank that leaves a step half-done leaves the others waiting in
-    a collective for good. A second Ctrl-C interrupts at once (and the group is then shut down)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending = []
-
-    def hold(signum, frame):
-        if pending:
-            raise KeyboardInterrupt
-        pending.append(signum)
-
-    previous = signal.signal(signal.SIGINT, hold)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if pending and callable(previous):
-        previous(signal.SIGINT, None)
-
-
-# --- the worker process ---------------------------------------------------------------------------
-def _worker_main(rank: int, plan: WorkerPlan, cmds, status) -> None:
-    """Rank `rank`: load the shard, build the engine, then apply rank 0's commands until told to stop."""
-    try:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: rank 0 decides
-        _exit_with_parent()
-        if plan.device_of(rank).type == "cuda":
-            os.environ.update(NCCL_ENV)
-            torch.cuda.set_device(plan.device_of(rank))
-        torch.set_num_threads(plan.threads)
-        engine = _build_worker(rank, plan, cmds, status)
-        if engine is None:
-            return
-        while True:
-            op, *args = cmds.recv()
-            if op == "step":
-                engine.step()
-            elif op == "add":
-                engine.add(args[0])
-            elif op == "abort":
-                engine.abort(args[0])
-            elif op == "close":
-                return
-            else:
-                raise RuntimeError(f"unknown command {op!r}")
-    except EOFError:
-        return  # rank 0 closed its end of the pipe: it is gone, so is the group
-    except BaseException:
-        try:
-            status.send(("error", traceback.format_exc()))
-        except OSError:
-            pass
-        sys.exit(1)
-
-
-def _build_worker(rank: int, plan: WorkerPlan, cmds, status) -> Engine | None:
-    """The worker's half of `TensorParallel.__init__` and `.engine` (same steps, same order)."""
-    import torch.distributed as dist
-
-    from treeflash.checkpoint import load_drafter, load_target, load_tokenizer
-
-    comm = Communicator()
-    device = plan.device_of(rank)
-    target, _ = load_target(plan.model_dir, device, plan.dtype, Shard(rank, plan.size, comm))
-    status.send("loaded")
-    op, *args = cmds.recv()
-    if op == "close":
-        return None
-    engine_plan: EnginePlan = args[0]
-    store = dist.TCPStore("127.0.0.1", plan.store_port, plan.size, is_master=False,
-                          timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S))
-    _connect(comm, plan, rank, store)
-    # NOTE: the same drafter, tokenizer (stop strings) and engine settings as rank 0's LLM, so every
-    # decision the engine takes is the same on every rank.
-    drafter = None
-    if engine_plan.draft_model is not None and engine_plan.spec.method != "none":
-        drafter = load_drafter(engine_plan.draft_model, device, plan.dtype)
-    engine = Engine(target, drafter, engine_plan.spec, load_tokenizer(plan.model_dir), engine_plan.config)
-    status.send("ready")
-    return engine
-
-
-def _exit_with_parent() -> None:
-    """Leave no orphan: when rank 0's process ends, however abruptly, this worker ends too."""
-    import multiprocessing
-
-    parent = multiprocessing.parent_process()
-    if parent is None:
-        return
-
-    def watch() -> None:
-        parent.join()
-        os._exit(1)
-
-    threading.Thread(target=watch, name="treeflash-tp-parent-watch", daemon=True).start()
