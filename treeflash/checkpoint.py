@@ -53,14 +53,16 @@ def safetensors_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def read_safetensors(model_dir: Path, strip_prefix: str = "") -> dict[str, torch.Tensor]:
+def read_safetensors(model_dir: Path, strip_prefix: str = "", read=None) -> dict[str, torch.Tensor]:
+    """Every tensor of a directory's safetensors files by name; `read(key, slice)`, when given, reads
+    only part of each (a tensor-parallel rank's shard, `models/parallel.py: Shard.read`)."""
     tensors: dict[str, torch.Tensor] = {}
     for file in safetensors_files(model_dir):
         try:
             with safe_open(str(file), framework="pt") as f:
                 for name in f.keys():
                     key = name[len(strip_prefix):] if strip_prefix and name.startswith(strip_prefix) else name
-                    tensors[key] = f.get_tensor(name)
+                    tensors[key] = f.get_tensor(name) if read is None else read(key, f.get_slice(name))
         except Exception as e:  # safetensors raises its own error types for corrupt headers
             raise ValueError(f"{file}: cannot read safetensors file ({e})") from None
     return tensors
@@ -84,14 +86,19 @@ def load_weights(module: nn.Module, tensors: dict[str, torch.Tensor], where: Pat
         setattr(module.get_submodule(owner), leaf, nn.Parameter(t.to(device=device, dtype=dtype), requires_grad=False))
 
 
-def load_target(model_dir: Path, device: torch.device | str, dtype: torch.dtype):
-    """Build the target decoder from an HF directory. Returns (Transformer, ModelConfig)."""
+def load_target(model_dir: Path, device: torch.device | str, dtype: torch.dtype, shard=None):
+    """Build the target decoder from an HF directory. Returns (Transformer, ModelConfig).
+
+    shard: a tensor-parallel rank (`models/parallel.py: Shard`): the rank's decoder is built and only its
+    slice of each weight is read; the returned config is still the whole model's.
+    """
     from treeflash.models.transformer import Transformer
 
     cfg = ModelConfig.from_dir(model_dir)
     with torch.device("meta"):
-        model = Transformer(cfg)
-    tensors = read_safetensors(model_dir, strip_prefix="model.")
+        model = Transformer(cfg) if shard is None else shard.build(cfg)
+    read = None if shard is None else (lambda key, part: shard.read(key, cfg, part))
+    tensors = read_safetensors(model_dir, strip_prefix="model.", read=read)
     if cfg.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)
     load_weights(model, tensors, model_dir, dtype, device)

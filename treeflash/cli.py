@@ -68,6 +68,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=_positive_int, default=None,
                    help=f"intra-op CPU threads for torch (default here: {default_threads()}; $OMP_NUM_THREADS "
                         f"if set, else half the usable cores, 1 to 4)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                   help="split the target over N GPUs (NCCL) or N CPU processes (gloo); default 1")
 
 
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
@@ -179,7 +181,7 @@ def _generate(args) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
               draft_model=args.draft_model, spec=args.spec, tree_budget=args.tree_budget, max_num_seqs=1,
-              record_trees=args.show_tree)
+              record_trees=args.show_tree, tensor_parallel_size=args.tensor_parallel_size)
     if args.chat or args.system is not None:  # a system message only means something in a chat
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
                    [{"role": "user", "content": prompt}]

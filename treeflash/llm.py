@@ -12,7 +12,9 @@ from typing import Iterator, Sequence
 import torch
 
 from treeflash.checkpoint import load_drafter, load_target, load_tokenizer, resolve_model_dir
+from treeflash.config import ModelConfig
 from treeflash.engine import Engine, EngineConfig, Request
+from treeflash.models.parallel import check_shardable
 from treeflash.outputs import RequestOutput
 from treeflash.progress import Progress
 from treeflash.round import SpecConfig
@@ -148,12 +150,16 @@ class LLM:
     max_num_seqs: requests run side by side.
     time_stages: time each round's stages (default on CPU; on a GPU it adds synchronisations).
     record_trees: keep each request's last draft tree, drawn, in `output.last_tree`.
+    tensor_parallel_size: split the target over this many ranks (one GPU each with NCCL, or CPU processes
+    with gloo); the LLM starts the worker processes itself and `close()` stops them (see treeflash/parallel/).
     """
 
     def __init__(self, model: str | Path | None = None, device: str | torch.device | None = None,
                  dtype: str | torch.dtype | None = None, max_model_len: int | None = None, *,
                  draft_model: str | Path | None = None, spec: str | None = None, tree_budget: int = 64,
-                 max_num_seqs: int = 8, time_stages: bool | None = None, record_trees: bool = False):
+                 max_num_seqs: int = 8, time_stages: bool | None = None, record_trees: bool = False,
+                 tensor_parallel_size: int = 1):
+        self.parallel = None  # the tensor-parallel group (workers), when tensor_parallel_size > 1
         self.spec = SpecConfig(method=spec or ("ddtree" if draft_model else "none"), tree_budget=tree_budget)
         if self.spec.method != "none" and draft_model is None:
             raise ValueError(f"spec={self.spec.method!r} needs draft_model=PATH (a DFlash drafter directory)")
@@ -162,7 +168,11 @@ class LLM:
         self.device = _device(device)
         self.dtype = _dtype(dtype, self.device)
         self.model_dir = resolve_model_dir(model)
-        self.model, self.config = load_target(self.model_dir, self.device, self.dtype)
+        if tensor_parallel_size == 1:
+            self.model, self.config = load_target(self.model_dir, self.device, self.dtype)
+        else:  # the shards are loaded once everything else is validated (below)
+            self.model, self.config = None, ModelConfig.from_dir(self.model_dir)
+            check_shardable(self.config, tensor_parallel_size)
         self.tokenizer = load_tokenizer(self.model_dir)
         self.drafter = None
         if draft_model is not None and self.spec.method != "none":
@@ -177,10 +187,19 @@ class LLM:
         self.eos_token_ids = self._eos_ids()
         self._next_id = 0
         # One engine for the life of this object: caches, buffers and slots are reused by every call.
-        self.engine = Engine(self.model, self.drafter, self.spec, self.tokenizer, EngineConfig(
+        engine_config = EngineConfig(
             max_num_seqs=max_num_seqs, max_model_len=self.max_model_len,
             time_stages=self.device.type == "cpu" if time_stages is None else time_stages,
-            record_trees=record_trees))
+            record_trees=record_trees)
+        if tensor_parallel_size == 1:
+            self.engine = Engine(self.model, self.drafter, self.spec, self.tokenizer, engine_config)
+        else:
+            from treeflash.parallel import TensorParallel
+
+            self.parallel = TensorParallel(tensor_parallel_size, self.model_dir, self.device, self.dtype)
+            self.model = self.parallel.model  # rank 0's shard
+            self.engine = self.parallel.engine(self.drafter, draft_model if self.drafter else None, self.spec,
+                                               self.tokenizer, engine_config)
 
     # --- public API ------------------------------------------------------------------------------
     def generate(self, prompts: str | Sequence[str] | None = None,
@@ -251,6 +270,20 @@ class LLM:
             raise ValueError(f"{self.model_dir}: the tokenizer has no chat template")
         text = tok.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
         return tok.encode(text, add_special_tokens=False, verbose=False)  # _requests checks the length
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers, if any (also done on garbage collection and at exit)."""
+        if getattr(self, "parallel", None) is not None:
+            self.parallel.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        self.close()
 
     # --- internals -------------------------------------------------------------------------------
     def _run(self, requests: list[Request], use_tqdm: bool) -> list[RequestOutput]:
