@@ -62,15 +62,24 @@ class LLM:
     model: HF directory, .gguf file, or None for the embedded SmolLM2-135M-Instruct.
     draft_model: a DFlash drafter directory (z-lab format). spec: "ddtree" (default with a drafter),
     "dflash" (the drafter's chain) or "none" (autoregressive; the default without a drafter).
-    tree_budget: draft nodes per round for ddtree. max_num_seqs: requests run side by side.
-    time_stages: time each round's stages (default on CPU; on a GPU it adds synchronisations).
+    tree_budget: draft nodes per round for ddtree, or "auto" (the default): chosen every round from the
+    device's measured round cost and the drafter's recent acceptance (treeflash/budget.py).
+    max_num_seqs: requests run side by side.
+    time_stages: time each round's stages (default on CPU; on a GPU it splits each round's CUDA graph
+    in five, timed with events).
     record_trees: keep each request's last draft tree, drawn, in `output.last_tree`.
+    cuda_graphs: replay rounds as CUDA graphs (default True on CUDA; ignored on the CPU). Graphs are
+    captured at first use of each (batch bucket, method/budget, sampling flags), with a line on stderr.
+    attention: "flex" (FlexAttention, CUDA only) or "sdpa" (dense mask); default: flex on CUDA.
+    budget_profile: a JSON file holding the auto budget's cost profile: loaded if present, else
+    measured at first use and written there.
     """
 
     def __init__(self, model: str | Path | None = None, device: str | torch.device | None = None,
                  dtype: str | torch.dtype | None = None, max_model_len: int | None = None, *,
-                 draft_model: str | Path | None = None, spec: str | None = None, tree_budget: int = 64,
-                 max_num_seqs: int = 8, time_stages: bool | None = None, record_trees: bool = False):
+                 draft_model: str | Path | None = None, spec: str | None = None, tree_budget: int | str = "auto",
+                 max_num_seqs: int = 8, time_stages: bool | None = None, record_trees: bool = False,
+                 cuda_graphs: bool | None = None, attention: str | None = None, budget_profile: str | None = None):
         self.spec = SpecConfig(method=spec or ("ddtree" if draft_model else "none"), tree_budget=tree_budget)
         if self.spec.method != "none" and draft_model is None:
             raise ValueError(f"spec={self.spec.method!r} needs draft_model=PATH (a DFlash drafter directory)")
@@ -96,7 +105,8 @@ class LLM:
         self.engine = Engine(self.model, self.drafter, self.spec, self.tokenizer, EngineConfig(
             max_num_seqs=max_num_seqs, max_model_len=self.max_model_len,
             time_stages=self.device.type == "cpu" if time_stages is None else time_stages,
-            record_trees=record_trees))
+            record_trees=record_trees, cuda_graphs=True if cuda_graphs is None else bool(cuda_graphs),
+            attention=attention, budget_profile=budget_profile))
 
     # --- public API ------------------------------------------------------------------------------
     def generate(self, prompts: str | Sequence[str] | None = None,
