@@ -4,7 +4,7 @@ Checks that the CUDA path (CUDA graphs on, the default) is the same engine as th
 the round eagerly and graphed. Prints the results and writes a JSON file (updated after each section).
 
   python scripts/gpu_check.py --out results/gpu_check.json [--smollm2 /path/SmolLM2-135M-Instruct.Q4_1.gguf]
-                              [--timings] [--sections ABCEFG]
+                              [--sections EFABC] [--timings qwen3-8b,smollm2-135m] [--budget-s SECONDS]
 
 A. tiny random Llama / Qwen2 / Qwen3 (float32): greedy tokens identical to transformers on the GPU.
 B. tiny random DFlash drafter: dflash and ddtree greedy identical to plain decoding; seeded sampling
@@ -394,6 +394,9 @@ def main() -> int:
             run("E. CUDA graphs == eager", check_graphs_equal_eager, targets["qwen3"], drafter)
         if "F" in args.sections and cuda:
             run("F. host synchronisation in replayed rounds", check_no_sync_in_replay, targets["qwen3"], drafter)
+        batches = tuple(int(b) for b in args.batches.split(","))
+        for name in filter(None, args.timings.split(",")):
+            run(f"G. timings {name}", time_shape, name, args.context, batches, deadline, print)
         if "A" in args.sections:
             run("A. parity with transformers (fp32)", check_parity, targets)
         if "B" in args.sections:
@@ -402,9 +405,6 @@ def main() -> int:
             run("C. host synchronisation in eager rounds", check_no_sync, targets["qwen3"], drafter)
     if args.smollm2:
         run("D. SmolLM2-135M-Instruct", check_smollm2, args.smollm2)
-    batches = tuple(int(b) for b in args.batches.split(","))
-    for name in filter(None, args.timings.split(",")):
-        run(f"G. timings {name}", time_shape, name, args.context, batches, deadline, print)
     failed = [k for section in results.values() if isinstance(section, dict) for k, v in section.items()
               if v is False or k == "error" or (isinstance(v, str) and v.startswith("sync inside"))]
     failed += [f"{name} batch {row['batch']} {row['method']}" for name, section in results.items()
