@@ -106,9 +106,13 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Ten
     over the same rows -> [B, T, H*D]."""
     b, h, t, d = q.shape
     if not isinstance(mask, torch.Tensor):
+        # FlexAttention's decoding kernel packs the query rows of one KV head (t x groups) into one
+        # block of at most FLEX_BLOCK rows; past that it has no valid configuration (torch 2.11), so
+        # larger trees take the general kernel.
+        options = {"FORCE_USE_FLEX_ATTENTION": True} if t * (h // k.shape[1]) > FLEX_BLOCK else None
         # Shapes here are few (batch bucket x new tokens x capacity): let each get its own kernel.
         with torch._dynamo.config.patch(recompile_limit=256, accumulated_recompile_limit=4096):
-            out = _compiled_flex()(q, k, v, block_mask=mask, enable_gqa=True)
+            out = _compiled_flex()(q, k, v, block_mask=mask, enable_gqa=True, kernel_options=options)
         return out.transpose(1, 2).flatten(2)
     kv_heads, length = k.shape[1], k.shape[2]
     groups = h // kv_heads
