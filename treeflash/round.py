@@ -144,15 +144,17 @@ class Speculator:
         return round_layout(seq_lens, new_mask, self.capacity, self.attention)
 
     # --- sampling rows ---------------------------------------------------------------------------
-    def set_sampling(self, slot: int, params: SamplingParams, seed: int) -> None:
-        """Write a request's sampling parameters into its slot's static row (at admission)."""
-        row = SamplingTensors.build([params], [seed], self.device)
+    def set_sampling(self, slot: int, params: SamplingParams | None, seed: int = 0) -> SamplingTensors:
+        """Write a request's sampling parameters into its slot's static row (None: the slot is free)
+        and update the flags; returns the request's parameters as a one-row SamplingTensors."""
+        row = SamplingTensors.build([params or IDLE], [seed], self.device)
         for f in dataclasses.fields(SamplingTensors):
             value = getattr(row, f.name)
             if isinstance(value, torch.Tensor):
                 getattr(self.sampling_rows, f.name)[slot:slot + 1].copy_(value)
         self.slot_params[slot] = params
         self.flags = SamplingFlags.of([p for p in self.slot_params if p is not None] or [IDLE])
+        return row
 
     def sampling(self, num_slots: int) -> SamplingTensors:
         """The static rows of slots [0, num_slots) with the running requests' flags (views, no copy)."""
@@ -187,8 +189,7 @@ class Speculator:
         decoding uses. Returns it as a [1] device tensor.
         """
         logits = self.prefill(slot, prompt)
-        self.set_sampling(slot, params, seed)
-        row = SamplingTensors.build([params], [seed], self.device)
+        row = self.set_sampling(slot, params, seed)
         first = derive(logits[None, None], row, torch.full((1, 1), len(prompt), device=self.device))[0]
         self.state.bonus[slot:slot + 1] = first
         return first
@@ -212,9 +213,7 @@ class Speculator:
     def release(self, slot: int) -> None:
         self.state.seq_lens[slot] = 0
         self.state.active[slot] = False
-        self.set_sampling(slot, IDLE, 0)
-        self.slot_params[slot] = None
-        self.flags = SamplingFlags.of([p for p in self.slot_params if p is not None] or [IDLE])
+        self.set_sampling(slot, None)
 
     # --- the round -------------------------------------------------------------------------------
     @torch.inference_mode()

@@ -13,6 +13,9 @@ round's one host synchronisation. All graphs share one memory pool.
 
 Cache growth (`Speculator.reserve`) replaces the cache tensors: the runner notices and drops every
 graph (they are captured again at next use). Caches double when they grow, so this is rare.
+Memory: the caches are the speculator's, not the graphs'; the shared pool holds about one round's
+intermediates at the largest captured key (dominated by the float32 logits of every tree node, e.g.
+1.25 GB for batch 8 x 257 nodes x a 152k vocabulary), plus each graph's small outputs.
 
 Hazards (NOTE): warm-up before capture runs the round for real, so it saves and restores the slot
 state (rows it writes lie past every slot's committed length, where later rounds overwrite them);
