@@ -1,16 +1,24 @@
-"""Behaviour checks on a CUDA device (run on the lent H200 through the device tool).
+"""Behaviour checks and round timings on a CUDA device (run on the lent H200 through the device tool).
 
-Not a benchmark: it checks that the CUDA path is the same engine as the CPU path. Prints a table and
-writes a JSON file.
+Checks that the CUDA path (CUDA graphs on, the default) is the same engine as the CPU path, and times
+the round eagerly and graphed. Prints the results and writes a JSON file (updated after each section).
 
   python scripts/gpu_check.py --out results/gpu_check.json [--smollm2 /path/SmolLM2-135M-Instruct.Q4_1.gguf]
+                              [--sections EFABC] [--timings qwen3-8b,smollm2-135m] [--budget-s SECONDS]
 
 A. tiny random Llama / Qwen2 / Qwen3 (float32): greedy tokens identical to transformers on the GPU.
 B. tiny random DFlash drafter: dflash and ddtree greedy identical to plain decoding; seeded sampling
    reproducible alone and inside a mixed batch, and identical to plain sampling with the same seed.
-C. no host synchronisation inside a round: every round runs under
+C. no host synchronisation inside an eager round: every round runs under
    torch.cuda.set_sync_debug_mode("error") (greedy + sampled rows, top-k/top-p/min-p on).
 D. with --smollm2: the real model, greedy float32 identical to transformers on the GPU, and bf16 runs.
+E. graphed == eager (float32): the same requests (greedy and seeded sampling, mixed in one batch) give
+   identical tokens with CUDA graphs on and off, for none / dflash / ddtree, with both attention
+   backends; tree_budget="auto" greedy equals plain decoding.
+F. no host synchronisation inside a replayed round (set_sync_debug_mode("error") around replays).
+G. with --timings: per-round milliseconds, eager vs graphed, at the SmolLM2-135M and Qwen3-8B shapes
+   (random bf16 weights, context 1024, batch 1 and 8; AR step, dflash, ddtree 64/256), the stage
+   split of graphed rounds, and the weight-read floor (weight bytes / 4.3 TB/s).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import json
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -28,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from treeflash import LLM, SamplingParams  # noqa: E402
 from treeflash.models.dflash import DFlashDrafter, DrafterConfig, save_drafter  # noqa: E402
-from treeflash.round import Speculator  # noqa: E402
-from treeflash.sampling import SamplingTensors  # noqa: E402
+from treeflash.round import SpecConfig, Speculator  # noqa: E402
+from treeflash.runner import GraphRunner  # noqa: E402
 
 PROMPTS = [[5, 17, 42, 8, 99, 3], [1, 2, 3], [7] * 20]
 DEVICE = "cuda"  # --device cpu runs A, B and D here, to check the script itself
@@ -110,26 +119,223 @@ def check_no_sync(target: Path, drafter: Path) -> dict:
     results = {}
     for spec in ("none", "dflash", "ddtree"):
         llm = LLM(target, device=DEVICE, dtype="float32", draft_model=None if spec == "none" else drafter, spec=spec,
-                  tree_budget=32, time_stages=False)
-        speculator = Speculator(llm.model, llm.drafter, llm.spec, slots=4, capacity=256, time_stages=False)
-        params = [greedy(8), SamplingParams(temperature=0.7, top_k=20, top_p=0.9, min_p=0.05, seed=1),
-                  SamplingParams(temperature=1.0, seed=2), greedy(8)]
-        for slot, prompt in enumerate(PROMPTS + PROMPTS[:1]):
-            speculator.prefill(slot, prompt)
-            speculator.set_bonus(slot, 11)
-        sampling = SamplingTensors.build(params, [0, 1, 2, 3], DEVICE)
+                  tree_budget=16, time_stages=False)
+        speculator = mixed_speculator(llm, attention="flex")
         torch.cuda.synchronize()
         ok = True
         try:
             torch.cuda.set_sync_debug_mode("error")  # any synchronising call raises
             for _ in range(3):
-                speculator.round(4, sampling, kv_bound=64)
+                speculator.round(4)
         except RuntimeError as e:
             ok = f"sync inside a round: {e}"
         finally:
             torch.cuda.set_sync_debug_mode("default")
-        results[f"{spec}: 3 rounds without host sync"] = ok
+        results[f"{spec}: 3 eager rounds without host sync"] = ok
     return results
+
+
+def mixed_speculator(llm: LLM, attention: str) -> Speculator:
+    """Four slots of a fresh speculator: greedy, fully filtered sampling, plain sampling, greedy."""
+    speculator = Speculator(llm.model, llm.drafter, llm.spec, slots=4, capacity=256, time_stages=False,
+                            attention=attention)
+    params = [greedy(8), SamplingParams(temperature=0.7, top_k=20, top_p=0.9, min_p=0.05, seed=1),
+              SamplingParams(temperature=1.0, seed=2), greedy(8)]
+    for slot, (prompt, p) in enumerate(zip(PROMPTS + PROMPTS[:1], params)):
+        speculator.admit(slot, prompt, p, seed=slot)
+    return speculator
+
+
+# --- E, F: CUDA graphs -------------------------------------------------------------------------------
+def check_graphs_equal_eager(target: Path, drafter: Path) -> dict:
+    results = {}
+    # Four requests in four slots, the longest last: every round runs at batch 4, graphed or not.
+    prompts = PROMPTS + [[11, 13, 17, 19, 23]]
+    params = [SamplingParams(temperature=0.8, top_p=0.9, top_k=50, max_tokens=30, seed=1234, ignore_eos=True),
+              SamplingParams(temperature=1.0, min_p=0.05, max_tokens=25, seed=7, ignore_eos=True),
+              greedy(40), greedy(48)]
+    for attention in ("flex", "sdpa") if DEVICE == "cuda" else ("sdpa",):
+        reference = None
+        for spec, budget in [("none", 64), ("dflash", 64), ("ddtree", 16), ("ddtree", 64)]:
+            outs = {}
+            for graphs in (True, False):
+                llm = LLM(target, device=DEVICE, dtype="float32", draft_model=None if spec == "none" else drafter,
+                          spec=spec, tree_budget=budget, max_num_seqs=4, cuda_graphs=graphs, attention=attention)
+                outs[graphs] = [o.token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=params,
+                                                                  use_tqdm=False)]
+            results[f"{attention} {spec}-{budget}: graphed == eager (greedy + seeded sampling)"] = outs[True] == outs[False]
+            reference = reference or outs[True]
+            if spec != "none":
+                results[f"{attention} {spec}-{budget}: greedy (graphed) == none"] = outs[True][2:] == reference[2:]
+                results[f"{attention} {spec}-{budget}: seeded samples == none (informational: equal up to "
+                        f"float rounding at a CDF boundary)"] = str(outs[True][:2] == reference[:2])
+    plain = LLM(target, device=DEVICE, dtype="float32", max_num_seqs=2).generate(
+        prompt_token_ids=PROMPTS, sampling_params=greedy(40), use_tqdm=False)
+    auto = LLM(target, device=DEVICE, dtype="float32", draft_model=drafter, max_num_seqs=1, attention="sdpa",
+               time_stages=False)
+    got = auto.generate(prompt_token_ids=PROMPTS, sampling_params=greedy(40), use_tqdm=False)
+    results["sdpa ddtree-auto greedy (graphed) == none"] = [o.token_ids for o in got] == [o.token_ids for o in plain]
+    results["auto budget profile (batch 1, ms)"] = {b: round(1e3 * c, 3) for b, c in
+                                                    auto.engine.budget.profile.seconds.get(1, {}).items()}
+    return results
+
+
+def check_no_sync_in_replay(target: Path, drafter: Path) -> dict:
+    results = {}
+    for spec in ("none", "dflash", "ddtree"):
+        llm = LLM(target, device=DEVICE, dtype="float32", draft_model=None if spec == "none" else drafter, spec=spec,
+                  tree_budget=16, time_stages=False)
+        speculator = mixed_speculator(llm, attention="flex")
+        for time_stages in (False, True):
+            runner = GraphRunner(speculator, time_stages=time_stages, log=None)
+            runner.round(4)  # capture outside the check
+            torch.cuda.synchronize()
+            ok = True
+            try:
+                torch.cuda.set_sync_debug_mode("error")
+                for _ in range(3):
+                    runner.round(4)
+            except RuntimeError as e:
+                ok = f"sync inside a round: {e}"
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            label = "staged graphs" if time_stages else "one graph"
+            results[f"{spec}: 3 replays ({label}) without host sync"] = ok
+    return results
+
+
+# --- G: timings ------------------------------------------------------------------------------------
+COPY_BANDWIDTH = 4.3e12  # bytes/s, measured device-to-device copy on this H200 (resources.md)
+SHAPES = {
+    "tiny": ({"architectures": ["Qwen3ForCausalLM"], "vocab_size": 300, "hidden_size": 64, "intermediate_size": 128,
+              "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+              "max_position_embeddings": 4096}, 299),  # --device cpu dry runs of this script
+    "smollm2-135m": ({"architectures": ["LlamaForCausalLM"], "vocab_size": 49152, "hidden_size": 576,
+                      "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+                      "num_key_value_heads": 3, "head_dim": 64, "rms_norm_eps": 1e-5, "rope_theta": 100000.0,
+                      "tie_word_embeddings": True, "max_position_embeddings": 8192}, 3),
+    "qwen3-8b": ({"architectures": ["Qwen3ForCausalLM"], "vocab_size": 151936, "hidden_size": 4096,
+                  "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
+                  "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+                  "tie_word_embeddings": False, "max_position_embeddings": 40960}, 151669),
+}
+
+
+def build_shape(name: str):
+    """Random bf16 target and a 5-layer, block-16 DFlash drafter at a real shape, built on the GPU."""
+    from treeflash.config import ModelConfig
+    from treeflash.models.transformer import Transformer
+
+    hf, mask = SHAPES[name]
+    cfg = ModelConfig.from_hf(hf)
+    n = cfg.num_layers
+    dcfg = DrafterConfig.from_hf({
+        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 16,
+        "dflash_config": {"mask_token_id": mask}, "num_target_layers": n, "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size, "num_hidden_layers": 5,
+        "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
+        "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.rope.theta, "max_position_embeddings": cfg.max_position_embeddings})
+    torch.manual_seed(0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(DEVICE):
+            target, drafter = Transformer(cfg).eval(), DFlashDrafter(dcfg).eval()
+    finally:
+        torch.set_default_dtype(default)
+    return target.to(DEVICE), drafter.to(DEVICE)  # the rotary buffers are made on the CPU
+
+
+def weight_bytes(module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def filled_speculator(target, drafter, spec: SpecConfig, batch: int, context: int, attention: str,
+                      time_stages: bool = False) -> Speculator:
+    """`batch` slots each holding the same `context` committed rows (prefilled once, copied)."""
+    sp = Speculator(target, drafter if spec.method != "none" else None, spec, slots=batch,
+                    capacity=2 * context, time_stages=time_stages, attention=attention)
+    prompt = torch.randint(0, target.config.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
+    sp.prefill(0, prompt)
+    for cache in [sp.cache] + ([sp.draft_cache] if sp.draft_cache is not None else []):
+        for t in cache.keys + cache.values:
+            t[1:] = t[:1]
+    sp.state.seq_lens.fill_(context)
+    sp.state.active.fill_(True)
+    sp.state.bonus.fill_(7)
+    return sp
+
+
+def attempt(row: dict, what: str, fn, *args) -> None:
+    try:
+        fn(*args)
+    except Exception as e:  # noqa: BLE001 - keep the rest of the row and the other rows
+        row[f"{what}_error"] = f"{type(e).__name__}: {e}"
+        traceback.print_exc()
+    finally:
+        torch.cuda.empty_cache() if DEVICE == "cuda" else None
+
+
+def time_round_pair(target, drafter, spec, batch, context, attention, row, with_eager: bool) -> None:
+    """Graphed round time with this attention backend (and, once per row, the eager time and a check
+    that one replay emits the eager round's tokens from the same state)."""
+    sp = filled_speculator(target, drafter, spec, batch, context, attention)
+    graphed = GraphRunner(sp, log=None)
+    if with_eager:
+        row["eager_ms"] = 1e3 * GraphRunner(sp, enabled=False).time_round(batch, repeats=3)
+        saved = sp.state.seq_lens.clone(), sp.state.bonus.clone()
+        eager_tokens = sp.round(batch).walk.emitted.clone()
+        sp.state.seq_lens.copy_(saved[0]), sp.state.bonus.copy_(saved[1])
+        row["graphed_tokens_equal_eager"] = bool(torch.equal(graphed.round(batch).walk.emitted, eager_tokens))
+        sp.state.seq_lens.copy_(saved[0]), sp.state.bonus.copy_(saved[1])
+    row[f"graphed_{attention}_ms"] = 1e3 * graphed.time_round(batch, repeats=10)
+
+
+def time_stages(target, drafter, spec, batch, context, attention, row) -> None:
+    """Milliseconds per stage of graphed rounds (one graph per stage, CUDA events between them)."""
+    sp = filled_speculator(target, drafter, spec, batch, context, attention, time_stages=True)
+    staged = GraphRunner(sp, time_stages=True, log=None)
+    saved = sp.state.seq_lens.clone(), sp.state.bonus.clone()
+    totals: dict[str, float] = {}
+    for i in range(6):
+        result = staged.round(batch)
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
+        if i:  # the first one captures
+            for k, v in result.stage_seconds.items():
+                totals[k] = totals.get(k, 0.0) + 1e3 * v / 5
+        sp.state.seq_lens.copy_(saved[0]), sp.state.bonus.copy_(saved[1])
+    row["stage_ms"] = totals
+    row["tree_derive_walk_commit_share"] = (
+        sum(v for k, v in totals.items() if k in ("tree", "derive_walk", "commit")) / sum(totals.values()))
+
+
+def time_shape(name: str, context: int, batches: tuple[int, ...], deadline: float, log) -> dict:
+    target, drafter = build_shape(name)
+    target_bytes, drafter_bytes = weight_bytes(target), weight_bytes(drafter)
+    out = {"target_GB": target_bytes / 1e9, "drafter_GB": drafter_bytes / 1e9,
+           "floor_ms": 1e3 * target_bytes / COPY_BANDWIDTH,
+           "floor_with_drafter_ms": 1e3 * (target_bytes + drafter_bytes) / COPY_BANDWIDTH, "rows": []}
+    methods = [("none", 64), ("dflash", 64), ("ddtree", 64), ("ddtree", 256)]
+    attentions = ("flex", "sdpa") if DEVICE == "cuda" else ("sdpa",)
+    for batch in batches:
+        for method, budget in methods:
+            if time.monotonic() > deadline:
+                out["rows"].append({"batch": batch, "method": method, "skipped": "deadline"})
+                continue
+            label = f"ddtree:{budget}" if method == "ddtree" else method
+            row = {"batch": batch, "method": label}
+            spec = SpecConfig(method, budget)
+            for attention in attentions:
+                attempt(row, attention, time_round_pair, target, drafter, spec, batch, context, attention, row,
+                        attention == attentions[0])
+            if method == "ddtree" and (batch == 1 or budget == 64):
+                attempt(row, "stages", time_stages, target, drafter, spec, batch, context, attentions[0], row)
+            out["rows"].append(row)
+            log(f"  {name} {json.dumps(row)}")
+    del target, drafter
+    torch.cuda.empty_cache() if DEVICE == "cuda" else None
+    return out
 
 
 def check_smollm2(gguf: Path) -> dict:
@@ -159,28 +365,60 @@ def main() -> int:
     ap.add_argument("--smollm2", type=Path, default=None, help="path of the SmolLM2 GGUF on the GPU machine")
     ap.add_argument("--out", type=Path, default=Path("gpu_check.json"))
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--skip-tiny", action="store_true", help="run only D (the SmolLM2 checks)")
+    ap.add_argument("--sections", default="ABCEF", help="which of A B C E F to run on the tiny models (default all)")
+    ap.add_argument("--timings", default="", help="comma-separated shapes for G: smollm2-135m,qwen3-8b")
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--budget-s", type=float, default=1e9, help="skip G rows that would start after this many seconds")
     args = ap.parse_args()
     global DEVICE
     DEVICE = args.device
     cuda = DEVICE == "cuda"
     assert not cuda or torch.cuda.is_available(), "needs a CUDA device"
-    results = {"device": torch.cuda.get_device_name() if cuda else DEVICE, "torch": torch.__version__}
-    if not args.skip_tiny:
-        with tempfile.TemporaryDirectory() as tmp:
-            targets = tiny_targets(Path(tmp))
-            drafter = tiny_drafter(Path(tmp))
-            results["A. parity with transformers (fp32)"] = check_parity(targets)
-            results["B. speculative greedy and seeded sampling"] = check_speculative(targets["qwen3"], drafter)
-            if cuda:
-                results["C. host synchronisation"] = check_no_sync(targets["qwen3"], drafter)
+    deadline = time.monotonic() + args.budget_s
+    results = {"device": torch.cuda.get_device_name() if cuda else DEVICE, "torch": torch.__version__,
+               "command": " ".join(sys.argv)}
+
+    def save(section: str, value) -> None:
+        results[section] = value
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=2))
+        print(json.dumps({section: value}, indent=2), flush=True)
+
+    def run(section: str, fn, *a) -> None:
+        start = time.monotonic()
+        try:
+            value = fn(*a)
+        except Exception as e:  # noqa: BLE001 - report and go on with the other sections
+            traceback.print_exc()
+            value = {"error": f"{type(e).__name__}: {e}"}
+        if isinstance(value, dict):
+            value["seconds"] = round(time.monotonic() - start, 1)
+        save(section, value)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        targets = tiny_targets(Path(tmp)) if set(args.sections) & set("ABCEF") else {}
+        drafter = tiny_drafter(Path(tmp)) if targets else None
+        if "E" in args.sections:
+            run("E. CUDA graphs == eager", check_graphs_equal_eager, targets["qwen3"], drafter)
+        if "F" in args.sections and cuda:
+            run("F. host synchronisation in replayed rounds", check_no_sync_in_replay, targets["qwen3"], drafter)
+        batches = tuple(int(b) for b in args.batches.split(","))
+        for name in filter(None, args.timings.split(",")):
+            run(f"G. timings {name}", time_shape, name, args.context, batches, deadline, print)
+        if "A" in args.sections:
+            run("A. parity with transformers (fp32)", check_parity, targets)
+        if "B" in args.sections:
+            run("B. speculative greedy and seeded sampling", check_speculative, targets["qwen3"], drafter)
+        if "C" in args.sections and cuda:
+            run("C. host synchronisation in eager rounds", check_no_sync, targets["qwen3"], drafter)
     if args.smollm2:
-        results["D. SmolLM2-135M-Instruct"] = check_smollm2(args.smollm2)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
-    print(json.dumps(results, indent=2))
-    failed = [k for section in results.values() if isinstance(section, dict) for k, v in section.items() if v is False
-              or (isinstance(v, str) and v.startswith("sync inside"))]
+        run("D. SmolLM2-135M-Instruct", check_smollm2, args.smollm2)
+    failed = [k for section in results.values() if isinstance(section, dict) for k, v in section.items()
+              if v is False or k == "error" or (isinstance(v, str) and v.startswith("sync inside"))]
+    failed += [f"{name} batch {row['batch']} {row['method']}" for name, section in results.items()
+               if isinstance(section, dict) for row in section.get("rows", [])
+               if any(k.endswith("error") for k in row) or row.get("graphed_tokens_equal_eager") is False]
     print("FAILED: " + ", ".join(failed) if failed else "all checks passed")
     return 1 if failed else 0
 

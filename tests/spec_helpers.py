@@ -107,7 +107,7 @@ def install_oracle(monkeypatch, known: dict[tuple[int, ...], list[int]], vocab: 
         sequences[(id(self), slot)] = known.get(tuple(prompt))
         return original_prefill(self, slot, prompt, chunk)
 
-    def draft(self, state, sampling, kv_bound):
+    def draft(self, state, sampling):
         depth = self.drafter.config.depth
         seq_lens, bonus = state.seq_lens.tolist(), state.bonus.tolist()
         out = torch.empty(len(seq_lens), depth, vocab)

@@ -77,7 +77,7 @@ class Ours:
     def draft(self, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
         """(raw logits, log-probs) [block_size - 1, V] of the draft for the slot's current state."""
         st = SamplingTensors.build([SamplingParams(temperature=temperature)], [0], "cpu")
-        logprobs = self.speculator.draft(self.speculator.state, st, int(self.speculator.state.seq_lens[0]))
+        logprobs = self.speculator.draft(self.speculator.state, st)
         return self.raw["logits"][0], logprobs[0]
 
 
@@ -175,8 +175,8 @@ def test_draft_after_a_round_matches_reference_from_scratch(target_dir, tmp_path
         oracle = 0.5 * torch.randn(depth, VOCAB, generator=g)
         oracle[torch.arange(depth), truth] += 8.0
         oracle[0, (truth[0] + 1) % VOCAB] += 9.0
-        sp.build = lambda bonus, logprobs: Speculator.build(sp, bonus, oracle.log_softmax(-1)[None])
-        w = sp.round(1, greedy, int(sp.state.seq_lens[0])).walk
+        sp.build = lambda bonus, logprobs, budget=None: Speculator.build(sp, bonus, oracle.log_softmax(-1)[None], budget)
+        w = sp.round(1, sampling=greedy).walk
         del sp.build
         accepted = int(w.accepted[0])
         accepted_lengths.append(accepted)

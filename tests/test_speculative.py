@@ -123,8 +123,8 @@ def count_side_branches(monkeypatch) -> dict[str, int]:
     stats = {"taken": 0}
     original = Speculator.round
 
-    def counting_round(self, num_slots, sampling, kv_bound):
-        result = original(self, num_slots, sampling, kv_bound)
+    def counting_round(self, num_slots, *args, **kwargs):
+        result = original(self, num_slots, *args, **kwargs)
         tree, w = result.tree, result.walk
         idx = torch.arange(tree.size)
         same_parent = tree.parents[:, :, None] == tree.parents[:, None, :]
@@ -331,7 +331,7 @@ class SamplingSetup:
         if table is not None and drafter is not None:
             g = torch.Generator().manual_seed(1)
             per_slot = (table[None] + 0.7 * torch.randn(chunk, *table.shape, generator=g)).log_softmax(-1)
-            sp.draft = lambda state, sampling, kv_bound: per_slot[:state.bonus.shape[0]]
+            sp.draft = lambda state, sampling: per_slot[:state.bonus.shape[0]]
         s = sp.state
         counts = torch.zeros(V ** DEPTH, dtype=torch.long)
         accepted_total, rounds = 0.0, 0
@@ -343,7 +343,7 @@ class SamplingSetup:
             got = torch.zeros(chunk, DEPTH, dtype=torch.long)
             have = torch.zeros(chunk, dtype=torch.long)
             while have.min() < DEPTH:
-                w = sp.round(chunk, st, int(s.seq_lens.max())).walk
+                w = sp.round(chunk, sampling=st).walk
                 j = torch.arange(w.emitted.shape[1])[None]
                 pos = have[:, None] + j
                 take = (j < w.accepted[:, None]) & (pos < DEPTH)

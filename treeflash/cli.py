@@ -72,13 +72,23 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="split the target over N GPUs (NCCL) or N CPU processes (gloo); default 1")
 
 
+def _budget(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'auto', got {text!r}") from None
+
+
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-model", default=None, help="a DFlash drafter directory (z-lab format) for this target")
     p.add_argument("--spec", choices=("ddtree", "dflash", "none"), default=None,
                    help="ddtree: draft tree (default with --draft-model); dflash: the drafter's chain; "
                         "none: plain autoregressive decoding (default without --draft-model)")
-    p.add_argument("--tree-budget", type=int, default=64,
-                   help="draft tree nodes per round, ddtree only, at most 4096 (default 64)")
+    p.add_argument("--tree-budget", type=_budget, default="auto",
+                   help="draft tree nodes per round, ddtree only: a number (at most 4096), or auto (default): chosen each round "
+                        "from the device's measured round cost and the drafter's recent acceptance")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:

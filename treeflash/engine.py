@@ -2,8 +2,10 @@
 
 The engine is long-lived: `LLM` builds one and every call (and, later, the server) feeds it requests.
 `Engine.step()` admits waiting requests into free slots (prefill + first token), runs one round over
-the running slots, reads the emitted tokens back (the round's only host synchronisation) and
-finishes requests whose tokens hit a stop token, a stop string, max_tokens or the context limit.
+the running slots (a CUDA graph replay on a GPU, treeflash/runner.py), reads the emitted tokens back
+(the round's only host synchronisation) and finishes requests whose tokens hit a stop token, a stop
+string, max_tokens or the context limit. With tree_budget="auto" each round's budget is chosen from
+the cost profile and the recent acceptance (treeflash/budget.py), using only what that sync read.
 `Engine.abort()` ends a request at once, waiting or running, and frees its slot.
 """
 
@@ -13,13 +15,19 @@ import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
+from treeflash.budget import AUTO_BUDGETS, BudgetChooser, CostProfile
 from treeflash.outputs import RequestMetrics, RequestOutput
 from treeflash.round import STAGES, SpecConfig, Speculator, rows_per_round
-from treeflash.sampling import SamplingParams, SamplingTensors
+from treeflash.runner import GraphRunner
+from treeflash.sampling import SamplingParams
 from treeflash.tree_view import render_tree
+
+
+_FIXED = 1 << 16  # predicted acceptance travels in the round's integer copy as fixed point
 
 
 @dataclass
@@ -56,6 +64,9 @@ class EngineConfig:
     time_stages: bool = True  # time each round's stages (synchronises on a GPU)
     record_trees: bool = False  # keep each request's last draft tree, drawn
     min_capacity: int = 256  # caches start this long and double as requests need
+    cuda_graphs: bool = True  # replay rounds as CUDA graphs (CUDA only; the CPU always runs eagerly)
+    attention: str | None = None  # "sdpa" or "flex" (treeflash/attention.py); None: the device's default
+    budget_profile: str | None = None  # tree_budget="auto": a stored CostProfile (JSON) to load or write
 
 
 class Engine:
@@ -68,12 +79,35 @@ class Engine:
         self.max_capacity = config.max_model_len + self.round_rows + 1
         self.speculator = Speculator(target, drafter, spec, config.max_num_seqs,
                                      capacity=min(config.min_capacity, self.max_capacity),
-                                     time_stages=config.time_stages)
+                                     time_stages=config.time_stages, attention=config.attention)
+        self.runner = GraphRunner(self.speculator, enabled=config.cuda_graphs, time_stages=config.time_stages)
+        self.budget = self._budget_chooser(config) if spec.auto else None
         self.record_trees = config.record_trees
         self.slots: list[Request | None] = [None] * config.max_num_seqs
         self.seq_lens = [0] * len(self.slots)  # host copy, known after each round's one sync
         self.waiting: deque[Request] = deque()
-        self._sampling: SamplingTensors | None = None
+
+    def _budget_chooser(self, config: EngineConfig) -> BudgetChooser:
+        sp = self.speculator
+        device = torch.cuda.get_device_name(sp.device) if sp.device.type == "cuda" else "cpu"
+        path = Path(config.budget_profile) if config.budget_profile else None
+        profile = CostProfile.load(path) if path and path.is_file() else CostProfile(device)
+        if profile.device != device:
+            raise ValueError(f"{path}: a cost profile measured on {profile.device!r}, this is {device!r}")
+        # Eager CPU rounds are slow to measure at large budgets: measure three, interpolate the rest.
+        probes = AUTO_BUDGETS if self.runner.enabled else (16, 64, 256)
+        chooser = BudgetChooser(self.runner.time_round, profile, probes=probes)
+        if path is not None:
+            measure = chooser.measure
+
+            def measure_and_store(bucket: int, budget: int) -> float:
+                seconds = measure(bucket, budget)
+                profile.seconds.setdefault(bucket, {})[budget] = seconds
+                profile.save(path)
+                return seconds
+
+            chooser.measure = measure_and_store
+        return chooser
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
@@ -101,13 +135,21 @@ class Engine:
         if not running:
             return updates
         num_slots = running[-1] + 1
-        kv_bound = max(self.seq_lens[i] for i in running)
+        budget = self.budget.choose(self.runner.bucket(num_slots)) if self.budget else None
         start = time.perf_counter()
-        result = self.speculator.round(num_slots, self._batch_sampling(), kv_bound)
-        # The round's one host synchronisation: accepted counts and emitted tokens in one copy.
-        rows = torch.cat([result.walk.accepted[:, None], result.walk.emitted], 1).tolist()
-        accepted, emitted = [r[0] for r in rows], [r[1:] for r in rows]
+        result = self.runner.round(num_slots, budget)
+        # The round's one host synchronisation: accepted counts, emitted tokens and (auto budget) the
+        # predicted acceptance per budget, as fixed point, in one copy.
+        parts = [result.walk.accepted[:, None], result.walk.emitted]
+        if result.predicted is not None:
+            parts.append((result.predicted * _FIXED).round().long())
+        rows = torch.cat(parts, 1).tolist()
+        width = 1 + result.walk.emitted.shape[1]
+        accepted, emitted = [r[0] for r in rows], [r[1:width] for r in rows]
         elapsed = time.perf_counter() - start
+        if self.budget is not None:
+            self.budget.observe(budget, [accepted[i] for i in running],
+                                [[x / _FIXED for x in rows[i][width:]] for i in running])
         for i in running:
             request = self.slots[i]
             self.seq_lens[i] += accepted[i]
@@ -133,25 +175,14 @@ class Engine:
             need = len(request.prompt_ids) + request.max_new_tokens + self.round_rows + 1
             if need > self.speculator.capacity:  # doubling keeps regrowth (a copy of the caches) rare
                 self.speculator.reserve(min(max(need, 2 * self.speculator.capacity), self.max_capacity))
-            first = self.speculator.admit(slot, request.prompt_ids,
-                                          SamplingTensors.build([request.params], [request.seed], self.speculator.device))
+            first = self.speculator.admit(slot, request.prompt_ids, request.params, request.seed)
             token = int(first)
             request.metrics.prefill_seconds = time.perf_counter() - start
             request.metrics.num_prompt_tokens = len(request.prompt_ids)
             request.slot, self.slots[slot], self.seq_lens[slot] = slot, request, len(request.prompt_ids)
-            self._sampling = None
             updates.append(StepUpdate(request, self._append(request, [token])))
             self._retire_if_done(request)
         return updates
-
-    def _batch_sampling(self) -> SamplingTensors:
-        if self._sampling is None:
-            idle = SamplingParams(temperature=0.0)
-            params = [r.params if r else idle for r in self.slots]
-            seeds = [r.seed if r else 0 for r in self.slots]
-            self._sampling = SamplingTensors.build(params, seeds, self.speculator.device)
-        n = max((i for i, r in enumerate(self.slots) if r is not None), default=0) + 1
-        return self._sampling.rows(torch.arange(n, device=self.speculator.device))
 
     def _retire_if_done(self, request: Request) -> None:
         if request.finished and request.slot is not None:
@@ -159,7 +190,6 @@ class Engine:
             self.slots[request.slot] = None
             self.seq_lens[request.slot] = 0
             request.slot = None
-            self._sampling = None
 
     # --- stops -----------------------------------------------------------------------------------
     def _append(self, request: Request, tokens: list[int]) -> list[int]:

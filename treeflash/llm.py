@@ -118,11 +118,13 @@ def _check_one_prompt(prompt, sampling_params, prompt_token_ids) -> None:
 
 def _fit_budget(spec: SpecConfig, depth: int, vocab: int) -> SpecConfig:
     """Lower a ddtree budget to the number of distinct prefixes of 1..depth tokens: nodes beyond it stay empty."""
+    if spec.method != "ddtree" or spec.auto:
+        return spec  # auto picks among fixed budgets that any drafter's block holds
     prefixes, level = 0, 1
     for _ in range(depth):
         level = min(level * vocab, spec.tree_budget)  # capped: only the comparison with the budget matters
         prefixes += level
-    if spec.method != "ddtree" or spec.tree_budget <= prefixes:
+    if spec.tree_budget <= prefixes:
         return spec
     warnings.warn(f"tree_budget={spec.tree_budget} lowered to {prefixes}: a {depth}-token draft block over a "
                   f"{vocab}-token vocabulary has only {prefixes} distinct prefixes", stacklevel=3)
@@ -145,19 +147,28 @@ class LLM:
     model: HF directory, .gguf file, or None for the embedded SmolLM2-135M-Instruct.
     draft_model: a DFlash drafter directory (z-lab format). spec: "ddtree" (default with a drafter),
     "dflash" (the drafter's chain) or "none" (autoregressive; the default without a drafter).
-    tree_budget: draft nodes per round for ddtree, at most 4096 (round.MAX_TREE_BUDGET); a budget above
-    the number of distinct prefixes a draft block can hold is lowered to that number, with a warning.
+    tree_budget: draft nodes per round for ddtree (at most 4096, round.MAX_TREE_BUDGET; a budget above
+    the number of distinct prefixes a draft block can hold is lowered to that number, with a warning),
+    or "auto" (the default): chosen every round from the device's measured round cost and the drafter's
+    recent acceptance (treeflash/budget.py).
     max_num_seqs: requests run side by side.
-    time_stages: time each round's stages (default on CPU; on a GPU it adds synchronisations).
+    time_stages: time each round's stages (default on CPU; on a GPU it splits each round's CUDA graph
+    in five, timed with events).
     record_trees: keep each request's last draft tree, drawn, in `output.last_tree`.
     tensor_parallel_size: split the target over this many ranks (one GPU each with NCCL, or CPU processes
     with gloo); the LLM starts the worker processes itself and `close()` stops them (see treeflash/parallel/).
+    cuda_graphs: replay rounds as CUDA graphs (default True on CUDA; ignored on the CPU). Graphs are
+    captured at first use of each (batch bucket, method/budget, sampling flags), with a line on stderr.
+    attention: "flex" (FlexAttention, CUDA only) or "sdpa" (dense mask); default: flex on CUDA.
+    budget_profile: a JSON file holding the auto budget's cost profile: loaded if present, else
+    measured at first use and written there.
     """
 
     def __init__(self, model: str | Path | None = None, device: str | torch.device | None = None,
                  dtype: str | torch.dtype | None = None, max_model_len: int | None = None, *,
-                 draft_model: str | Path | None = None, spec: str | None = None, tree_budget: int = 64,
+                 draft_model: str | Path | None = None, spec: str | None = None, tree_budget: int | str = "auto",
                  max_num_seqs: int = 8, time_stages: bool | None = None, record_trees: bool = False,
+                 cuda_graphs: bool | None = None, attention: str | None = None, budget_profile: str | None = None,
                  tensor_parallel_size: int = 1):
         self.parallel = None  # the tensor-parallel group (workers), when tensor_parallel_size > 1
         self.spec = SpecConfig(method=spec or ("ddtree" if draft_model else "none"), tree_budget=tree_budget)
@@ -190,11 +201,18 @@ class LLM:
         engine_config = EngineConfig(
             max_num_seqs=max_num_seqs, max_model_len=self.max_model_len,
             time_stages=self.device.type == "cpu" if time_stages is None else time_stages,
-            record_trees=record_trees)
+            record_trees=record_trees, cuda_graphs=True if cuda_graphs is None else bool(cuda_graphs),
+            attention=attention, budget_profile=budget_profile)
         if tensor_parallel_size == 1:
             self.engine = Engine(self.model, self.drafter, self.spec, self.tokenizer, engine_config)
         else:
             from treeflash.parallel import TensorParallel
+
+            if self.spec.auto:
+                # Auto picks from timings, which differ between ranks: ranks in lockstep need one budget.
+                warnings.warn("tree_budget='auto' is not yet supported with tensor parallelism: using 64",
+                              stacklevel=2)
+                self.spec = replace(self.spec, tree_budget=64)
 
             self.parallel = TensorParallel(tensor_parallel_size, self.model_dir, self.device, self.dtype)
             self.model = self.parallel.model  # rank 0's shard

@@ -3,19 +3,27 @@
 Autoregressive decoding (no drafter: the tree is the root alone) and the DFlash chain (one child per
 depth) are the same round with a different tree. Nothing in a round reads a device value on the
 host; the engine synchronises once per round, after `commit`, to read the emitted tokens.
+
+No shape in a round depends on a value that changes between rounds: attention spans the whole cache
+capacity (treeflash/attention.py), and each slot's sampling parameters live in static device rows
+written when a request is admitted. The same round can therefore be replayed as a CUDA graph
+(treeflash/runner.py); on the CPU it simply runs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
+from treeflash.attention import FLEX_BLOCK, check_backend, default_backend, round_layout
+from treeflash.budget import AUTO_BUDGETS, expected_drafts
 from treeflash.kv_cache import KVCache, append_layout
 from treeflash.models.dflash import DFlashDrafter
 from treeflash.models.transformer import Transformer
-from treeflash.sampling import SamplingTensors, derive
+from treeflash.sampling import SamplingParams, SamplingTensors, derive
 from treeflash.tree import DraftTree, Walk, ancestor_mask, build_tree, root_only, walk
 
 METHODS = ("none", "dflash", "ddtree")
@@ -29,16 +37,26 @@ MAX_TREE_BUDGET = 4096
 @dataclass(frozen=True)
 class SpecConfig:
     method: str = "none"  # "none" (autoregressive), "dflash" (chain) or "ddtree" (tree)
-    tree_budget: int = 64  # draft nodes per round, ddtree only
+    tree_budget: int | str = 64  # draft nodes per round (ddtree only), or "auto" (treeflash/budget.py)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"spec must be one of {METHODS}, got {self.method!r}")
-        if isinstance(self.tree_budget, bool) or not isinstance(self.tree_budget, int) or self.tree_budget < 1:
-            raise ValueError(f"tree_budget must be a positive integer, got {self.tree_budget!r}")
-        if self.tree_budget > MAX_TREE_BUDGET:
+        if self.tree_budget != "auto" and (isinstance(self.tree_budget, bool) or not isinstance(self.tree_budget, int)
+                                           or self.tree_budget < 1):
+            raise ValueError(f"tree_budget must be a positive integer or 'auto', got {self.tree_budget!r}")
+        if self.tree_budget != "auto" and self.tree_budget > MAX_TREE_BUDGET:
             raise ValueError(f"tree_budget must be at most {MAX_TREE_BUDGET}, got {self.tree_budget}: one round "
                              f"verifies every node in one pass and the caches grow by the budget")
+
+    @property
+    def auto(self) -> bool:
+        return self.method == "ddtree" and self.tree_budget == "auto"
+
+    @property
+    def max_budget(self) -> int:
+        """The largest budget a round may use (auto picks among AUTO_BUDGETS)."""
+        return max(AUTO_BUDGETS) if self.tree_budget == "auto" else self.tree_budget
 
 
 def rows_per_round(spec: SpecConfig, drafter: DFlashDrafter | None) -> int:
@@ -46,7 +64,7 @@ def rows_per_round(spec: SpecConfig, drafter: DFlashDrafter | None) -> int:
     if drafter is None or spec.method == "none":
         return 1
     d = drafter.config
-    nodes = d.depth if spec.method == "dflash" else spec.tree_budget
+    nodes = d.depth if spec.method == "dflash" else spec.max_budget
     return max(1 + nodes, d.block_size)
 
 
@@ -63,25 +81,94 @@ class SlotState:
 class RoundResult:
     tree: DraftTree
     walk: Walk
-    stage_seconds: dict[str, float] = field(default_factory=dict)
+    predicted: torch.Tensor | None = None  # [S, len(AUTO_BUDGETS)] expected accepted drafts (auto budget)
+    clock: "StageClock | None" = None
+
+    @property
+    def stage_seconds(self) -> dict[str, float]:
+        """Seconds per stage (empty when not timed). On a GPU read it after the round's sync."""
+        return self.clock.seconds() if self.clock is not None else {}
+
+
+IDLE = SamplingParams(temperature=0.0)  # the sampling row of a slot without a request
+
+
+@dataclass(frozen=True)
+class SamplingFlags:
+    """Which sampling stages the running requests need: host-known, part of a CUDA graph's key."""
+
+    all_greedy: bool = True
+    use_top_k: bool = False
+    use_top_p: bool = False
+    use_min_p: bool = False
+    max_top_k: int = 0
+
+    @staticmethod
+    def of(params: list[SamplingParams]) -> "SamplingFlags":
+        st = SamplingTensors.build(params, [0] * len(params), "cpu")
+        # Any top-k width >= the largest asked for gives the same result: round it up to a power of
+        # two so that requests with nearby k share one graph.
+        top_k = 1 << (st.max_top_k - 1).bit_length() if st.max_top_k > 0 else 0
+        return SamplingFlags(st.all_greedy, st.use_top_k, st.use_top_p, st.use_min_p, top_k)
 
 
 class Speculator:
-    """Owns the target, the optional drafter and their caches; runs prefill and rounds."""
+    """Owns the target, the optional drafter, their caches and the per-slot state; runs prefill and rounds.
+
+    attention: "sdpa" or "flex" (treeflash/attention.py); default: the device's measured choice.
+    """
 
     def __init__(self, target: Transformer, drafter: DFlashDrafter | None, spec: SpecConfig,
-                 slots: int, capacity: int, time_stages: bool = True):
+                 slots: int, capacity: int, time_stages: bool = True, attention: str | None = None):
         if spec.method != "none" and drafter is None:
             raise ValueError(f"spec={spec.method!r} needs a draft model")
         self.target, self.drafter, self.spec = target, drafter if spec.method != "none" else None, spec
         self.device = target.embed_tokens.weight.device
-        self.capacity = capacity
-        self.cache = target.new_cache(slots, capacity)
-        self.draft_cache = self.drafter.new_cache(slots, capacity) if self.drafter else None
+        self.attention = check_backend(attention or default_backend(self.device), self.device)
+        self.capacity = self._rounded(capacity)
+        self.cache = target.new_cache(slots, self.capacity)
+        self.draft_cache = self.drafter.new_cache(slots, self.capacity) if self.drafter else None
         self.capture = self.drafter.config.target_layer_ids if self.drafter else ()
         zeros = lambda dtype: torch.zeros(slots, dtype=dtype, device=self.device)  # noqa: E731
         self.state = SlotState(zeros(torch.long), zeros(torch.long), zeros(torch.bool))
         self.time_stages = time_stages
+        # Static sampling rows, written at admission; the flags follow the running requests.
+        self.slot_params: list[SamplingParams | None] = [None] * slots
+        self.sampling_rows = SamplingTensors.build([IDLE] * slots, [0] * slots, self.device)
+        self.flags = SamplingFlags()
+        self.auto_budgets = torch.tensor(AUTO_BUDGETS, device=self.device)
+
+    @property
+    def slots(self) -> int:
+        return self.state.seq_lens.shape[0]
+
+    def _rounded(self, capacity: int) -> int:
+        # FlexAttention works in blocks of 128 rows: a whole number of them keeps its kernels simple.
+        return -(-capacity // FLEX_BLOCK) * FLEX_BLOCK if self.attention == "flex" else capacity
+
+    def layout(self, seq_lens: torch.Tensor, new_mask: torch.Tensor) -> tuple[torch.Tensor, object]:
+        """Rows and attention mask of new tokens over the whole cache (see treeflash/attention.py)."""
+        return round_layout(seq_lens, new_mask, self.capacity, self.attention)
+
+    # --- sampling rows ---------------------------------------------------------------------------
+    def set_sampling(self, slot: int, params: SamplingParams | None, seed: int = 0) -> SamplingTensors:
+        """Write a request's sampling parameters into its slot's static row (None: the slot is free)
+        and update the flags; returns the request's parameters as a one-row SamplingTensors."""
+        row = SamplingTensors.build([params or IDLE], [seed], self.device)
+        for f in dataclasses.fields(SamplingTensors):
+            value = getattr(row, f.name)
+            if isinstance(value, torch.Tensor):
+                getattr(self.sampling_rows, f.name)[slot:slot + 1].copy_(value)
+        self.slot_params[slot] = params
+        self.flags = SamplingFlags.of([p for p in self.slot_params if p is not None] or [IDLE])
+        return row
+
+    def sampling(self, num_slots: int) -> SamplingTensors:
+        """The static rows of slots [0, num_slots) with the running requests' flags (views, no copy)."""
+        rows = self.sampling_rows
+        views = {f.name: getattr(rows, f.name)[:num_slots] for f in dataclasses.fields(SamplingTensors)
+                 if isinstance(getattr(rows, f.name), torch.Tensor)}
+        return dataclasses.replace(rows, **views, **dataclasses.asdict(self.flags))
 
     # --- prefill ---------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -89,6 +176,7 @@ class Speculator:
         """Run a prompt into `slot`'s caches, in chunks; returns the logits after its last token [V]."""
         cache, draft_cache = self.cache.slot(slot), self.draft_cache.slot(slot) if self.drafter else None
         ids = torch.tensor(prompt, dtype=torch.long, device=self.device)[None]
+        # Prefill runs eagerly, one chunk at a time, with a dense mask over the rows written so far.
         for start in range(0, len(prompt), chunk):
             piece = ids[:, start:start + chunk]
             n = piece.shape[1]
@@ -102,14 +190,14 @@ class Speculator:
         self.state.active[slot] = True
         return self.target.logits(hidden[0, -1])
 
-    def admit(self, slot: int, prompt: list[int], sampling: SamplingTensors) -> torch.Tensor:
-        """Prefill `slot` with a prompt and derive its first token (the first round's root).
-
-        sampling: the request's parameters as one row. The first token sits at position len(prompt),
-        the same counter key plain decoding uses. Returns it as a [1] device tensor.
+    def admit(self, slot: int, prompt: list[int], params: SamplingParams, seed: int) -> torch.Tensor:
+        """Prefill `slot` with a prompt, write its sampling row and derive its first token (the first
+        round's root). The first token sits at position len(prompt), the same counter key plain
+        decoding uses. Returns it as a [1] device tensor.
         """
         logits = self.prefill(slot, prompt)
-        first = derive(logits[None, None], sampling, torch.full((1, 1), len(prompt), device=self.device))[0]
+        row = self.set_sampling(slot, params, seed)
+        first = derive(logits[None, None], row, torch.full((1, 1), len(prompt), device=self.device))[0]
         self.state.bonus[slot:slot + 1] = first
         return first
 
@@ -117,7 +205,11 @@ class Speculator:
         self.state.bonus[slot] = token
 
     def reserve(self, capacity: int) -> None:
-        """Grow the caches to hold `capacity` rows per slot; committed rows are kept."""
+        """Grow the caches to hold `capacity` rows per slot; committed rows are kept.
+
+        The caches are new tensors afterwards: captured CUDA graphs of the old ones are stale (the
+        runner notices the new capacity and captures again)."""
+        capacity = self._rounded(capacity)
         if capacity <= self.capacity:
             return
         self.cache = self.cache.grown(capacity)
@@ -128,35 +220,52 @@ class Speculator:
     def release(self, slot: int) -> None:
         self.state.seq_lens[slot] = 0
         self.state.active[slot] = False
+        self.set_sampling(slot, None)
 
     # --- the round -------------------------------------------------------------------------------
     @torch.inference_mode()
-    def round(self, num_slots: int, sampling: SamplingTensors, kv_bound: int) -> RoundResult:
-        """One round over slots [0, num_slots); `kv_bound` >= every running slot's committed length.
+    def round(self, num_slots: int, budget: int | None = None, sampling: SamplingTensors | None = None,
+              clock=None) -> RoundResult:
+        """One round over slots [0, num_slots).
 
+        budget: tree nodes this round (ddtree; default the spec's fixed budget). sampling: per-slot
+        parameters (default: the static rows written at admission). clock: anything with
+        `lap(stage)`, called after each stage (default: a StageClock when time_stages is on).
         Slots without a request run along (their results are ignored): a prefix of the slots keeps
         every tensor a view, with no gathers of the caches.
         """
         s = self.state
         state = SlotState(*(t[:num_slots] for t in (s.seq_lens, s.bonus, s.active)))
         cache = _prefix(self.cache, num_slots)
-        clock = _StageClock(self.device, self.time_stages)
+        sampling = self.sampling(num_slots) if sampling is None else sampling
+        if clock is None and self.time_stages:
+            clock = StageClock(self.device)
+        lap = clock.lap if clock is not None else (lambda stage: None)
 
-        logprobs = self.draft(state, sampling, kv_bound)
-        clock.lap("draft")
-        tree = self.build(state.bonus, logprobs)
-        clock.lap("tree")
+        logprobs = self.draft(state, sampling)
+        lap("draft")
+        tree = self.build(state.bonus, logprobs, budget)
+        predicted = expected_drafts(tree, self.auto_budgets) if self.spec.auto else None
+        lap("tree")
         positions = state.seq_lens[:, None] + tree.depths
-        logits, features = self.verify(tree, positions, state, cache, kv_bound)
-        clock.lap("verify")
+        logits, features = self.verify(tree, positions, state, cache)
+        lap("verify")
         derived = derive(logits, sampling, positions + 1)
         accepted = walk(tree, derived)
-        clock.lap("derive_walk")
+        lap("derive_walk")
         self.commit(accepted, features, state, cache, num_slots)
-        clock.lap("commit")
-        return RoundResult(tree, accepted, clock.seconds)
+        lap("commit")
+        return RoundResult(tree, accepted, predicted, clock if isinstance(clock, StageClock) else None)
 
-    def draft(self, state: SlotState, sampling: SamplingTensors, kv_bound: int) -> torch.Tensor | None:
+    def budget(self, budget: int | None) -> int:
+        """The tree budget of a round: the one asked for, else the spec's fixed one."""
+        if budget is not None:
+            return budget
+        if self.spec.tree_budget == "auto":
+            raise ValueError("tree_budget='auto' needs the round's budget from the engine's budget chooser")
+        return self.spec.tree_budget
+
+    def draft(self, state: SlotState, sampling: SamplingTensors) -> torch.Tensor | None:
         """Draft log-probs [S, block_size - 1, V] from one drafter pass (None without a drafter)."""
         if self.drafter is None:
             return None
@@ -167,25 +276,25 @@ class Speculator:
         embeddings = self.target.embed_tokens(block) * cfg.input_embedding_scale
         offsets = torch.arange(cfg.block_size, device=self.device)
         bidirectional = torch.ones(slots, cfg.block_size, cfg.block_size, dtype=torch.bool, device=self.device)
-        rows, mask = append_layout(state.seq_lens, bidirectional, kv_bound + cfg.block_size)
+        rows, mask = self.layout(state.seq_lens, bidirectional)
         hidden = self.drafter(embeddings, state.seq_lens[:, None] + offsets, _prefix(self.draft_cache, slots), rows, mask)
         logits = self.drafter.logits(hidden[:, 1:], self.target.output_weight)
         # Rank drafts by the drafter's guess of each request's *tempered* distribution.
         return torch.log_softmax(logits / sampling.temperature[:, None, None], dim=-1)
 
-    def build(self, bonus: torch.Tensor, logprobs: torch.Tensor | None) -> DraftTree:
+    def build(self, bonus: torch.Tensor, logprobs: torch.Tensor | None, budget: int | None = None) -> DraftTree:
         if logprobs is None:
             return root_only(bonus)
         if self.spec.method == "dflash":
             return build_tree(bonus, logprobs, budget=logprobs.shape[1], branching=1)
-        return build_tree(bonus, logprobs, budget=self.spec.tree_budget)
+        return build_tree(bonus, logprobs, budget=self.budget(budget))
 
-    def verify(self, tree: DraftTree, positions: torch.Tensor, state: SlotState, cache: KVCache, kv_bound: int):
+    def verify(self, tree: DraftTree, positions: torch.Tensor, state: SlotState, cache: KVCache):
         """One target forward over root + nodes at their depth positions, ancestor-only mask.
 
         Returns the logits at every node [S, N, V] and the drafter's features at every node (or None).
         """
-        rows, mask = append_layout(state.seq_lens, ancestor_mask(tree), kv_bound + tree.size)
+        rows, mask = self.layout(state.seq_lens, ancestor_mask(tree))
         hidden, features = self.target(tree.tokens, positions, cache, rows, mask, self.capture)
         return self.target.logits(hidden), self.drafter_features(features) if features else None
 
@@ -214,19 +323,26 @@ def _prefix(cache: KVCache, slots: int) -> KVCache:
     return KVCache([k[:slots] for k in cache.keys], [v[:slots] for v in cache.values])
 
 
-class _StageClock:
-    """Wall time per stage. On a GPU each lap synchronises, so it is off on the fast path."""
+class StageClock:
+    """Time per stage of a round: the host clock on the CPU; on a GPU, CUDA events recorded on the
+    stream (no synchronisation), read by `seconds()` after the round's one sync."""
 
-    def __init__(self, device: torch.device, enabled: bool):
-        self.enabled, self.cuda = enabled, device.type == "cuda"
-        self.seconds: dict[str, float] = {}
-        self.last = time.perf_counter()
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: list[tuple[str, object]] = [("", self._mark())]
+
+    def _mark(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
 
     def lap(self, stage: str) -> None:
-        if not self.enabled:
-            return
-        if self.cuda:
-            torch.cuda.synchronize()
-        now = time.perf_counter()
-        self.seconds[stage] = now - self.last
-        self.last = now
+        self.marks.append((stage, self._mark()))
+
+    def seconds(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for (_, start), (stage, end) in zip(self.marks, self.marks[1:]):
+            out[stage] = out.get(stage, 0.0) + (start.elapsed_time(end) / 1e3 if self.cuda else end - start)
+        return out

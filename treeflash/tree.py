@@ -27,6 +27,9 @@ class DraftTree:
     valid: torch.Tensor
     scores: torch.Tensor
     max_depth: int  # static: deepest possible node
+    # [S, D * budget] log-scores of every candidate the builder ranked, best first (None for a chain or
+    # no draft): the first `budget` are the tree's nodes; the rest estimate what a larger budget adds.
+    ranked_scores: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -74,7 +77,8 @@ def build_tree(bonus: torch.Tensor, logprobs: torch.Tensor, budget: int, branchi
 
     # Global choice among all depths; candidate c = d * budget + j (depth-major).
     all_scores = torch.cat(scores, dim=1)  # [S, D * budget]
-    chosen = all_scores.sort(dim=-1, descending=True, stable=True).indices[:, :budget]
+    ranked = all_scores.sort(dim=-1, descending=True, stable=True)
+    chosen = ranked.indices[:, :budget]
     chosen = chosen.sort(dim=-1).values  # depth-major order: parents before children
     node_of = torch.full_like(all_scores, -1, dtype=torch.long)
     node_of.scatter_(1, chosen, torch.arange(1, budget + 1, device=logprobs.device).expand(slots, budget))
@@ -94,6 +98,7 @@ def build_tree(bonus: torch.Tensor, logprobs: torch.Tensor, budget: int, branchi
         valid=torch.cat([torch.ones_like(zero, dtype=torch.bool), valid], dim=1),
         scores=torch.cat([zero.float(), node_scores], dim=1),
         max_depth=depth_count,
+        ranked_scores=ranked.values,
     )
 
 

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from treeflash.attention import attend  # noqa: F401  (the model code's attention: treeflash/attention.py)
 from treeflash.config import RopeConfig
 
 
@@ -74,16 +75,3 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
-
-
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """q: [B, H, T, D]; k, v: [B, Hkv, L, D]; mask: [B, T, L] bool (True = visible) -> [B, T, H*D]."""
-    b, h, t, d = q.shape
-    kv_heads, length = k.shape[1], k.shape[2]
-    groups = h // kv_heads
-    # Fold each KV head's query heads into the query axis: the cache is read in place, never copied
-    # per head (SDPA's enable_gqa path is slow on CPU).
-    q = q.reshape(b, kv_heads, groups * t, d)
-    mask = mask[:, None, None].expand(b, kv_heads, groups, t, length).reshape(b, kv_heads, groups * t, length)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    return out.reshape(b, h, t, d).transpose(1, 2).flatten(2)

@@ -1,0 +1,125 @@
+"""tree_budget="auto": the rule that picks a budget, its calibration, the cost profile, and the
+engine running with it (greedy output identical to plain decoding)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from treeflash import LLM, SamplingParams
+from treeflash.budget import AUTO_BUDGETS, BudgetChooser, CostProfile, best_budget, expected_drafts
+from treeflash.tree import build_tree
+from spec_helpers import make_drafter, make_target
+
+
+def flat_then_linear(knee: float, slope: float):
+    """Round cost: flat (memory-bound) up to `knee` rows, then linear (compute-bound)."""
+    return lambda b: 1.0 + slope * max(0.0, b - knee)
+
+
+def saturating(limit: float, scale: float):
+    """Accepted drafts that grow with the budget and saturate at `limit`."""
+    return lambda b: limit * (1 - math.exp(-b / scale))
+
+
+@pytest.mark.parametrize("cost,drafts,expected", [
+    # Free nodes and acceptance that keeps growing: the largest budget.
+    (flat_then_linear(1e9, 0.0), saturating(6.0, 200.0), 512),
+    # Cost grows fast past 64 rows, acceptance is nearly saturated there: 64.
+    (flat_then_linear(64, 0.02), saturating(4.0, 20.0), 64),
+    # A drafter that is never right: the cheapest budget.
+    (flat_then_linear(16, 0.001), lambda b: 0.0, 16),
+    # Everything costs the same and gains nothing past 32: the smallest of the ties.
+    (lambda b: 1.0, lambda b: min(b, 32) / 32, 32),
+])
+def test_best_budget_on_synthetic_curves(cost, drafts, expected):
+    assert best_budget({b: cost(b) for b in AUTO_BUDGETS}, {b: drafts(b) for b in AUTO_BUDGETS}) == expected
+
+
+def test_best_budget_is_the_argmax_of_tokens_per_second():
+    torch.manual_seed(0)
+    for _ in range(50):
+        costs = dict(zip(AUTO_BUDGETS, torch.rand(6).add(0.1).cumsum(0).tolist()))
+        drafts = dict(zip(AUTO_BUDGETS, torch.rand(6).mul(3).cumsum(0).tolist()))
+        rate = {b: (1 + drafts[b]) / costs[b] for b in AUTO_BUDGETS}
+        assert rate[best_budget(costs, drafts)] == max(rate.values())
+
+
+def chooser_with(cost, **kwargs) -> BudgetChooser:
+    return BudgetChooser(measure=lambda bucket, b: cost(b) * bucket, log=None, **kwargs)
+
+
+def test_chooser_starts_at_the_initial_budget_then_follows_the_rule():
+    chooser = chooser_with(flat_then_linear(64, 0.02))
+    assert chooser.choose(1) == 64
+    curve = [saturating(4.0, 20.0)(b) for b in AUTO_BUDGETS]
+    column = AUTO_BUDGETS.index(64)
+    for _ in range(20):  # the drafts come true as predicted: calibration 1
+        chooser.observe(64, [1 + round(curve[column])] * 3, [curve] * 3)
+    assert chooser.calibration == pytest.approx(round(curve[column]) / curve[column])
+    assert chooser.choose(1) == 64
+
+
+def test_calibration_shrinks_the_budget_of_an_overconfident_drafter():
+    cost = flat_then_linear(16, 0.01)
+    confident = [saturating(8.0, 100.0)(b) for b in AUTO_BUDGETS]
+    trusted, doubted = chooser_with(cost), chooser_with(cost)
+    column = AUTO_BUDGETS.index(64)
+    for _ in range(30):
+        trusted.observe(64, [1 + round(confident[column])], [confident])
+        doubted.observe(64, [1], [confident])  # nothing it predicted was accepted
+    assert doubted.calibration == pytest.approx(0.0)
+    assert doubted.choose(1) == 16
+    assert trusted.choose(1) > 16
+
+
+def test_a_bucket_is_measured_once_and_a_profile_interpolates(tmp_path):
+    calls = []
+
+    def measure(bucket, budget):
+        calls.append((bucket, budget))
+        return 0.01 * bucket + 1e-4 * budget
+
+    chooser = BudgetChooser(measure, probes=(16, 64, 256), log=None)
+    costs = chooser.costs(4)
+    chooser.costs(4)
+    assert calls == [(4, 16), (4, 64), (4, 256)]
+    assert costs[32] == pytest.approx(0.04 + 32e-4)  # between probes
+    assert costs[512] == pytest.approx(0.04 + 512e-4)  # past the last, linearly
+    chooser.profile.save(tmp_path / "p.json")
+    again = CostProfile.load(tmp_path / "p.json")
+    assert again.seconds == chooser.profile.seconds
+    assert BudgetChooser(None, again, log=None).costs(4) == costs
+    with pytest.raises(ValueError, match="no cost profile"):
+        BudgetChooser(None, again, log=None).costs(8)
+
+
+def test_expected_drafts_sum_the_probabilities_of_the_best_prefixes():
+    torch.manual_seed(0)
+    logprobs = torch.randn(2, 3, 5).mul(2).log_softmax(-1)
+    tree = build_tree(torch.tensor([1, 2]), logprobs, budget=4)
+    m = expected_drafts(tree, torch.tensor([1, 4, 12, 100]))
+    # The first 4 ranked candidates are the tree's nodes: m(4) is the sum of their probabilities.
+    assert torch.allclose(m[:, 1], tree.scores[:, 1:].exp().sum(1))
+    assert torch.all(m[:, 0] <= m[:, 1]) and torch.all(m[:, 1] <= m[:, 2])
+    assert torch.equal(m[:, 2], m[:, 3])  # 3 depths x 4 beams = 12 candidates: nothing past them
+    # m(1): the most probable first token.
+    assert torch.allclose(m[:, 0], logprobs[:, 0].exp().amax(-1))
+
+
+def test_auto_budget_engine_is_greedy_identical(tmp_path):
+    target = make_target(tmp_path / "target", vocab=64)
+    drafter = make_drafter(tmp_path / "drafter", target, 8)
+    prompts = [[3, 5, 7, 11], [2, 4, 6], [9, 8, 7, 6, 5]]
+    greedy = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    plain = LLM(str(target), device="cpu", max_num_seqs=3).generate(prompt_token_ids=prompts, sampling_params=greedy)
+    profile = tmp_path / "profile.json"
+    llm = LLM(str(target), device="cpu", draft_model=str(drafter), max_num_seqs=3, budget_profile=str(profile))
+    assert llm.spec.tree_budget == "auto"
+    outs = llm.generate(prompt_token_ids=prompts, sampling_params=greedy)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+    chooser = llm.engine.budget
+    assert chooser.curve is not None and profile.is_file()
+    assert set(CostProfile.load(profile).seconds[3]) == {16, 64, 256}  # measured when three slots ran

@@ -1,0 +1,124 @@
+"""Attention of new tokens over a slot's cache: one `attend`, two ways to say what each token sees.
+
+The new tokens of a round (a draft block, a draft tree, one decode step) see every committed row of
+their slot plus the new rows their own mask allows. Two representations of that visibility:
+
+- "sdpa": a dense boolean mask [B, T, L] and `scaled_dot_product_attention`. The reference, the CPU
+  path and prefill; on a GPU it reads all L rows of the cache whatever the slot's length.
+- "flex": a FlexAttention `BlockMask` over 128-row blocks: committed blocks are "full" (no mask
+  evaluated), the blocks holding the new rows evaluate the ancestor mask, and blocks past the slot's
+  length are skipped, so a round costs what the slot's context costs, not what the cache could hold.
+  It runs through a Triton kernel compiled by `torch.compile` (CUDA only; never needed on the CPU).
+
+Both are built from device tensors alone (no host synchronisation) with shapes fixed by the cache
+capacity, so a round can be captured in a CUDA graph once and replayed at any context length.
+Which backend the GPU uses was chosen by measurement: benchmarks/attention/README.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+import torch.nn.functional as F
+
+from treeflash.kv_cache import append_layout
+
+BACKENDS = ("sdpa", "flex")
+FLEX_BLOCK = 128  # rows per FlexAttention block (its default sparse block size)
+
+
+def default_backend(device: torch.device | str) -> str:
+    """The backend a device uses when none is asked for: see benchmarks/attention/README.md."""
+    return "flex" if torch.device(device).type == "cuda" else "sdpa"
+
+
+def check_backend(backend: str, device: torch.device | str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"attention backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "flex" and torch.device(device).type != "cuda":
+        raise ValueError("the flex attention backend needs a CUDA device (the CPU uses 'sdpa')")
+    return backend
+
+
+def round_layout(seq_lens: torch.Tensor, new_mask: torch.Tensor, kv_len: int, backend: str):
+    """Cache rows of T new tokens and their visibility over cache rows [0, kv_len).
+
+    seq_lens: [B] committed rows; new_mask: [B, T, T] visibility among the new tokens.
+    Returns rows [B, T] and a mask for `attend`: a bool tensor [B, T, kv_len] ("sdpa") or a
+    BlockMask ("flex"); both have `.shape[-1] == kv_len`.
+    """
+    if backend == "sdpa":
+        return append_layout(seq_lens, new_mask, kv_len)
+    rows = seq_lens[:, None] + torch.arange(new_mask.shape[1], device=new_mask.device)
+    return rows, block_mask(seq_lens, new_mask, kv_len)
+
+
+def block_mask(seq_lens: torch.Tensor, new_mask: torch.Tensor, kv_len: int):
+    """The BlockMask of `round_layout` (seq_lens + T <= kv_len for every slot)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    batch, t = new_mask.shape[:2]
+    device = new_mask.device
+    kv_blocks = -(-kv_len // FLEX_BLOCK)
+    q_blocks = -(-t // FLEX_BLOCK)
+    seq = seq_lens.to(torch.int32)
+    full = seq // FLEX_BLOCK  # blocks wholly committed: visible to every new token
+    end = (seq + t + FLEX_BLOCK - 1) // FLEX_BLOCK  # one past the last block holding a new row
+    blocks = torch.arange(kv_blocks, dtype=torch.int32, device=device)
+
+    def per_q_block(x: torch.Tensor) -> torch.Tensor:  # [B, ...] -> [B, 1, q_blocks, ...]
+        return x[:, None, None].expand(batch, 1, q_blocks, *x.shape[1:]).contiguous()
+
+    partial_indices = (full[:, None] + blocks).clamp_max(kv_blocks - 1)
+    seq_lens_, new_mask_ = seq_lens, new_mask
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        rel = kv_idx - seq_lens_[b]
+        new = new_mask_[b, q_idx.clamp(max=t - 1), rel.clamp(0, t - 1)]
+        return (rel < 0) | ((rel < t) & new)
+
+    extra = {"compute_q_blocks": False} if "compute_q_blocks" in _from_kv_blocks_params() else {}
+    return BlockMask.from_kv_blocks(
+        per_q_block(end - full), per_q_block(partial_indices),
+        per_q_block(full), per_q_block(blocks.expand(batch, kv_blocks)),
+        BLOCK_SIZE=FLEX_BLOCK, mask_mod=mask_mod, seq_lengths=(t, kv_len), **extra)
+
+
+@functools.cache
+def _from_kv_blocks_params() -> frozenset[str]:
+    from torch.nn.attention.flex_attention import BlockMask
+
+    return frozenset(inspect.signature(BlockMask.from_kv_blocks).parameters)
+
+
+@functools.cache
+def _compiled_flex():
+    # Compiled once per process, lazily: importing treeflash never compiles anything.
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
+    """q: [B, H, T, D]; k, v: [B, Hkv, L, D]; mask: [B, T, L] bool (True = visible) or a BlockMask
+    over the same rows -> [B, T, H*D]."""
+    b, h, t, d = q.shape
+    if not isinstance(mask, torch.Tensor):
+        # FlexAttention's decoding kernel packs the query rows of one KV head (t x groups) into one
+        # block of at most FLEX_BLOCK rows; past that it has no valid configuration (torch 2.11), so
+        # larger trees take the general kernel.
+        options = {"FORCE_USE_FLEX_ATTENTION": True} if t * (h // k.shape[1]) > FLEX_BLOCK else None
+        # Shapes here are few (batch bucket x new tokens x capacity): let each get its own kernel.
+        with torch._dynamo.config.patch(recompile_limit=256, accumulated_recompile_limit=4096):
+            out = _compiled_flex()(q, k, v, block_mask=mask, enable_gqa=True, kernel_options=options)
+        return out.transpose(1, 2).flatten(2)
+    kv_heads, length = k.shape[1], k.shape[2]
+    groups = h // kv_heads
+    # Fold each KV head's query heads into the query axis: the cache is read in place, never copied
+    # per head (SDPA's enable_gqa path is slow on CPU).
+    q = q.reshape(b, kv_heads, groups * t, d)
+    mask = mask[:, None, None].expand(b, kv_heads, groups, t, length).reshape(b, kv_heads, groups * t, length)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return out.reshape(b, h, t, d).transpose(1, 2).flatten(2)

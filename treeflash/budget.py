@@ -1,0 +1,145 @@
+"""tree_budget="auto": pick the draft-tree budget that maximises expected tokens per second.
+
+The rule (for the running batch, re-decided every round, on the host, from values the round's one
+synchronisation already copied):
+
+    budget = argmax_B  (1 + r * m(B)) / cost(S, B)       over B in AUTO_BUDGETS
+
+- cost(S, B): seconds per round at budget B for batch bucket S, from a `CostProfile` measured on the
+  device the first time bucket S runs (CUDA graph replays on a GPU, eager rounds on the CPU, with the
+  slots' state restored afterwards) or loaded from a stored profile. Budgets not measured are
+  interpolated linearly between measured ones (and extrapolated from the last two).
+- m(B): the drafts a round at budget B is expected to accept, under the drafter's own surrogate. The
+  tree's node scores are log-probabilities of prefixes, and a prefix is accepted exactly when it is
+  the target's continuation, so E[accepted drafts] = sum over nodes of P(prefix) ~ sum exp(score).
+  The builder ranks every candidate of its per-depth beams (tree.DraftTree.ranked_scores); the
+  cumulative sum of exp(score) over the first B of them is m(B). For B up to the budget in use it is
+  exact; past it, it is a lower bound (a beam holds only the current budget's best prefixes per
+  depth), so the rule grows the budget cautiously. m is averaged over running slots and rounds (EMA).
+- r: calibration, EMA(observed accepted drafts) / EMA(m at the budget used): how far the drafter's
+  confidence is from the target's agreement on this workload.
+- 1 + ...: every round emits one token (the bonus) besides the accepted drafts.
+
+Before the first round has been observed the chooser uses `initial` (64). Ties go to the smaller
+budget. No synchronisation happens here: `observe` takes plain Python numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+AUTO_BUDGETS = (16, 32, 64, 128, 256, 512)
+
+
+def expected_drafts(tree, budgets: torch.Tensor) -> torch.Tensor:
+    """m(B) of each slot's tree for every B (see the module docstring).
+
+    budgets: [C] int64 on the tree's device (made once, outside any CUDA graph: a tensor built from
+    a Python list inside a captured round would be a host-to-device copy) -> [S, C] float32.
+    """
+    ranked = tree.ranked_scores
+    if ranked is None:
+        return torch.zeros(tree.tokens.shape[0], budgets.shape[0], device=tree.tokens.device)
+    mass = ranked.float().exp().cumsum(-1)  # exp(-inf) = 0: invalid candidates add nothing
+    return mass[:, (budgets - 1).clamp_max(ranked.shape[1] - 1)]
+
+
+def best_budget(costs: dict[int, float], drafts: dict[int, float]) -> int:
+    """argmax_B (1 + drafts[B]) / costs[B]; the smallest budget among ties (within 1e-9)."""
+    rates = {b: (1.0 + drafts[b]) / costs[b] for b in sorted(costs)}
+    top = max(rates.values())
+    return min(b for b, rate in rates.items() if rate >= top * (1 - 1e-9))
+
+
+@dataclass
+class CostProfile:
+    """Seconds per round by batch bucket and budget, on one device for one model pair."""
+
+    device: str
+    seconds: dict[int, dict[int, float]] = field(default_factory=dict)
+
+    def cost(self, bucket: int, budget: int) -> float:
+        points = sorted(self.seconds[bucket].items())
+        if len(points) == 1:
+            return points[0][1]
+        for (b0, c0), (b1, c1) in zip(points, points[1:]):
+            if budget <= b1 or (b1, c1) == points[-1]:
+                # Linear between the two measured budgets around it (or beyond the last two).
+                return max(c0 + (c1 - c0) * (budget - b0) / (b1 - b0), 1e-9)
+        raise AssertionError("unreachable")
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps({"device": self.device, "seconds": {
+            str(s): {str(b): c for b, c in costs.items()} for s, costs in self.seconds.items()}}, indent=1))
+
+    @staticmethod
+    def load(path: str | Path) -> "CostProfile":
+        data = json.loads(Path(path).read_text())
+        return CostProfile(data["device"], {int(s): {int(b): float(c) for b, c in costs.items()}
+                                            for s, costs in data["seconds"].items()})
+
+
+def _log(message: str) -> None:
+    print(f"treeflash: {message}", file=sys.stderr, flush=True)
+
+
+class BudgetChooser:
+    """Chooses each round's budget (see the module docstring) and learns from the rounds it sees.
+
+    measure(bucket, budget) -> seconds per round; called for `probes` the first time a bucket runs
+    without a stored profile. budgets: the candidates (all must appear in AUTO_BUDGETS' order, as
+    the round's `predicted` columns do).
+    """
+
+    def __init__(self, measure: Callable[[int, int], float] | None, profile: CostProfile | None = None,
+                 budgets: tuple[int, ...] = AUTO_BUDGETS, probes: tuple[int, ...] | None = None,
+                 initial: int = 64, decay: float = 0.9, log: Callable[[str], None] | None = _log):
+        self.measure, self.budgets, self.initial, self.decay, self.log = measure, budgets, initial, decay, log
+        self.probes = probes or budgets
+        self.profile = profile or CostProfile(device="")
+        self.curve: list[float] | None = None  # EMA of m(B) per candidate
+        self.observed = 0.0  # EMA of accepted drafts per slot-round
+        self.predicted = 0.0  # EMA of m(budget used) per slot-round
+
+    @property
+    def calibration(self) -> float:
+        return self.observed / self.predicted if self.predicted > 1e-6 else 1.0
+
+    def costs(self, bucket: int) -> dict[int, float]:
+        if bucket not in self.profile.seconds:
+            if self.measure is None:
+                raise ValueError(f"no cost profile for batch bucket {bucket} and nothing to measure it with")
+            if self.log:
+                self.log(f"measuring round cost at tree budgets {list(self.probes)} for batch size <= {bucket}")
+            self.profile.seconds[bucket] = {b: self.measure(bucket, b) for b in self.probes}
+        return {b: self.profile.cost(bucket, b) for b in self.budgets}
+
+    def choose(self, bucket: int) -> int:
+        costs = self.costs(bucket)
+        if self.curve is None:
+            return self.initial
+        r = self.calibration
+        return best_budget(costs, {b: r * m for b, m in zip(self.budgets, self.curve)})
+
+    def observe(self, budget: int, accepted: list[int], predicted: list[list[float]]) -> None:
+        """One round: accepted (tokens emitted, drafts + 1) and predicted m(B) rows of the running slots."""
+        if not accepted:
+            return
+        n = len(accepted)
+        column = self.budgets.index(budget)
+        drafts = sum(a - 1 for a in accepted) / n
+        at_budget = sum(row[column] for row in predicted) / n
+        mean_curve = [sum(row[i] for row in predicted) / n for i in range(len(self.budgets))]
+        if self.curve is None:
+            self.curve, self.observed, self.predicted = mean_curve, drafts, at_budget
+            return
+        d = self.decay
+        self.curve = [d * c + (1 - d) * m for c, m in zip(self.curve, mean_curve)]
+        self.observed = d * self.observed + (1 - d) * drafts
+        self.predicted = d * self.predicted + (1 - d) * at_budget

@@ -1,0 +1,233 @@
+"""CUDA graphs for the round: capture `Speculator.round` once per key, replay it every round.
+
+The runner wraps the round, it does not fork it: a graph is the eager round recorded once. Keys are
+(batch bucket, method, budget, sampling flags). A round over `n` running slots replays the graph of
+the smallest bucket >= n (the slots past n hold no request and run along inactive, as they do
+eagerly); with no graph for it (CPU, graphs off, a batch past the largest bucket) the round runs
+eagerly. Graphs are captured lazily, at a key's first use, with a one-line message on stderr.
+
+Static buffers: everything a graph reads lives at a fixed address for its life: the slot state
+(seq_lens, bonus, active), the per-slot sampling rows, the caches. What it writes (the tree, the walk,
+the predicted acceptance) is kept in a `Captured` record; the engine reads it after the replay, in the
+round's one host synchronisation. All graphs share one memory pool.
+
+Cache growth (`Speculator.reserve`) replaces the cache tensors: the runner notices and drops every
+graph (they are captured again at next use). Caches double when they grow, so this is rare.
+Memory: the caches are the speculator's, not the graphs'; the shared pool holds about one round's
+intermediates at the largest captured key (dominated by the float32 logits of every tree node, e.g.
+1.25 GB for batch 8 x 257 nodes x a 152k vocabulary), plus each graph's small outputs.
+
+Hazards (NOTE): warm-up before capture runs the round for real, so it saves and restores the slot
+state (rows it writes lie past every slot's committed length, where later rounds overwrite them);
+nothing inside a captured round may read a device value on the host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from treeflash.round import STAGES, RoundResult, StageClock, Speculator
+
+
+def default_buckets(max_slots: int) -> tuple[int, ...]:
+    """Powers of two below max_slots, and max_slots itself."""
+    sizes, n = {max_slots}, 1
+    while n < max_slots:
+        sizes.add(n)
+        n *= 2
+    return tuple(sorted(sizes))
+
+
+def _log(message: str) -> None:
+    print(f"treeflash: {message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Captured:
+    """One key's graph(s) and the output tensors their replays write."""
+
+    graphs: list  # torch.cuda.CUDAGraph: one, or one per stage when stages are timed
+    stages: list[str]  # the stage each graph ends with (timed capture only)
+    result: RoundResult  # tree, walk, predicted: written in place by every replay
+
+
+class _Capture:
+    """Records the round on a side stream; with `split`, one graph per stage (ends at each lap)."""
+
+    def __init__(self, pool, split: bool, device: torch.device):
+        self.pool, self.split = pool, split
+        self.graphs: list = []
+        self.stages: list[str] = []
+        self.touch = torch.zeros(1, device=device)
+
+    def __enter__(self) -> "_Capture":
+        torch.cuda.synchronize()
+        gc.collect()
+        self.stream = torch.cuda.Stream()
+        self.stream.wait_stream(torch.cuda.current_stream())
+        self._ctx = torch.cuda.stream(self.stream)
+        self._ctx.__enter__()
+        self._begin()
+        return self
+
+    def _begin(self) -> None:
+        graph = torch.cuda.CUDAGraph()
+        graph.capture_begin(pool=self.pool)
+        self.graphs.append(graph)
+
+    def lap(self, stage: str) -> None:
+        if not self.split:
+            return
+        self.touch.add_(1)  # one kernel per stage graph: a stage without kernels (AR's draft) is not empty
+        self.graphs[-1].capture_end()
+        self.stages.append(stage)
+        if stage != STAGES[-1]:  # nothing with kernels follows the last stage
+            self._begin()
+
+    def __exit__(self, *exc) -> None:
+        try:
+            if not self.split or len(self.stages) < len(self.graphs):
+                self.graphs[-1].capture_end()
+        finally:
+            self._ctx.__exit__(*exc)
+            torch.cuda.current_stream().wait_stream(self.stream)
+
+
+class GraphRunner:
+    """Runs rounds for the engine: graph replay on CUDA, the eager round otherwise.
+
+    enabled: use CUDA graphs (ignored off CUDA). time_stages: capture one graph per stage and time
+    each with CUDA events (RoundResult.stage_seconds, read after the sync); otherwise one graph.
+    """
+
+    def __init__(self, speculator: Speculator, enabled: bool = True, time_stages: bool = False,
+                 buckets: tuple[int, ...] | None = None, log: Callable[[str], None] | None = _log):
+        self.speculator = speculator
+        self.enabled = enabled and speculator.device.type == "cuda"
+        self.time_stages = time_stages
+        self.buckets = buckets or default_buckets(speculator.slots)
+        if max(self.buckets) > speculator.slots:
+            raise ValueError(f"batch buckets {self.buckets} exceed the speculator's {speculator.slots} slots")
+        self.log = log
+        self.graphs: dict[tuple, Captured] = {}
+        self.pool = None
+        self._cache_ptr = None
+
+    def bucket(self, num_slots: int) -> int:
+        """The batch size a round over `num_slots` slots runs at (num_slots itself past the buckets)."""
+        return next((b for b in self.buckets if b >= num_slots), num_slots)
+
+    def key(self, bucket: int, budget: int | None) -> tuple:
+        sp = self.speculator
+        budget = sp.budget(budget) if sp.spec.method == "ddtree" else 0
+        return (bucket, sp.spec.method, budget, sp.flags)
+
+    def round(self, num_slots: int, budget: int | None = None) -> RoundResult:
+        """One round over slots [0, num_slots): a replay when a graph fits, else the eager round."""
+        bucket = self.bucket(num_slots)
+        if not self.enabled or bucket not in self.buckets:
+            return self.speculator.round(num_slots, budget)
+        captured = self._graph(bucket, budget)
+        if not captured.stages:
+            captured.graphs[0].replay()
+            return captured.result
+        clock = StageClock(self.speculator.device)
+        for graph, stage in zip(captured.graphs, captured.stages):
+            graph.replay()
+            clock.lap(stage)
+        return dataclasses.replace(captured.result, clock=clock)
+
+    def time_round(self, num_slots: int, budget: int | None = None, repeats: int = 5) -> float:
+        """Median seconds of a round over `num_slots` slots (the slots' state is restored after)."""
+        sp = self.speculator
+        saved = _save(sp)
+        times = []
+        try:
+            for i in range(repeats + 1):  # the first one warms up (and captures)
+                _restore(sp, saved)
+                if self.enabled and self.bucket(num_slots) in self.buckets:
+                    captured = self._graph(self.bucket(num_slots), budget)
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    for graph in captured.graphs:
+                        graph.replay()
+                    end.record()
+                    end.synchronize()
+                    seconds = start.elapsed_time(end) / 1e3
+                else:
+                    begin = time.perf_counter()
+                    sp.round(num_slots, budget, clock=_NoClock())
+                    if sp.device.type == "cuda":
+                        torch.cuda.synchronize()
+                    seconds = time.perf_counter() - begin
+                if i:
+                    times.append(seconds)
+        finally:
+            _restore(sp, saved)
+        return sorted(times)[len(times) // 2]
+
+    def reset(self) -> None:
+        """Drop every graph (their memory returns to the allocator)."""
+        self.graphs.clear()
+        self.pool = None
+        gc.collect()
+        if self.enabled:
+            torch.cuda.empty_cache()
+
+    def _graph(self, bucket: int, budget: int | None) -> Captured:
+        sp = self.speculator
+        ptr = sp.cache.keys[0].data_ptr()
+        if ptr != self._cache_ptr:  # new caches (reserve): every graph points at the old ones
+            self.reset()
+            self._cache_ptr = ptr
+        key = self.key(bucket, budget)
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(bucket, budget, key)
+        return self.graphs[key]
+
+    def _capture(self, bucket: int, budget: int | None, key: tuple) -> Captured:
+        sp = self.speculator
+        start = time.perf_counter()
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        saved = _save(sp)
+        # Warm-up on a side stream: compiles kernels (FlexAttention), creates library handles and
+        # lets the allocator see every size before capture. It really runs: restore the state after.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                sp.round(bucket, budget, clock=_NoClock())
+                _restore(sp, saved)
+        torch.cuda.current_stream().wait_stream(side)
+        with _Capture(self.pool, self.time_stages, sp.device) as capture:
+            result = sp.round(bucket, budget, clock=capture)
+        torch.cuda.synchronize()
+        if self.log:
+            method, b, _, flags = key
+            name = f"ddtree:{b}" if method == "ddtree" else method
+            sampling = "greedy" if flags.all_greedy else "sampling"
+            self.log(f"captured a CUDA graph for batch <= {bucket}, {name}, {sampling} "
+                     f"({time.perf_counter() - start:.1f} s)")
+        return Captured(capture.graphs, capture.stages, result)
+
+
+class _NoClock:
+    def lap(self, stage: str) -> None:
+        pass
+
+
+def _save(sp: Speculator) -> tuple[torch.Tensor, torch.Tensor]:
+    return sp.state.seq_lens.clone(), sp.state.bonus.clone()
+
+
+def _restore(sp: Speculator, saved: tuple[torch.Tensor, torch.Tensor]) -> None:
+    sp.state.seq_lens.copy_(saved[0])
+    sp.state.bonus.copy_(saved[1])
