@@ -74,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
                                       "--model FILE.gguf uses, so later loads are fast.")
     conv.add_argument("gguf", nargs="?", default=None, help="the .gguf file (default: the embedded SmolLM2 GGUF)")
     conv.add_argument("--out", default=None, help="output directory (default: the treeflash cache)")
+
+    from treeflash.bench.cli import add_parser as add_bench_parser
+
+    add_bench_parser(sub)
     return parser
 
 
@@ -89,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        if args.command == "bench":
+            return _bench(args, argv)
         return {"generate": _generate, "convert": _convert}[args.command](args)
     except (ValueError, FileNotFoundError) as e:
         print(f"treeflash: error: {e}", file=sys.stderr)
@@ -96,6 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ntreeflash: interrupted", file=sys.stderr)
         return 130
+
+
+def _bench(args, argv: list[str] | None) -> int:
+    from treeflash.bench.cli import main as bench_main
+
+    return bench_main(args, argv)
 
 
 def _convert(args) -> int:
