@@ -92,7 +92,7 @@ def run_synthetic(cfg: SyntheticConfig, command: str | None = None, log=print) -
     for batch, method in bar:
         bar.set_postfix_str(f"batch {batch} {method.label}")
         nodes = 1 + method.nodes(dcfg.depth)
-        need = _logits_gib(batch, max(nodes, dcfg.block_size), tcfg.vocab_size)
+        need = _logits_gib(batch, nodes if method.spec == "none" else max(nodes, dcfg.block_size), tcfg.vocab_size)
         if need > cfg.max_logits_gib:
             skipped.append({"batch": batch, "method": method.label,
                             "reason": f"full-vocabulary logits need {need:.1f} GiB > --max-logits-gib {cfg.max_logits_gib}"})
