@@ -1,7 +1,8 @@
 """Side-by-side baselines on the same weights and prompts: our code calling theirs, one prompt at a time.
 
 - `hf`: transformers `generate` (greedy, a static KV cache of one fixed length reused for every prompt,
-  so on CUDA transformers' own auto-compilation of the decode step compiles once); compared with `none`.
+  so on CUDA transformers' own auto-compilation of the decode step compiles once, during the warm-up;
+  --hf-no-compile turns it off); compared with `none`.
 - `dflash-ref`: the reference `dflash==0.1.0` package's generate loop (`dflash.model.dflash_generate`);
   compared with `dflash`.
 - `ddtree-ref`: the DDTree authors' code (github.com/liranringel/ddtree, `ddtree.py: ddtree_generate`),
@@ -60,6 +61,7 @@ class RefSetup:
     drafter_dir: Path | None = None
     ddtree_ref: Path | None = None
     tree_budget: int = 64
+    hf_compile: bool = True  # let transformers compile its decode step where it does so itself (CUDA)
 
 
 def _sync(device: torch.device) -> None:
@@ -99,7 +101,8 @@ class HFGenerate:
         _sync(s.device)
         start = time.perf_counter()
         out = self.target.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=self.cache,
-                                   max_new_tokens=s.max_tokens, do_sample=False, pad_token_id=0, **stop)
+                                   max_new_tokens=s.max_tokens, do_sample=False, pad_token_id=0,
+                                   disable_compile=not s.hf_compile, **stop)
         _sync(s.device)
         return RefRun(out[0, len(prompt):].tolist(), time.perf_counter() - start)
 

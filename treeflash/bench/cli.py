@@ -89,6 +89,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="directory holding the DDTree reference code (ddtree.py, dflash.py, model/ from "
                         "github.com/liranringel/ddtree); never shipped with treeflash")
     b.add_argument("--ref-budget", type=int, default=None, help="ddtree-ref's budget (default: the first ddtree:B)")
+    b.add_argument("--hf-no-compile", action="store_true",
+                   help="stop transformers from compiling its static-cache decode step (it does on CUDA)")
 
     s = p.add_argument_group("synthetic")
     s.add_argument("--synthetic", default=None, metavar="SHAPE",
@@ -125,6 +127,9 @@ def main(args, argv: list[str] | None = None) -> int:
         plot_dir = Path(args.plot) if args.plot else out.parent
         written += (plot_synthetic if synthetic else plot_bench)(result, plot_dir)
     print("wrote " + ", ".join(str(p) for p in written), file=sys.stderr)
+    if result.get("errors"):
+        print(f"treeflash bench: {len(result['errors'])} part(s) failed; see 'errors' in {out}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -147,7 +152,7 @@ def _run(args, command: str) -> dict:
                       device=args.device, dtype=args.dtype, max_model_len=args.max_model_len, seed=args.seed,
                       ignore_eos=args.ignore_eos, warmup=args.warmup, stage_prompts=args.stage_prompts,
                       baselines=args.baselines, baseline_prompts=args.baseline_prompts, ddtree_ref=args.ddtree_ref,
-                      ref_budget=args.ref_budget)
+                      ref_budget=args.ref_budget, hf_compile=not args.hf_no_compile)
     return run_bench(cfg, command, log=_log)
 
 

@@ -103,4 +103,6 @@ def format_bench(result: dict) -> str:
                          f"{_cell(b['mean_acceptance_length'], '.2f'):>6} {_cell(b['same_tokens_as_ours'], '.0%'):>6}")
     for s in result.get("skipped_baselines", []):
         lines.append(f"{s['name']:<24} skipped: {s['reason']}")
+    for e in result.get("errors", []):
+        lines.append(f"ERROR in {e.get('method') or e.get('baseline')}: {e['error']}")
     return "\n".join(lines)

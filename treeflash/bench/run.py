@@ -12,6 +12,7 @@ import gc
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -52,6 +53,7 @@ class BenchConfig:
     baseline_prompts: int | None = None  # default: every prompt
     ddtree_ref: str | None = None
     ref_budget: int | None = None  # ddtree-ref's budget (default: the first ddtree:B of the methods, else 64)
+    hf_compile: bool = True  # transformers compiles its static-cache decode step on CUDA unless this is off
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "batch_size", "drafter_layers"):
@@ -99,7 +101,7 @@ def run_bench(cfg: BenchConfig, command: str | None = None, log=print) -> dict:
             notes.append(f"RANDOM DRAFTER ({cfg.drafter_layers} layers, block {cfg.block_size}, random weights): "
                          "acceptance is about 1 token per round, so speculative methods cannot speed anything up "
                          "here; the numbers measure per-round cost (timing only)")
-        runs, skipped, ids, eos = [], [], None, []
+        runs, skipped, errors, ids, eos = [], [], [], None, []
         bar = tqdm(methods, desc="methods", unit="method", file=sys.stderr, dynamic_ncols=True)
         for method in bar:
             bar.set_postfix_str(method.label)
@@ -108,7 +110,11 @@ def run_bench(cfg: BenchConfig, command: str | None = None, log=print) -> dict:
                 continue
             if ids is None:
                 ids, eos = [_encode(llm, p) for p in prompts], sorted(llm.eos_token_ids)
-            runs.append(_run_method(llm, method, ids, cfg, log))
+            try:
+                runs.append(_run_method(llm, method, ids, cfg, log))
+            except Exception as e:  # noqa: BLE001 - one failing method must not lose the others' results
+                errors.append({"method": method.label, "error": f"{type(e).__name__}: {e}"})
+                log(f"  {method.label} FAILED:\n{traceback.format_exc()}")
             del llm
             _free(device)
         bar.close()
@@ -116,9 +122,14 @@ def run_bench(cfg: BenchConfig, command: str | None = None, log=print) -> dict:
         ref_results, ref_skipped = [], []
         if baselines and ids is not None:
             ref_results, ref_skipped = _run_baselines(baselines, model_dir, drafter_dir, ids, eos, summaries,
-                                                      methods, cfg, device, dtype, log)
+                                                      methods, cfg, device, dtype, log, errors)
     if device.type == "cpu":
         notes.append("CPU run: eager PyTorch on a CPU says little about GPU speed")
+    if baselines and cfg.batch_size > 1:
+        notes.append(f"the baselines run one prompt at a time; ours ran {cfg.batch_size} side by side, so the "
+                     "side-by-side rates compare per-request speed inside a shared batch")
+    if baselines and cfg.temperature >= 1e-5:
+        notes.append("the baselines decode greedily (as the references do) while ours sampled: compare speed only")
     return {
         "kind": "bench",
         "environment": environment(device, dtype, command),
@@ -133,6 +144,7 @@ def run_bench(cfg: BenchConfig, command: str | None = None, log=print) -> dict:
         "skipped": skipped,
         "baselines": ref_results,
         "skipped_baselines": ref_skipped,
+        "errors": errors,
     }
 
 
@@ -253,16 +265,14 @@ def _free(device: torch.device) -> None:
 
 
 # --- baselines -------------------------------------------------------------------------------------
-def _run_baselines(names, model_dir, drafter_dir, ids, eos, summaries, methods, cfg, device, dtype, log):
+def _run_baselines(names, model_dir, drafter_dir, ids, eos, summaries, methods, cfg, device, dtype, log, errors):
     n = min(cfg.baseline_prompts or len(ids), len(ids))
     budget = cfg.ref_budget or next(iter(budgets_of(methods)), 64)
     setup = RefSetup(device=device, dtype=dtype, max_tokens=cfg.max_tokens,
                      stop_token_ids=None if cfg.ignore_eos else list(eos),
                      drafter_dir=Path(drafter_dir) if drafter_dir else None,
-                     ddtree_ref=Path(cfg.ddtree_ref) if cfg.ddtree_ref else None, tree_budget=budget)
-    if cfg.temperature >= 1e-5:
-        log("  note: the baselines decode greedily (as the references do); ours used temperature "
-            f"{cfg.temperature}, so compare their speed, not their tokens")
+                     ddtree_ref=Path(cfg.ddtree_ref) if cfg.ddtree_ref else None, tree_budget=budget,
+                     hf_compile=cfg.hf_compile)
     results, skipped = [], []
     target = load_hf_target(model_dir, device, dtype)
     for name in names:
@@ -274,12 +284,18 @@ def _run_baselines(names, model_dir, drafter_dir, ids, eos, summaries, methods, 
             skipped.append({"name": name, "reason": str(e)})
             log(f"  {name}: skipped ({e})")
             continue
-        baseline(ids[0])  # warm-up (and, for hf on CUDA, compilation)
-        runs = [baseline(p) for p in tqdm(ids[:n], desc=name, unit="prompt", file=sys.stderr, dynamic_ncols=True)]
+        try:
+            baseline(ids[0])  # warm-up (and, for hf on CUDA, transformers' compilation of the decode step)
+            runs = [baseline(p) for p in tqdm(ids[:n], desc=name, unit="prompt", file=sys.stderr, dynamic_ncols=True)]
+        except Exception as e:  # noqa: BLE001 - third-party code: record it, keep the other results
+            errors.append({"baseline": name, "error": f"{type(e).__name__}: {e}"})
+            log(f"  {name} FAILED:\n{traceback.format_exc()}")
+            continue
+        finally:
+            del baseline
+            _free(device)
         results.append(_baseline_summary(name, ours_label, ours, runs, n, budget))
         log(f"  {name}: {results[-1]['tokens_per_second']:.1f} tokens/s")
-        del baseline
-        _free(device)
     return results, skipped
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import traceback
 from dataclasses import asdict, dataclass
 
 import torch
@@ -86,7 +87,7 @@ def run_synthetic(cfg: SyntheticConfig, command: str | None = None, log=print) -
 
     gen = torch.Generator().manual_seed(cfg.seed)
     prompt = torch.randint(0, tcfg.vocab_size, (cfg.context,), generator=gen).tolist()
-    rows, skipped = [], []
+    rows, skipped, errors = [], [], []
     combos = [(b, m) for b in cfg.batch_sizes for m in methods]
     bar = tqdm(combos, desc=f"synthetic {cfg.shape}", unit="combo", file=sys.stderr, dynamic_ncols=True)
     for batch, method in bar:
@@ -97,19 +98,21 @@ def run_synthetic(cfg: SyntheticConfig, command: str | None = None, log=print) -
             skipped.append({"batch": batch, "method": method.label,
                             "reason": f"full-vocabulary logits need {need:.1f} GiB > --max-logits-gib {cfg.max_logits_gib}"})
             continue
-        spec = method.spec_config()
-        speculator = Speculator(target, drafter if method.spec != "none" else None, spec, slots=batch,
-                                capacity=cfg.context + rows_per_round(spec, drafter) + 1, time_stages=False)
-        prefill_s = fill_slots(speculator, batch, prompt)
-        params = SamplingParams(temperature=cfg.temperature, seed=cfg.seed)
-        sampling = SamplingTensors.build([params] * batch, list(range(batch)), device)
-        timing = time_rounds(speculator, batch, sampling, cfg.context, cfg.rounds, cfg.warmup, cfg.stage_rounds)
+        try:
+            timing, prefill_s = _time_one(target, drafter, method, batch, prompt, cfg, device)
+        except torch.OutOfMemoryError:
+            skipped.append({"batch": batch, "method": method.label, "reason": "out of device memory"})
+            continue
+        except Exception as e:  # noqa: BLE001 - keep the other combinations' results
+            errors.append({"batch": batch, "method": method.label, "error": f"{type(e).__name__}: {e}"})
+            log(f"  batch {batch} {method.label} FAILED:\n{traceback.format_exc()}")
+            continue
+        finally:
+            _free(device)
         rows.append({"batch": batch, "method": method.label, "spec": method.spec, "budget": method.budget,
                      "nodes": nodes, "round_ms": timing.median_ms, "round_ms_p10": timing.quantile_ms(0.1),
                      "round_ms_p90": timing.quantile_ms(0.9), "round_ms_all": timing.round_ms,
                      "stage_ms": timing.stage_ms, "prefill_ms": 1e3 * prefill_s})
-        del speculator
-        _free(device)
     bar.close()
     _add_ratios(rows, floor_ms)
     return {
@@ -125,8 +128,21 @@ def run_synthetic(cfg: SyntheticConfig, command: str | None = None, log=print) -
         "floor_note": "target weight bytes / measured device-to-device copy bandwidth (read + write counted)",
         "rows": rows,
         "skipped": skipped,
+        "errors": errors,
         "notes": ["random weights: times are per-round costs; acceptance lengths of random models mean nothing"],
     }
+
+
+def _time_one(target, drafter, method, batch, prompt, cfg: SyntheticConfig, device):
+    """Caches for `batch` slots of len(prompt) rows, then the timed rounds of one method."""
+    spec = method.spec_config()
+    drafter = drafter if method.spec != "none" else None
+    speculator = Speculator(target, drafter, spec, slots=batch,
+                            capacity=len(prompt) + rows_per_round(spec, drafter) + 1, time_stages=False)
+    prefill_s = fill_slots(speculator, batch, prompt)
+    params = SamplingParams(temperature=cfg.temperature, seed=cfg.seed)
+    sampling = SamplingTensors.build([params] * batch, list(range(batch)), device)
+    return time_rounds(speculator, batch, sampling, len(prompt), cfg.rounds, cfg.warmup, cfg.stage_rounds), prefill_s
 
 
 def _add_ratios(rows: list[dict], floor_ms: float) -> None:
@@ -158,6 +174,8 @@ def format_synthetic(result: dict) -> str:
         lines.append(f"{r['batch']:>5} {r['method']:<12} {r['round_ms']:>9.3f} {x_ar:>6} {r['x_floor']:>8.1f}  {stages}")
     for s in result["skipped"]:
         lines.append(f"  skipped batch {s['batch']} {s['method']}: {s['reason']}")
+    for e in result.get("errors", []):
+        lines.append(f"  ERROR batch {e['batch']} {e['method']}: {e['error']}")
     lines.append("  (stage columns: ms per round, from a separate pass with a synchronised clock per stage)")
     return "\n".join(lines)
 
