@@ -73,6 +73,28 @@ def test_bench_runs_every_method_on_the_same_prompts_and_writes_json_table_and_p
         assert (out.parent / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_where_stages_are_not_timed_a_separate_pass_times_them(pair, prompts_file, tmp_path, monkeypatch):
+    """On a GPU the main pass runs without the per-stage clock; the split comes from a second engine."""
+    from treeflash.bench import run as bench_run
+
+    made = []
+
+    def without_clock(*args, time_stages=None):
+        made.append(time_stages)
+        return make_llm(*args, time_stages=False if time_stages is None else time_stages)
+
+    make_llm = bench_run._make_llm
+    monkeypatch.setattr(bench_run, "_make_llm", without_clock)
+    target, drafter = pair
+    out = tmp_path / "r.json"
+    assert bench("--model", str(target), "--draft-model", str(drafter), "--dataset", str(prompts_file),
+                 "--methods", "ddtree:8", "--num-prompts", "3", "--stage-prompts", "1", "--out", str(out)) == 0
+    method = json.loads(out.read_text())["methods"][0]
+    assert made == [None, True]
+    assert not any(p["stage_seconds"] for p in method["per_prompt"])
+    assert set(method["stage_ms_per_round"]) == {"draft", "tree", "verify", "derive_walk", "commit"}
+
+
 def test_replot_redraws_from_the_json_alone(pair, prompts_file, tmp_path):
     target, _ = pair
     out = tmp_path / "results.json"
@@ -235,7 +257,7 @@ def test_baselines_run_side_by_side_with_the_same_tokens(pair, prompts_file, tmp
     assert got["hf"]["ours"] == "none" and got["dflash-ref"]["ours"] == "dflash"
     for b in got.values():
         assert b["same_tokens_as_ours"] == 1.0 and b["generated_tokens"] == 16 and b["tokens_per_second"] > 0
-    assert got["dflash-ref"]["mean_acceptance_length"] >= 1.0
+    assert got["dflash-ref"]["mean_acceptance_length"] >= 1.0 and "dflash==0.1.0" in got["dflash-ref"]["source"]
     assert (tmp_path / "baselines.png").is_file()
 
 

@@ -88,6 +88,9 @@ class HFGenerate:
         from transformers import StaticCache
 
         self.target, self.setup = target, setup
+        import transformers
+
+        self.source = f"transformers=={transformers.__version__} generate, static cache, compile {'auto' if setup.hf_compile else 'off'}"
         # One cache length for every prompt: a compiled decode step is then reused, never recompiled.
         self.cache = StaticCache(config=target.config, max_cache_len=max_prompt_len + setup.max_tokens + 1)
 
@@ -117,6 +120,9 @@ class DFlashReference:
             raise BaselineError("dflash-ref needs the reference package: pip install --no-deps dflash==0.1.0") from None
         if setup.drafter_dir is None:
             raise BaselineError("dflash-ref needs a drafter (--draft-model or --random-drafter)")
+        from importlib.metadata import version
+
+        self.source = f"dflash=={version('dflash')} dflash_generate"
         self.ref, self.target, self.setup = ref, target, setup
         self.drafter = ref.DFlashDraftModel.from_pretrained(str(setup.drafter_dir), dtype=setup.dtype).to(setup.device).eval()
 
@@ -141,6 +147,8 @@ class DDTreeReference:
         if setup.drafter_dir is None:
             raise BaselineError("ddtree-ref needs a drafter (--draft-model or --random-drafter)")
         self.ddtree, model_pkg = load_ddtree_reference(setup.ddtree_ref)
+        stamp = setup.ddtree_ref / "SOURCE"  # where the copy came from, if whoever staged it wrote that down
+        self.source = stamp.read_text().strip() if stamp.is_file() else f"DDTree reference code from {setup.ddtree_ref}"
         if setup.device.type != "cuda":
             self.ddtree.cuda_time = _plain_clock  # our private copy of their module: nothing else sees this
         self.target, self.setup = target, setup

@@ -125,7 +125,11 @@ def main(args, argv: list[str] | None = None) -> int:
     written = [out, out.with_suffix(".txt")]
     if not args.no_plots:
         plot_dir = Path(args.plot) if args.plot else out.parent
-        written += (plot_synthetic if synthetic else plot_bench)(result, plot_dir)
+        try:
+            written += (plot_synthetic if synthetic else plot_bench)(result, plot_dir)
+        except Exception as e:  # noqa: BLE001 - the result is written; a plot must not lose it
+            print(f"treeflash bench: plotting failed ({type(e).__name__}: {e}); redraw with --replot {out}",
+                  file=sys.stderr)
     print("wrote " + ", ".join(str(p) for p in written), file=sys.stderr)
     if result.get("errors"):
         print(f"treeflash bench: {len(result['errors'])} part(s) failed; see 'errors' in {out}", file=sys.stderr)

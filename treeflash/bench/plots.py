@@ -19,8 +19,12 @@ def _pyplot():
 
 
 def _title(result: dict) -> str:
+    """Where it ran, short: the GPU's name or "CPU", the dtype, and a random drafter's label."""
     env = result.get("environment", {})
-    return f"{env.get('device', '?')}, {env.get('dtype', '?')}"
+    parts = ["CPU" if env.get("device_type") == "cpu" else env.get("device", "?"), env.get("dtype", "?")]
+    if (result.get("drafter") or {}).get("kind") == "random":
+        parts.append("RANDOM drafter: timing only")
+    return ", ".join(parts)
 
 
 def _save(fig, path: Path) -> Path:
@@ -53,12 +57,17 @@ def _speedup_vs_budget(result: dict, path: Path) -> Path | None:
     for ax, key, label in ((ax1, "speedup_vs_none", "speedup over none (tokens/s)"),
                            (ax2, "mean_acceptance_length", "mean acceptance length (tokens/round)")):
         xs = [m["budget"] for m in trees if m[key] is not None]
+        if not xs and (chain is None or chain[key] is None):
+            ax.text(0.5, 0.5, "no `none` run to compare with" if key == "speedup_vs_none" else "no data",
+                    ha="center", va="center", transform=ax.transAxes)
+            continue
         ax.plot(xs, [m[key] for m in trees if m[key] is not None], "o-", label="ddtree")
         if chain is not None and chain[key] is not None:
             ax.axhline(chain[key], color="gray", ls="--", label="dflash (chain)")
         if key == "speedup_vs_none":
             ax.axhline(1.0, color="black", lw=0.8, label="none")
-        ax.set_xscale("log", base=2)
+        if xs:
+            ax.set_xscale("log", base=2)
         ax.set_xlabel("tree budget (draft nodes per round)")
         ax.set_ylabel(label)
         ax.legend()
@@ -128,7 +137,7 @@ def plot_synthetic(result: dict, out_dir: str | Path) -> list[Path]:
     if first is not None:
         paths.append(_stage_split([(r["method"], r["stage_ms"]) for r in result["rows"] if r["batch"] == first],
                                   out_dir / f"synthetic_{result['shape']}_stages.png",
-                                  f"{result['shape']}, batch {first}: ms per round by stage"))
+                                  f"{result['shape']}, batch {first}: ms per round by stage ({_title(result)})"))
     return [p for p in paths if p is not None]
 
 
@@ -150,11 +159,11 @@ def _synthetic_rounds(result: dict, path: Path) -> Path | None:
             if r["batch"] == batch and r["spec"] == "dflash":
                 ax.plot([r["nodes"] - 1], [r["round_ms"]], "s", color=color, label=f"dflash chain, batch {batch}")
     ax.axhline(result["floor_ms"], color="black", lw=1.5, label="weight-read floor")
-    ax.set_xscale("log", base=2)
+    if any(r["spec"] != "none" for r in rows):
+        ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("tree budget (draft nodes per round)")
     ax.set_ylabel("ms per round")
     ax.legend(fontsize=7, ncol=2)
-    ax.set_title(f"{result['shape']} (random weights, context {result['config']['context']}), "
-                 f"{result['environment']['device']}")
+    ax.set_title(f"{result['shape']} (random weights, context {result['config']['context']}), {_title(result)}")
     return _save(fig, path)

@@ -111,11 +111,20 @@ def run_bench(cfg: BenchConfig, command: str | None = None, log=print) -> dict:
             if ids is None:
                 ids, eos = [_encode(llm, p) for p in prompts], sorted(llm.eos_token_ids)
             try:
-                runs.append(_run_method(llm, method, ids, cfg, log))
+                run = _run_method(llm, method, ids, cfg, log)
+                stages_timed = llm.engine.config.time_stages
+                del llm
+                _free(device)
+                if not stages_timed and cfg.stage_prompts:
+                    # The per-stage clock synchronises (or splits a CUDA graph) at every stage: its own
+                    # engine, on a few prompts, after the timed run.
+                    llm = _make_llm(cfg, method, drafter_dir, device, dtype, skipped, time_stages=True)
+                    run["stage_outs"] = _stage_pass(llm, ids, cfg)
+                runs.append(run)
             except Exception as e:  # noqa: BLE001 - one failing method must not lose the others' results
                 errors.append({"method": method.label, "error": f"{type(e).__name__}: {e}"})
                 log(f"  {method.label} FAILED:\n{traceback.format_exc()}")
-            del llm
+            llm = None
             _free(device)
         bar.close()
         summaries = _summarise(runs, cfg)
@@ -159,13 +168,13 @@ def _random_drafter(target_cfg, cfg: BenchConfig, tmp: Path) -> tuple[str, dict]
                        "mask_token_id": dcfg.mask_token_id, "target_layer_ids": list(dcfg.target_layer_ids)}
 
 
-def _make_llm(cfg: BenchConfig, method: Method, drafter_dir, device, dtype, skipped: list):
+def _make_llm(cfg: BenchConfig, method: Method, drafter_dir, device, dtype, skipped: list, time_stages=None):
     from treeflash import LLM
 
     try:
         return LLM(cfg.model, device=device, dtype=dtype, max_model_len=cfg.max_model_len,
                    draft_model=drafter_dir if method.spec != "none" else None, max_num_seqs=cfg.batch_size,
-                   **method.llm_kwargs())
+                   time_stages=time_stages, **method.llm_kwargs())
     except ValueError as e:
         if method.budget != "auto":
             raise
@@ -204,20 +213,16 @@ def _run_method(llm, method: Method, ids: list[list[int]], cfg: BenchConfig, log
     outs = llm.generate(prompt_token_ids=ids, sampling_params=_params(cfg, len(ids)), use_tqdm=True)
     _sync(llm.device)
     wall = time.perf_counter() - start
-    speculator = llm.engine.speculator
-    stage_outs = None
-    if not speculator.time_stages and cfg.stage_prompts:
-        # The per-stage clock synchronises after every stage on a GPU: a separate, smaller pass.
-        speculator.time_stages = True
-        try:
-            n = min(cfg.stage_prompts, len(ids))
-            stage_outs = llm.generate(prompt_token_ids=ids[:n], sampling_params=_params(cfg, n), use_tqdm=False)
-        finally:
-            speculator.time_stages = False
     tokens = sum(o.metrics.num_generated_tokens for o in outs)
     log(f"  {method.label}: {tokens} tokens in {wall:.2f} s ({tokens / wall:.1f} tokens/s)")
-    return {"method": method, "outs": outs, "wall": wall, "stage_outs": stage_outs or outs,
+    return {"method": method, "outs": outs, "wall": wall, "stage_outs": outs,
             "tree_budget": getattr(llm.spec, "tree_budget", None)}
+
+
+def _stage_pass(llm, ids: list[list[int]], cfg: BenchConfig) -> list:
+    n = min(cfg.stage_prompts, len(ids))
+    llm.generate(prompt_token_ids=ids[:1], sampling_params=_params(cfg, 1, min(cfg.max_tokens, 8)), use_tqdm=False)
+    return llm.generate(prompt_token_ids=ids[:n], sampling_params=_params(cfg, n), use_tqdm=False)
 
 
 def _summarise(runs: list[dict], cfg: BenchConfig) -> list[dict]:
@@ -284,6 +289,7 @@ def _run_baselines(names, model_dir, drafter_dir, ids, eos, summaries, methods, 
             skipped.append({"name": name, "reason": str(e)})
             log(f"  {name}: skipped ({e})")
             continue
+        baseline_source = baseline.source
         try:
             baseline(ids[0])  # warm-up (and, for hf on CUDA, transformers' compilation of the decode step)
             runs = [baseline(p) for p in tqdm(ids[:n], desc=name, unit="prompt", file=sys.stderr, dynamic_ncols=True)]
@@ -294,7 +300,7 @@ def _run_baselines(names, model_dir, drafter_dir, ids, eos, summaries, methods, 
         finally:
             del baseline
             _free(device)
-        results.append(_baseline_summary(name, ours_label, ours, runs, n, budget))
+        results.append({**_baseline_summary(name, ours_label, ours, runs, n, budget), "source": baseline_source})
         log(f"  {name}: {results[-1]['tokens_per_second']:.1f} tokens/s")
     return results, skipped
 

@@ -21,9 +21,8 @@ from treeflash.bench.methods import parse_methods
 from treeflash.bench.shapes import (build_drafter, build_target, drafter_config, shape, target_config,
                                     weight_bytes)
 from treeflash.bench.report import environment
-from treeflash.bench.timing import copy_bandwidth, fill_slots, time_rounds
-from treeflash.round import Speculator, rows_per_round
-from treeflash.sampling import SamplingParams, SamplingTensors
+from treeflash.bench.timing import copy_bandwidth, time_engine_rounds
+from treeflash.sampling import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -126,6 +125,9 @@ def run_synthetic(cfg: SyntheticConfig, command: str | None = None, log=print) -
         "copy_bandwidth_bytes_per_s": bandwidth,
         "floor_ms": floor_ms,
         "floor_note": "target weight bytes / measured device-to-device copy bandwidth (read + write counted)",
+        "timing_note": "round_ms: wall time of Engine.step() with every slot running a request (one round and its "
+                       "host synchronisation), median over --rounds steps after warm-up; stage_ms: a separate "
+                       "engine with the per-stage clock on",
         "rows": rows,
         "skipped": skipped,
         "errors": errors,
@@ -134,15 +136,9 @@ def run_synthetic(cfg: SyntheticConfig, command: str | None = None, log=print) -
 
 
 def _time_one(target, drafter, method, batch, prompt, cfg: SyntheticConfig, device):
-    """Caches for `batch` slots of len(prompt) rows, then the timed rounds of one method."""
-    spec = method.spec_config()
-    drafter = drafter if method.spec != "none" else None
-    speculator = Speculator(target, drafter, spec, slots=batch,
-                            capacity=len(prompt) + rows_per_round(spec, drafter) + 1, time_stages=False)
-    prefill_s = fill_slots(speculator, batch, prompt)
-    params = SamplingParams(temperature=cfg.temperature, seed=cfg.seed)
-    sampling = SamplingTensors.build([params] * batch, list(range(batch)), device)
-    return time_rounds(speculator, batch, sampling, len(prompt), cfg.rounds, cfg.warmup, cfg.stage_rounds), prefill_s
+    params = SamplingParams(temperature=cfg.temperature, max_tokens=1 << 20, ignore_eos=True)
+    return time_engine_rounds(target, drafter if method.spec != "none" else None, method.spec_config(), batch,
+                              prompt, params, cfg.rounds, cfg.warmup, cfg.stage_rounds, seed=cfg.seed)
 
 
 def _add_ratios(rows: list[dict], floor_ms: float) -> None:

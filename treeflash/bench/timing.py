@@ -1,4 +1,4 @@
-"""Clocks for benchmarks: the device's copy bandwidth and the wall time of speculative rounds.
+"""Clocks for benchmarks: the device's copy bandwidth and the wall time of engine rounds.
 
 On CUDA every measurement synchronises before reading the clock, so a time covers the device work,
 not only the launches. Times are reported as medians over repeats: the first calls (allocator
@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from treeflash.round import STAGES, Speculator
-from treeflash.sampling import SamplingTensors
+from treeflash.engine import Engine, EngineConfig, Request
+from treeflash.round import STAGES, SpecConfig, rows_per_round
+from treeflash.sampling import SamplingParams
 
 
 def sync(device: torch.device) -> None:
@@ -45,7 +46,7 @@ def copy_bandwidth(device: torch.device, nbytes: int | None = None, repeats: int
 
 @dataclass
 class RoundTiming:
-    round_ms: list[float]  # each timed round, unsynchronised stages
+    round_ms: list[float]  # each timed step, without the per-stage clock
     stage_ms: dict[str, float] = field(default_factory=dict)  # mean per round, from a separate timed pass
 
     @property
@@ -57,60 +58,61 @@ class RoundTiming:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def fill_slots(speculator: Speculator, batch: int, prompt: list[int]) -> float:
-    """Prefill slot 0 with `prompt` and copy its cache rows to slots 1..batch-1; returns prefill seconds.
+def time_engine_rounds(target, drafter, spec: SpecConfig, batch: int, prompt: list[int], params: SamplingParams,
+                       rounds: int, warmup: int = 2, stage_rounds: int = 3, seed: int = 0) -> tuple[RoundTiming, float]:
+    """Wall time of `Engine.step()` with `batch` requests running, each with len(prompt) committed rows.
 
-    Every slot then holds len(prompt) committed rows, so attention in a round reads what it would in
-    a full batch, at the cost of one prefill instead of `batch`.
+    A step is one round over every slot plus the engine's one host synchronisation (it reads the
+    emitted tokens back), so this is the per-round cost a user sees, through whatever fast path the
+    engine takes (CUDA graphs, kernels). The first step admits the requests (one prefill each);
+    `warmup` steps follow untimed (graph capture, allocator). The stage split comes from a second
+    engine with the per-stage clock on, whose extra synchronisations would inflate the round times.
+    Returns the timing and the mean prefill seconds of one request.
     """
-    device = speculator.device
-    sync(device)
-    start = time.perf_counter()
-    speculator.prefill(0, prompt)
-    sync(device)
-    seconds = time.perf_counter() - start
-    caches = [speculator.cache] + ([speculator.draft_cache] if speculator.draft_cache is not None else [])
-    with torch.inference_mode():
-        for cache in caches:
-            for t in (*cache.keys, *cache.values):
-                t[1:batch].copy_(t[:1].expand(batch - 1, *t.shape[1:]))
-        state = speculator.state
-        state.seq_lens[:batch] = len(prompt)
-        state.active[:batch] = True
-        state.bonus[:batch] = prompt[-1]
-    return seconds
-
-
-def time_rounds(speculator: Speculator, batch: int, sampling: SamplingTensors, context: int,
-                rounds: int, warmup: int = 2, stage_rounds: int = 3) -> RoundTiming:
-    """Wall time of `rounds` rounds over `batch` slots holding `context` committed rows each.
-
-    Each round is timed alone (synchronise, round, synchronise: the engine reads every round's tokens
-    back, so rounds never overlap in use). After each round the slots are rewound to `context` rows,
-    so every round sees the same cache length. The stage split comes from a separate pass with the
-    per-stage clock on, whose extra synchronisations would otherwise inflate the round times.
-    """
-    device = speculator.device
-    state = speculator.state
-
-    def one_round(stages: bool):
-        speculator.time_stages = stages
+    device = target.embed_tokens.weight.device
+    most_per_round = drafter.config.block_size if drafter is not None else 1  # accepted drafts + the bonus
+    new_tokens = (2 + warmup + max(rounds, stage_rounds)) * most_per_round
+    engine, prefill = _filled_engine(target, drafter, spec, batch, prompt, params, new_tokens, seed, time_stages=False)
+    for _ in range(warmup):
+        _step(engine, batch)
+    times = []
+    for _ in range(rounds):
         sync(device)
         start = time.perf_counter()
-        result = speculator.round(batch, sampling, context)
+        _step(engine, batch)
         sync(device)
-        elapsed = time.perf_counter() - start
-        with torch.inference_mode():
-            state.seq_lens[:batch] = context
-        return elapsed, result.stage_seconds
+        times.append(1e3 * (time.perf_counter() - start))
+    del engine
+    timing = RoundTiming(times)
+    if stage_rounds:
+        engine, _ = _filled_engine(target, drafter, spec, batch, prompt, params, new_tokens, seed, time_stages=True)
+        _step(engine, batch)  # warm-up (on a GPU: the capture of the per-stage graphs)
+        first = engine.slots[0].metrics
+        before = dict(first.stage_seconds)
+        for _ in range(stage_rounds):
+            _step(engine, batch)
+        timing.stage_ms = {s: 1e3 * (first.stage_seconds.get(s, 0.0) - before.get(s, 0.0)) / stage_rounds
+                           for s in STAGES if s in first.stage_seconds}
+        del engine
+    return timing, prefill
 
-    for _ in range(warmup):
-        one_round(False)
-    timing = RoundTiming([1e3 * one_round(False)[0] for _ in range(rounds)])
-    totals: dict[str, float] = {}
-    for _ in range(stage_rounds):
-        for stage, seconds in one_round(True)[1].items():
-            totals[stage] = totals.get(stage, 0.0) + seconds
-    speculator.time_stages = False
-    timing.stage_ms = {s: 1e3 * totals[s] / stage_rounds for s in STAGES if s in totals}
-    return timing
+
+def _filled_engine(target, drafter, spec, batch, prompt, params, new_tokens, seed, time_stages):
+    """An engine whose `batch` slots all hold a request with `prompt` prefilled (and its first round run)."""
+    max_len = len(prompt) + new_tokens
+    engine = Engine(target, drafter, spec, None, EngineConfig(
+        max_num_seqs=batch, max_model_len=max_len, time_stages=time_stages,
+        min_capacity=max_len + rows_per_round(spec, drafter) + 1))  # no cache growth while timing
+    requests = [Request(id=i, prompt=None, prompt_ids=list(prompt), params=params, seed=seed + i,
+                        stop_ids=frozenset(), max_new_tokens=new_tokens) for i in range(batch)]
+    for r in requests:
+        engine.add(r)
+    _step(engine, batch)  # admits every request (prefill + first token), then runs one round
+    return engine, sum(r.metrics.prefill_seconds for r in requests) / batch
+
+
+def _step(engine, batch: int) -> None:
+    engine.step()
+    running = sum(r is not None for r in engine.slots)
+    if running != batch:  # every slot must stay busy, or the batch being timed is not `batch`
+        raise RuntimeError(f"{batch - running} of {batch} requests finished while rounds were timed")
