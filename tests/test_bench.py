@@ -54,7 +54,7 @@ def test_bench_runs_every_method_on_the_same_prompts_and_writes_json_table_and_p
     env = result["environment"]
     assert env["command"].startswith("treeflash bench --device cpu") and "--methods none,ddtree:8,ddtree:auto" in env["command"]
     assert env["torch"] == torch.__version__ and env["device_type"] == "cpu" and env["date"] and "commit" in env["git"]
-    assert result["num_prompts"] == 3 and result["prompt_ids"] == ["p0", "p1", "p2"]
+    assert result["complete"] and result["num_prompts"] == 3 and result["prompt_ids"] == ["p0", "p1", "p2"]
     ran = {m["method"]: m for m in result["methods"]}
     assert {"none", "ddtree:8"} <= set(ran)
     # ddtree:auto runs where the engine supports tree_budget="auto", and is skipped with the reason otherwise.
@@ -93,6 +93,27 @@ def test_where_stages_are_not_timed_a_separate_pass_times_them(pair, prompts_fil
     assert made == [None, True]
     assert not any(p["stage_seconds"] for p in method["per_prompt"])
     assert set(method["stage_ms_per_round"]) == {"draft", "tree", "verify", "derive_walk", "commit"}
+
+
+def test_a_failing_method_is_recorded_and_the_others_kept(pair, prompts_file, tmp_path, monkeypatch):
+    from treeflash.bench import run as bench_run
+
+    run_method = bench_run._run_method
+
+    def broken_tree(llm, method, *args):
+        if method.spec == "ddtree":
+            raise RuntimeError("boom")
+        return run_method(llm, method, *args)
+
+    monkeypatch.setattr(bench_run, "_run_method", broken_tree)
+    target, drafter = pair
+    out = tmp_path / "r.json"
+    assert bench("--model", str(target), "--draft-model", str(drafter), "--dataset", str(prompts_file),
+                 "--methods", "ddtree:8,none", "--num-prompts", "1", "--out", str(out), "--no-plots") == 1
+    result = json.loads(out.read_text())
+    assert [m["method"] for m in result["methods"]] == ["none"]
+    assert result["errors"] == [{"method": "ddtree:8", "error": "RuntimeError: boom"}]
+    assert "ERROR in ddtree:8" in out.with_suffix(".txt").read_text()
 
 
 def test_replot_redraws_from_the_json_alone(pair, prompts_file, tmp_path):

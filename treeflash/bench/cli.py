@@ -116,7 +116,7 @@ def main(args, argv: list[str] | None = None) -> int:
         out = Path(args.replot)
     else:
         command = "treeflash " + shlex.join(sys.argv[1:] if argv is None else argv)
-        result = _run(args, command)
+        result = _run(args, command, progress=lambda partial: write_json(partial, args.out))
         out = write_json(result, args.out)
     synthetic = result.get("kind") == "synthetic"
     table = format_synthetic(result) if synthetic else format_bench(result)
@@ -137,7 +137,7 @@ def main(args, argv: list[str] | None = None) -> int:
     return 0
 
 
-def _run(args, command: str) -> dict:
+def _run(args, command: str, progress) -> dict:
     if args.synthetic:
         from treeflash.bench.synthetic import SyntheticConfig, run_synthetic
 
@@ -146,7 +146,7 @@ def _run(args, command: str) -> dict:
                               batch_sizes=args.batch_sizes, methods=methods, rounds=args.rounds,
                               temperature=args.temperature, drafter_layers=args.drafter_layers,
                               block_size=args.block_size, seed=args.seed, max_logits_gib=args.max_logits_gib)
-        return run_synthetic(cfg, command, log=_log)
+        return run_synthetic(cfg, command, log=_log, progress=progress)
     from treeflash.bench.run import BenchConfig, run_bench
 
     cfg = BenchConfig(model=args.model, draft_model=args.draft_model, random_drafter=args.random_drafter,
@@ -157,7 +157,7 @@ def _run(args, command: str) -> dict:
                       ignore_eos=args.ignore_eos, warmup=args.warmup, stage_prompts=args.stage_prompts,
                       baselines=args.baselines, baseline_prompts=args.baseline_prompts, ddtree_ref=args.ddtree_ref,
                       ref_budget=args.ref_budget, hf_compile=not args.hf_no_compile)
-    return run_bench(cfg, command, log=_log)
+    return run_bench(cfg, command, log=_log, progress=progress)
 
 
 def _log(message: str) -> None:

@@ -77,8 +77,12 @@ class BenchConfig:
         return self.methods or (DEFAULT_METHODS if self.has_drafter else "none")
 
 
-def run_bench(cfg: BenchConfig, command: str | None = None, log=print) -> dict:
-    """Run every method (and baseline) of `cfg`; returns the result dict (JSON-ready)."""
+def run_bench(cfg: BenchConfig, command: str | None = None, log=print, progress=None) -> dict:
+    """Run every method (and baseline) of `cfg`; returns the result dict (JSON-ready).
+
+    progress: called with the result so far (marked "complete": false) after every method and
+    baseline, so a run cut short (a time limit, a crash) still leaves what it measured.
+    """
     from treeflash.checkpoint import resolve_model_dir
     from treeflash.config import ModelConfig
     from treeflash.llm import _device, _dtype
@@ -93,19 +97,21 @@ def run_bench(cfg: BenchConfig, command: str | None = None, log=print) -> dict:
     dtype = _dtype(cfg.dtype, device)
     prompts = load_prompts(cfg.dataset, cfg.num_prompts)
     model_dir = resolve_model_dir(cfg.model)
-    notes = []
+    r = {"kind": "bench", "complete": False, "environment": environment(device, dtype, command), "config": asdict(cfg),
+         "model": str(model_dir), "drafter": {"path": str(cfg.draft_model)} if cfg.draft_model else None,
+         "dataset": cfg.dataset, "num_prompts": len(prompts), "prompt_ids": [p.id for p in prompts],
+         "notes": _notes(cfg, device, baselines, needs_drafter), "methods": [], "skipped": [], "baselines": [],
+         "skipped_baselines": [], "errors": []}
+    report = progress or (lambda result: None)
     with tempfile.TemporaryDirectory(prefix="treeflash-bench-") as tmp:
-        drafter_dir, drafter_info = cfg.draft_model, None
+        drafter_dir = cfg.draft_model
         if cfg.random_drafter and needs_drafter:
-            drafter_dir, drafter_info = _random_drafter(ModelConfig.from_dir(model_dir), cfg, Path(tmp))
-            notes.append(f"RANDOM DRAFTER ({cfg.drafter_layers} layers, block {cfg.block_size}, random weights): "
-                         "acceptance is about 1 token per round, so speculative methods cannot speed anything up "
-                         "here; the numbers measure per-round cost (timing only)")
-        runs, skipped, errors, ids, eos = [], [], [], None, []
+            drafter_dir, r["drafter"] = _random_drafter(ModelConfig.from_dir(model_dir), cfg, Path(tmp))
+        runs, ids, eos = [], None, []
         bar = tqdm(methods, desc="methods", unit="method", file=sys.stderr, dynamic_ncols=True)
         for method in bar:
             bar.set_postfix_str(method.label)
-            llm = _make_llm(cfg, method, drafter_dir, device, dtype, skipped)
+            llm = _make_llm(cfg, method, drafter_dir, device, dtype, r["skipped"])
             if llm is None:
                 continue
             if ids is None:
@@ -118,20 +124,29 @@ def run_bench(cfg: BenchConfig, command: str | None = None, log=print) -> dict:
                 if not stages_timed and cfg.stage_prompts:
                     # The per-stage clock synchronises (or splits a CUDA graph) at every stage: its own
                     # engine, on a few prompts, after the timed run.
-                    llm = _make_llm(cfg, method, drafter_dir, device, dtype, skipped, time_stages=True)
+                    llm = _make_llm(cfg, method, drafter_dir, device, dtype, r["skipped"], time_stages=True)
                     run["stage_outs"] = _stage_pass(llm, ids, cfg)
                 runs.append(run)
             except Exception as e:  # noqa: BLE001 - one failing method must not lose the others' results
-                errors.append({"method": method.label, "error": f"{type(e).__name__}: {e}"})
+                r["errors"].append({"method": method.label, "error": f"{type(e).__name__}: {e}"})
                 log(f"  {method.label} FAILED:\n{traceback.format_exc()}")
             llm = None
             _free(device)
+            r["methods"] = _summarise(runs, cfg)
+            report(r)
         bar.close()
-        summaries = _summarise(runs, cfg)
-        ref_results, ref_skipped = [], []
         if baselines and ids is not None:
-            ref_results, ref_skipped = _run_baselines(baselines, model_dir, drafter_dir, ids, eos, summaries,
-                                                      methods, cfg, device, dtype, log, errors)
+            _run_baselines(baselines, model_dir, drafter_dir, ids, eos, methods, cfg, device, dtype, log, r, report)
+    r["complete"] = True
+    return r
+
+
+def _notes(cfg: BenchConfig, device: torch.device, baselines: list[str], needs_drafter: bool) -> list[str]:
+    notes = []
+    if cfg.random_drafter and needs_drafter:
+        notes.append(f"RANDOM DRAFTER ({cfg.drafter_layers} layers, block {cfg.block_size}, random weights): "
+                     "acceptance is about 1 token per round, so speculative methods cannot speed anything up "
+                     "here; the numbers measure per-round cost (timing only)")
     if device.type == "cpu":
         notes.append("CPU run: eager PyTorch on a CPU says little about GPU speed")
     if baselines and cfg.batch_size > 1:
@@ -139,22 +154,7 @@ def run_bench(cfg: BenchConfig, command: str | None = None, log=print) -> dict:
                      "side-by-side rates compare per-request speed inside a shared batch")
     if baselines and cfg.temperature >= 1e-5:
         notes.append("the baselines decode greedily (as the references do) while ours sampled: compare speed only")
-    return {
-        "kind": "bench",
-        "environment": environment(device, dtype, command),
-        "config": asdict(cfg),
-        "model": str(model_dir),
-        "drafter": drafter_info or ({"path": str(cfg.draft_model)} if cfg.draft_model else None),
-        "dataset": cfg.dataset,
-        "num_prompts": len(prompts),
-        "prompt_ids": [p.id for p in prompts],
-        "notes": notes,
-        "methods": summaries,
-        "skipped": skipped,
-        "baselines": ref_results,
-        "skipped_baselines": ref_skipped,
-        "errors": errors,
-    }
+    return notes
 
 
 # --- our methods -----------------------------------------------------------------------------------
@@ -270,7 +270,8 @@ def _free(device: torch.device) -> None:
 
 
 # --- baselines -------------------------------------------------------------------------------------
-def _run_baselines(names, model_dir, drafter_dir, ids, eos, summaries, methods, cfg, device, dtype, log, errors):
+def _run_baselines(names, model_dir, drafter_dir, ids, eos, methods, cfg, device, dtype, log, r, report) -> None:
+    """Run each baseline on the first --baseline-prompts prompts; results go into r["baselines"]."""
     n = min(cfg.baseline_prompts or len(ids), len(ids))
     budget = cfg.ref_budget or next(iter(budgets_of(methods)), 64)
     setup = RefSetup(device=device, dtype=dtype, max_tokens=cfg.max_tokens,
@@ -278,31 +279,30 @@ def _run_baselines(names, model_dir, drafter_dir, ids, eos, summaries, methods, 
                      drafter_dir=Path(drafter_dir) if drafter_dir else None,
                      ddtree_ref=Path(cfg.ddtree_ref) if cfg.ddtree_ref else None, tree_budget=budget,
                      hf_compile=cfg.hf_compile)
-    results, skipped = [], []
     target = load_hf_target(model_dir, device, dtype)
     for name in names:
         ours_label = BASELINES[name] if BASELINES[name] != "ddtree" else f"ddtree:{budget}"
-        ours = next((s for s in summaries if s["method"] == ours_label), None)
+        ours = next((s for s in r["methods"] if s["method"] == ours_label), None)
         try:
             baseline = build_baseline(name, target, setup, max(len(p) for p in ids[:n]))
         except BaselineError as e:
-            skipped.append({"name": name, "reason": str(e)})
+            r["skipped_baselines"].append({"name": name, "reason": str(e)})
             log(f"  {name}: skipped ({e})")
             continue
-        baseline_source = baseline.source
+        source = baseline.source
         try:
             baseline(ids[0])  # warm-up (and, for hf on CUDA, transformers' compilation of the decode step)
             runs = [baseline(p) for p in tqdm(ids[:n], desc=name, unit="prompt", file=sys.stderr, dynamic_ncols=True)]
         except Exception as e:  # noqa: BLE001 - third-party code: record it, keep the other results
-            errors.append({"baseline": name, "error": f"{type(e).__name__}: {e}"})
+            r["errors"].append({"baseline": name, "error": f"{type(e).__name__}: {e}"})
             log(f"  {name} FAILED:\n{traceback.format_exc()}")
             continue
         finally:
             del baseline
             _free(device)
-        results.append({**_baseline_summary(name, ours_label, ours, runs, n, budget), "source": baseline_source})
-        log(f"  {name}: {results[-1]['tokens_per_second']:.1f} tokens/s")
-    return results, skipped
+        r["baselines"].append({**_baseline_summary(name, ours_label, ours, runs, n, budget), "source": source})
+        log(f"  {name}: {r['baselines'][-1]['tokens_per_second']:.1f} tokens/s")
+        report(r)
 
 
 def _baseline_summary(name, ours_label, ours, runs, n, budget) -> dict:

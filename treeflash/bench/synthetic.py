@@ -58,8 +58,11 @@ def _logits_gib(batch: int, nodes: int, vocab: int) -> float:
     return batch * nodes * vocab * 4 / 2 ** 30
 
 
-def run_synthetic(cfg: SyntheticConfig, command: str | None = None, log=print) -> dict:
-    """Time rounds for every (batch size, method) of `cfg`; returns the result dict (JSON-ready)."""
+def run_synthetic(cfg: SyntheticConfig, command: str | None = None, log=print, progress=None) -> dict:
+    """Time rounds for every (batch size, method) of `cfg`; returns the result dict (JSON-ready).
+
+    progress: called with the result so far ("complete": false) after every combination.
+    """
     from treeflash.llm import _device, _dtype
 
     device = _device(cfg.device)
@@ -84,6 +87,31 @@ def run_synthetic(cfg: SyntheticConfig, command: str | None = None, log=print) -
     log(f"  target {target_bytes / 1e9:.2f} GB, drafter {drafter_bytes / 1e9:.2f} GB, copy bandwidth "
         f"{bandwidth / 1e9:.1f} GB/s -> weight-read floor {floor_ms:.3f} ms per step")
 
+    env = environment(device, dtype, command)
+
+    def snapshot(complete: bool) -> dict:
+        result = {
+            "kind": "synthetic",
+            "complete": complete,
+            "environment": env,
+            "shape": cfg.shape,
+            "config": asdict(cfg),
+            "target": {**s.target, "parameters": sum(p.numel() for p in target.parameters()), "weight_bytes": target_bytes},
+            "drafter": None if drafter is None else {**dcfg.to_hf(), "parameters": sum(p.numel() for p in drafter.parameters()),
+                                                     "weight_bytes": drafter_bytes},
+            "copy_bandwidth_bytes_per_s": bandwidth,
+            "floor_ms": floor_ms,
+            "floor_note": "target weight bytes / measured device-to-device copy bandwidth (read + write counted)",
+            "timing_note": "round_ms: wall time of Engine.step() with every slot running a request (one round and its "
+                           "host synchronisation), median over --rounds steps after warm-up; stage_ms: a separate "
+                           "engine with the per-stage clock on",
+            "rows": rows,
+            "skipped": skipped,
+            "errors": errors,
+            "notes": ["random weights: times are per-round costs; acceptance lengths of random models mean nothing"],
+        }
+        return result
+
     gen = torch.Generator().manual_seed(cfg.seed)
     prompt = torch.randint(0, tcfg.vocab_size, (cfg.context,), generator=gen).tolist()
     rows, skipped, errors = [], [], []
@@ -91,6 +119,8 @@ def run_synthetic(cfg: SyntheticConfig, command: str | None = None, log=print) -
     bar = tqdm(combos, desc=f"synthetic {cfg.shape}", unit="combo", file=sys.stderr, dynamic_ncols=True)
     for batch, method in bar:
         bar.set_postfix_str(f"batch {batch} {method.label}")
+        if progress is not None:
+            progress(snapshot(complete=False))  # what is measured so far survives a run cut short
         nodes = 1 + method.nodes(dcfg.depth)
         need = _logits_gib(batch, nodes if method.spec == "none" else max(nodes, dcfg.block_size), tcfg.vocab_size)
         if need > cfg.max_logits_gib:
@@ -112,27 +142,9 @@ def run_synthetic(cfg: SyntheticConfig, command: str | None = None, log=print) -
                      "nodes": nodes, "round_ms": timing.median_ms, "round_ms_p10": timing.quantile_ms(0.1),
                      "round_ms_p90": timing.quantile_ms(0.9), "round_ms_all": timing.round_ms,
                      "stage_ms": timing.stage_ms, "prefill_ms": 1e3 * prefill_s})
+        _add_ratios(rows, floor_ms)
     bar.close()
-    _add_ratios(rows, floor_ms)
-    return {
-        "kind": "synthetic",
-        "environment": environment(device, dtype, command),
-        "shape": cfg.shape,
-        "config": asdict(cfg),
-        "target": {**s.target, "parameters": sum(p.numel() for p in target.parameters()), "weight_bytes": target_bytes},
-        "drafter": None if drafter is None else {**dcfg.to_hf(), "parameters": sum(p.numel() for p in drafter.parameters()),
-                                                 "weight_bytes": drafter_bytes},
-        "copy_bandwidth_bytes_per_s": bandwidth,
-        "floor_ms": floor_ms,
-        "floor_note": "target weight bytes / measured device-to-device copy bandwidth (read + write counted)",
-        "timing_note": "round_ms: wall time of Engine.step() with every slot running a request (one round and its "
-                       "host synchronisation), median over --rounds steps after warm-up; stage_ms: a separate "
-                       "engine with the per-stage clock on",
-        "rows": rows,
-        "skipped": skipped,
-        "errors": errors,
-        "notes": ["random weights: times are per-round costs; acceptance lengths of random models mean nothing"],
-    }
+    return snapshot(complete=True)
 
 
 def _time_one(target, drafter, method, batch, prompt, cfg: SyntheticConfig, device):
