@@ -71,7 +71,8 @@ def time_engine_rounds(target, drafter, spec: SpecConfig, batch: int, prompt: li
     """
     device = target.embed_tokens.weight.device
     most_per_round = drafter.config.block_size if drafter is not None else 1  # accepted drafts + the bonus
-    new_tokens = (2 + warmup + max(rounds, stage_rounds)) * most_per_round
+    # Steps per engine: admission (first token + a round), warm-up, timed; never let a request finish.
+    new_tokens = (4 + warmup + max(rounds, stage_rounds)) * most_per_round
     engine, prefill = _filled_engine(target, drafter, spec, batch, prompt, params, new_tokens, seed, time_stages=False)
     for _ in range(warmup):
         _step(engine, batch)
