@@ -16,6 +16,7 @@ The references run batch size 1 and greedy, as they were written. Their per-roun
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import sys
 import time
