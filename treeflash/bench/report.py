@@ -99,8 +99,11 @@ def format_bench(result: dict) -> str:
         for b in result["baselines"]:
             lines.append(f"{b['name'] + ' vs ' + b['ours']:<24} {b['tokens_per_second']:>9.1f} "
                          f"{_cell(b['ours_tokens_per_second'], '.1f'):>10} {_cell(b['ours_over_ref'], '.2f'):>8} "
-                         f"{_cell(b['ms_per_round'], '.2f'):>9} {_cell(b['ours_ms_per_round'], '.2f'):>7} "
+                         f"{_cell(b['ms_per_round'], '.2f') + ('*' if b.get('ms_per_round_includes_prefill') else ''):>9} "
+                         f"{_cell(b['ours_ms_per_round'], '.2f'):>7} "
                          f"{_cell(b['mean_acceptance_length'], '.2f'):>6} {_cell(b['same_tokens_as_ours'], '.0%'):>6}")
+    if any(b.get("ms_per_round_includes_prefill") for b in result["baselines"]):
+        lines.append("  (* whole call / generated tokens: prefill included, as transformers' generate reports no split)")
     for s in result.get("skipped_baselines", []):
         lines.append(f"{s['name']:<24} skipped: {s['reason']}")
     for e in result.get("errors", []):

@@ -311,8 +311,8 @@ def _baseline_summary(name, ours_label, ours, runs, n, budget) -> dict:
     accepted = [a for r in runs for a in (r.acceptance_lengths or [])]
     rounds = len(accepted) if accepted else tokens  # plain generate: one round per token
     decode = [r.decode_seconds for r in runs]
-    ms_per_round = 1e3 * sum(decode) / rounds if all(d is not None for d in decode) and rounds else \
-        (1e3 * seconds / tokens if tokens else None)
+    split = all(d is not None for d in decode)  # transformers' generate reports no prefill/decode split
+    ms_per_round = 1e3 * sum(decode) / rounds if split and rounds else (1e3 * seconds / tokens if tokens else None)
     ours_prompts = ours["per_prompt"][:n] if ours else None
     ours_tps = ours_ms = same = None
     if ours_prompts:
@@ -326,7 +326,8 @@ def _baseline_summary(name, ours_label, ours, runs, n, budget) -> dict:
     tps = tokens / seconds if seconds > 0 else 0.0
     return {"name": name, "ours": ours_label, "num_prompts": n, "tree_budget": budget if name == "ddtree-ref" else None,
             "tokens_per_second": tps, "generated_tokens": tokens, "seconds": seconds,
-            "ms_per_round": ms_per_round, "mean_acceptance_length": sum(accepted) / len(accepted) if accepted else None,
+            "ms_per_round": ms_per_round, "ms_per_round_includes_prefill": not split,
+            "mean_acceptance_length": sum(accepted) / len(accepted) if accepted else None,
             "ours_tokens_per_second": ours_tps, "ours_ms_per_round": ours_ms,
             "ours_over_ref": ours_tps / tps if ours_tps and tps else None, "same_tokens_as_ours": same,
             "per_prompt": [{"generated_tokens": len(r.token_ids), "seconds": r.seconds,
