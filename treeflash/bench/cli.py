@@ -1,0 +1,164 @@
+"""The `treeflash bench` subcommand: its arguments and what it runs (imports stay light until it runs)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+DESCRIPTION = """\
+Benchmark treeflash. Three modes:
+
+  real models     every --methods entry on the same prompts (HumanEval raw prompts, MT-Bench first turns
+                  with the chat template, or a JSONL file), one LLM per method; a table of acceptance
+                  length, tokens/s, speedup over `none` and ms per stage; optionally side by side with
+                  --baselines on the same weights and prompts.
+  --synthetic     random weights at a real shape, built on the device (no checkpoint): per-round time by
+                  stage at each batch size and budget, against our AR step and the weight-read floor
+                  (weight bytes / copy bandwidth measured in the same run).
+  --replot FILE   redraw the table and plots of a stored result.
+
+Writes the result as JSON (--out, with the command, git commit, date, device, versions and per-prompt
+numbers), the table beside it (.txt) and PNG plots (--plot DIR, default: beside --out)."""
+
+EPILOG = """\
+examples:
+  treeflash bench --random-drafter --dataset humaneval --num-prompts 8 --max-tokens 64 \\
+      --methods none,dflash,ddtree:16,ddtree:64 --out bench/results.json
+  treeflash bench --model M/ --draft-model D/ --dataset mtbench --methods none,dflash,ddtree:64,ddtree:auto
+  treeflash bench --random-drafter --baselines hf,dflash-ref,ddtree-ref --ddtree-ref ./ddtree-ref/ \\
+      --methods none,dflash,ddtree:64 --num-prompts 4
+  treeflash bench --synthetic qwen3-8b --batch-sizes 1,8,32 --budgets 16,64,256 --context 1024
+  treeflash bench --replot bench/results.json"""
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("bench", help="benchmark methods, baselines and synthetic shapes; JSON + table + plots",
+                       description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    io = p.add_argument_group("output")
+    io.add_argument("--out", default="bench-results/results.json", help="result JSON (default bench-results/results.json)")
+    io.add_argument("--plot", default=None, metavar="DIR", help="folder for the PNG plots (default: beside --out)")
+    io.add_argument("--no-plots", action="store_true", help="write no PNG plots")
+    io.add_argument("--replot", default=None, metavar="FILE", help="redraw the table and plots of a stored result; runs nothing")
+
+    m = p.add_argument_group("models")
+    m.add_argument("--model", default=None, help="target: HF directory or .gguf (default: the embedded SmolLM2-135M-Instruct)")
+    m.add_argument("--draft-model", default=None, help="a DFlash drafter directory (z-lab format) for the target")
+    m.add_argument("--random-drafter", action="store_true",
+                   help="build a random drafter of the target's width instead (timing only: acceptance ~1)")
+    m.add_argument("--drafter-layers", type=int, default=5, help="random / synthetic drafter layers (default 5)")
+    m.add_argument("--block-size", type=int, default=16, help="random / synthetic drafter block size (default 16)")
+    m.add_argument("--mask-token-id", type=int, default=None, help="random drafter MASK id (default: last vocabulary id)")
+    m.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    m.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bfloat16 on cuda, float32 on cpu)")
+    m.add_argument("--max-model-len", type=int, default=None, help="context limit in tokens (default: the model's)")
+
+    r = p.add_argument_group("workload")
+    r.add_argument("--dataset", default="humaneval", help="humaneval, mtbench or FILE.jsonl (default humaneval)")
+    r.add_argument("--num-prompts", type=int, default=8, help="prompts from the dataset, 0 = all (default 8)")
+    r.add_argument("--max-tokens", type=int, default=128, help="tokens to generate per prompt at most (default 128)")
+    r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); seeds are --seed + prompt index")
+    r.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens tokens")
+    r.add_argument("--methods", default=None,
+                   help="comma-separated: none, dflash, ddtree:BUDGET, ddtree:auto (default with a drafter: "
+                        "none,dflash,ddtree:16,ddtree:64,ddtree:256; synthetic: none,dflash + --budgets)")
+    r.add_argument("--batch-size", type=int, default=1, help="requests running side by side (default 1)")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--warmup", type=int, default=1, help="untimed warm-up prompts per method (default 1)")
+    r.add_argument("--stage-prompts", type=int, default=2,
+                   help="on CUDA, prompts of an extra pass that times stages (it synchronises per stage; default 2)")
+
+    b = p.add_argument_group("baselines (side by side, batch size 1, greedy)")
+    b.add_argument("--baselines", default=None,
+                   help="comma-separated: hf (transformers generate, static cache) vs none; dflash-ref (the "
+                        "dflash==0.1.0 package) vs dflash; ddtree-ref (DDTree authors' code) vs ddtree")
+    b.add_argument("--baseline-prompts", type=int, default=None, help="prompts the baselines run (default: all)")
+    b.add_argument("--ddtree-ref", default=None, metavar="DIR",
+                   help="directory holding the DDTree reference code (ddtree.py, dflash.py, model/ from "
+                        "github.com/liranringel/ddtree); never shipped with treeflash")
+    b.add_argument("--ref-budget", type=int, default=None, help="ddtree-ref's budget (default: the first ddtree:B)")
+    b.add_argument("--hf-no-compile", action="store_true",
+                   help="stop transformers from compiling its static-cache decode step (it does on CUDA)")
+
+    s = p.add_argument_group("synthetic")
+    s.add_argument("--synthetic", default=None, metavar="SHAPE",
+                   help="random weights at a real shape: qwen3-8b, llama3-8b, qwen3-4b or smollm2-135m")
+    s.add_argument("--context", type=int, default=1024, help="committed tokens per slot (default 1024)")
+    s.add_argument("--batch-sizes", type=_ints, default=(1, 2, 4, 8, 16, 32, 64),
+                   help="comma-separated (default 1,2,4,8,16,32,64)")
+    s.add_argument("--budgets", type=_ints, default=(16, 32, 64, 128, 256, 512),
+                   help="ddtree budgets (default 16,32,64,128,256,512)")
+    s.add_argument("--rounds", type=int, default=10, help="timed rounds per combination (default 10)")
+    s.add_argument("--max-logits-gib", type=float, default=24.0,
+                   help="skip combinations whose full-vocabulary logits exceed this (default 24)")
+    return p
+
+
+def main(args, argv: list[str] | None = None) -> int:
+    from treeflash.bench.plots import plot_bench, plot_synthetic
+    from treeflash.bench.report import format_bench, write_json
+    from treeflash.bench.synthetic import format_synthetic
+
+    if args.replot:
+        result = json.loads(Path(args.replot).read_text())
+        out = Path(args.replot)
+    else:
+        command = "treeflash " + shlex.join(sys.argv[1:] if argv is None else argv)
+        result = _run(args, command, progress=lambda partial: write_json(partial, args.out))
+        out = write_json(result, args.out)
+    synthetic = result.get("kind") == "synthetic"
+    table = format_synthetic(result) if synthetic else format_bench(result)
+    print(table)
+    out.with_suffix(".txt").write_text(table + "\n")
+    written = [out, out.with_suffix(".txt")]
+    if not args.no_plots:
+        plot_dir = Path(args.plot) if args.plot else out.parent
+        try:
+            written += (plot_synthetic if synthetic else plot_bench)(result, plot_dir)
+        except Exception as e:  # noqa: BLE001 - the result is written; a plot must not lose it
+            print(f"treeflash bench: plotting failed ({type(e).__name__}: {e}); redraw with --replot {out}",
+                  file=sys.stderr)
+    print("wrote " + ", ".join(str(p) for p in written), file=sys.stderr)
+    if result.get("errors"):
+        print(f"treeflash bench: {len(result['errors'])} part(s) failed; see 'errors' in {out}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run(args, command: str, progress) -> dict:
+    if args.synthetic:
+        from treeflash.bench.synthetic import SyntheticConfig, run_synthetic
+
+        methods = args.methods or ",".join(["none", "dflash"] + [f"ddtree:{b}" for b in args.budgets])
+        cfg = SyntheticConfig(shape=args.synthetic, device=args.device, dtype=args.dtype, context=args.context,
+                              batch_sizes=args.batch_sizes, methods=methods, rounds=args.rounds,
+                              temperature=args.temperature, drafter_layers=args.drafter_layers,
+                              block_size=args.block_size, seed=args.seed, max_logits_gib=args.max_logits_gib)
+        return run_synthetic(cfg, command, log=_log, progress=progress)
+    from treeflash.bench.run import BenchConfig, run_bench
+
+    cfg = BenchConfig(model=args.model, draft_model=args.draft_model, random_drafter=args.random_drafter,
+                      drafter_layers=args.drafter_layers, block_size=args.block_size, mask_token_id=args.mask_token_id,
+                      dataset=args.dataset, num_prompts=args.num_prompts or None, max_tokens=args.max_tokens,
+                      temperature=args.temperature, methods=args.methods, batch_size=args.batch_size,
+                      device=args.device, dtype=args.dtype, max_model_len=args.max_model_len, seed=args.seed,
+                      ignore_eos=args.ignore_eos, warmup=args.warmup, stage_prompts=args.stage_prompts,
+                      baselines=args.baselines, baseline_prompts=args.baseline_prompts, ddtree_ref=args.ddtree_ref,
+                      ref_budget=args.ref_budget, hf_compile=not args.hf_no_compile)
+    return run_bench(cfg, command, log=_log, progress=progress)
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)

@@ -1,0 +1,64 @@
+"""The methods a benchmark compares, written `none`, `dflash`, `ddtree:64`, `ddtree:auto`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from treeflash.round import SpecConfig
+
+
+@dataclass(frozen=True)
+class Method:
+    label: str  # as the user wrote it, normalised: "none", "dflash", "ddtree:64", "ddtree:auto"
+    spec: str  # "none", "dflash" or "ddtree"
+    budget: int | str | None = None  # ddtree only: draft nodes per round, or "auto"
+
+    def nodes(self, depth: int) -> int:
+        """Draft nodes per round (the chain has one per depth; auto is unknown here, counted as 0)."""
+        if self.spec == "dflash":
+            return depth
+        return self.budget if isinstance(self.budget, int) else 0
+
+    def spec_config(self) -> SpecConfig:
+        return SpecConfig(method=self.spec, tree_budget=self.budget if self.spec == "ddtree" else 64)
+
+    def llm_kwargs(self) -> dict:
+        """Keyword arguments for `LLM(...)`; tree_budget="auto" where the engine supports it."""
+        kwargs = {"spec": self.spec}
+        if self.spec == "ddtree":
+            kwargs["tree_budget"] = self.budget
+        return kwargs
+
+
+def parse_method(text: str) -> Method:
+    name, _, budget = text.strip().lower().partition(":")
+    if name in ("none", "dflash"):
+        if budget:
+            raise ValueError(f"method {text!r}: only ddtree takes a budget (ddtree:64, ddtree:auto)")
+        return Method(name, name)
+    if name != "ddtree":
+        raise ValueError(f"unknown method {text!r}: use none, dflash, ddtree:BUDGET or ddtree:auto")
+    if budget == "auto":
+        return Method("ddtree:auto", "ddtree", "auto")
+    if not budget.isdigit() or int(budget) < 1:
+        raise ValueError(f"method {text!r}: ddtree needs a positive budget, e.g. ddtree:64 (or ddtree:auto)")
+    return Method(f"ddtree:{int(budget)}", "ddtree", int(budget))
+
+
+def parse_methods(text: str) -> list[Method]:
+    """A comma-separated list of methods, duplicates dropped, order kept."""
+    methods, seen = [], set()
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        m = parse_method(part)
+        if m.label not in seen:
+            seen.add(m.label)
+            methods.append(m)
+    if not methods:
+        raise ValueError("no methods given (e.g. --methods none,dflash,ddtree:64)")
+    return methods
+
+
+def budgets_of(methods: list[Method]) -> list[int]:
+    return [m.budget for m in methods if m.spec == "ddtree" and isinstance(m.budget, int)]

@@ -1,0 +1,111 @@
+"""What a benchmark result records about where it ran, and how it is written and printed."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+
+from treeflash.round import STAGES
+
+
+def git_commit() -> dict:
+    """The commit of the treeflash checkout that ran, and whether it had uncommitted changes."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+        return {"commit": head, "dirty": bool(dirty)}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}  # not a git checkout (an installed wheel, a copied tree)
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpu = platform.processor() or platform.machine()
+    return f"CPU ({cpu}, {torch.get_num_threads()} torch threads, {os.cpu_count()} cores)"
+
+
+def environment(device: torch.device, dtype: torch.dtype, command: str | None) -> dict:
+    import transformers
+
+    return {
+        "command": command,
+        "git": git_commit(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": device_name(device),
+        "device_type": device.type,
+        "dtype": str(dtype).removeprefix("torch."),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def write_json(result: dict, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1, default=_jsonable) + "\n")
+    return path
+
+
+def _jsonable(value):
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, (torch.dtype, torch.device)):
+        return str(value)
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def _cell(value, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def format_bench(result: dict) -> str:
+    """The methods and baselines as a text table."""
+    env = result["environment"]
+    lines = [f"{result['dataset']} x {result['num_prompts']} prompts, max {result['config']['max_tokens']} tokens, "
+             f"temperature {result['config']['temperature']}, batch size {result['config']['batch_size']} | "
+             f"{env['device']}, {env['dtype']}"]
+    lines += [f"NOTE: {n}" for n in result["notes"]]
+    head = f"{'method':<13} {'accept':>6} {'tok/s':>9} {'speedup':>7} {'ms/round':>9} {'same':>6}  " + \
+           " ".join(f"{s:>11}" for s in STAGES)
+    lines.append(head)
+    for m in result["methods"]:
+        stages = " ".join(f"{m['stage_ms_per_round'].get(s, 0.0):>11.2f}" for s in STAGES) if m["stage_ms_per_round"] else ""
+        lines.append(f"{m['method']:<13} {m['mean_acceptance_length']:>6.2f} {m['tokens_per_second']:>9.1f} "
+                     f"{_cell(m['speedup_vs_none'], '.2f'):>7} {_cell(m['decode_ms_per_round'], '.2f'):>9} "
+                     f"{_cell(m['same_tokens_as_none'], '.0%'):>6}  {stages}")
+    for s in result["skipped"]:
+        lines.append(f"{s['method']:<13} skipped: {s['reason']}")
+    if result["methods"] and result["methods"][0]["stage_ms_per_round"]:
+        lines.append("  (accept: tokens per round; same: prompts whose tokens equal `none`'s, greedy only; "
+                     "stage columns: ms per round)")
+    if result["baselines"]:
+        lines.append(f"side by side, batch size 1, {result['baselines'][0]['num_prompts']} prompts:")
+        lines.append(f"{'baseline':<24} {'tok/s':>9} {'ours tok/s':>10} {'ours/ref':>8} {'ms/round':>9} "
+                     f"{'ours':>7} {'accept':>6} {'same':>6}")
+        for b in result["baselines"]:
+            lines.append(f"{b['name'] + ' vs ' + b['ours']:<24} {b['tokens_per_second']:>9.1f} "
+                         f"{_cell(b['ours_tokens_per_second'], '.1f'):>10} {_cell(b['ours_over_ref'], '.2f'):>8} "
+                         f"{_cell(b['ms_per_round'], '.2f') + ('*' if b.get('ms_per_round_includes_prefill') else ''):>9} "
+                         f"{_cell(b['ours_ms_per_round'], '.2f'):>7} "
+                         f"{_cell(b['mean_acceptance_length'], '.2f'):>6} {_cell(b['same_tokens_as_ours'], '.0%'):>6}")
+    if any(b.get("ms_per_round_includes_prefill") for b in result["baselines"]):
+        lines.append("  (* whole call / generated tokens: prefill included, as transformers' generate reports no split)")
+    for s in result.get("skipped_baselines", []):
+        lines.append(f"{s['name']:<24} skipped: {s['reason']}")
+    for e in result.get("errors", []):
+        lines.append(f"ERROR in {e.get('method') or e.get('baseline')}: {e['error']}")
+    return "\n".join(lines)

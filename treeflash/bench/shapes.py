@@ -1,0 +1,152 @@
+"""Real model shapes with random weights: targets and DFlash drafters built on the device, no checkpoint.
+
+Per-round cost depends on shapes, not on weight values, so a random model at a real target's shape
+times a round as the trained one would (acceptance aside). Target shapes are those of the public model
+cards' config.json. No public drafter exists for every target; the drafters here follow the public
+z-lab / SpecForge recipe for 4B-8B targets: 5 Qwen3-style layers at the target's hidden size, heads
+and MLP width, block size 16, context features from 5 target layers spread over [1, N-3].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from treeflash.config import ModelConfig
+from treeflash.models.dflash import DFlashDrafter, DrafterConfig
+from treeflash.models.layers import Rotary
+from treeflash.models.transformer import Transformer
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    target: dict[str, Any] = field(hash=False)  # the target's config.json
+    mask_token_id: int  # a row of the target's embedding the drafter uses as MASK
+    drafter_layers: int = 5
+    block_size: int = 16
+
+
+def _qwen3(layers, hidden, heads, kv_heads, intermediate, tie) -> dict[str, Any]:
+    return {"architectures": ["Qwen3ForCausalLM"], "vocab_size": 151936, "hidden_size": hidden,
+            "intermediate_size": intermediate, "num_hidden_layers": layers, "num_attention_heads": heads,
+            "num_key_value_heads": kv_heads, "head_dim": 128, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+            "tie_word_embeddings": tie, "max_position_embeddings": 40960, "hidden_act": "silu"}
+
+
+def _llama(layers, hidden, heads, kv_heads, intermediate, vocab, tie, theta, max_pos) -> dict[str, Any]:
+    return {"architectures": ["LlamaForCausalLM"], "vocab_size": vocab, "hidden_size": hidden,
+            "intermediate_size": intermediate, "num_hidden_layers": layers, "num_attention_heads": heads,
+            "num_key_value_heads": kv_heads, "head_dim": hidden // heads, "rms_norm_eps": 1e-5,
+            "rope_theta": theta, "tie_word_embeddings": tie, "max_position_embeddings": max_pos,
+            "hidden_act": "silu"}
+
+
+# Qwen3's DFlash drafters use <|MASK|> (id 151669, an embedding row past the tokenizer's last id);
+# Llama 3 has reserved special ids from 128002; SmolLM2's ids 3-16 are unused special tokens.
+SHAPES: dict[str, Shape] = {
+    "qwen3-8b": Shape("qwen3-8b", _qwen3(36, 4096, 32, 8, 12288, tie=False), mask_token_id=151669),
+    "qwen3-4b": Shape("qwen3-4b", _qwen3(36, 2560, 32, 8, 9728, tie=True), mask_token_id=151669),
+    "llama3-8b": Shape("llama3-8b", _llama(32, 4096, 32, 8, 14336, 128256, tie=False, theta=500000.0,
+                                           max_pos=8192), mask_token_id=128002),
+    "smollm2-135m": Shape("smollm2-135m", _llama(30, 576, 9, 3, 1536, 49152, tie=True, theta=100000.0,
+                                                 max_pos=8192), mask_token_id=3),
+}
+
+
+def shape(name: str) -> Shape:
+    if name not in SHAPES:
+        raise ValueError(f"unknown synthetic shape {name!r}; choose from {', '.join(SHAPES)}")
+    return SHAPES[name]
+
+
+def target_config(s: Shape) -> ModelConfig:
+    return ModelConfig.from_hf(s.target)
+
+
+def drafter_hf_config(target: ModelConfig, layers: int, block_size: int, mask_token_id: int) -> dict[str, Any]:
+    """A z-lab style drafter config.json: Qwen3 layers at the target's width; target layer ids by default."""
+    return {
+        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": block_size,
+        "dflash_config": {"mask_token_id": mask_token_id}, "num_target_layers": target.num_layers,
+        "vocab_size": target.vocab_size, "hidden_size": target.hidden_size,
+        "intermediate_size": target.intermediate_size, "num_hidden_layers": layers,
+        "num_attention_heads": target.num_heads, "num_key_value_heads": target.num_kv_heads,
+        "head_dim": target.head_dim, "rms_norm_eps": target.rms_norm_eps, "rope_theta": target.rope.theta,
+        "max_position_embeddings": target.max_position_embeddings,
+    }
+
+
+def drafter_config(target: ModelConfig, layers: int = 5, block_size: int = 16, mask_token_id: int | None = None
+                   ) -> DrafterConfig:
+    mask = target.vocab_size - 1 if mask_token_id is None else mask_token_id
+    return DrafterConfig.from_hf(drafter_hf_config(target, layers, block_size, mask))
+
+
+# --- parameter arithmetic (no allocation) ------------------------------------------------------------
+def _layer_params(c: ModelConfig) -> int:
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    attention = c.hidden_size * (2 * q + 2 * kv)  # q, k, v, o projections
+    if c.qkv_bias:
+        attention += q + 2 * kv
+    if c.o_bias:
+        attention += c.hidden_size
+    if c.qk_norm:
+        attention += 2 * c.head_dim
+    mlp = 3 * c.hidden_size * c.intermediate_size + (2 * c.intermediate_size + c.hidden_size if c.mlp_bias else 0)
+    return attention + mlp + 2 * c.hidden_size  # + the two RMSNorms
+
+
+def target_params(c: ModelConfig) -> int:
+    """Parameters of the target decoder (embedding, layers, final norm, output head unless tied)."""
+    embedding = c.vocab_size * c.hidden_size
+    return embedding * (1 if c.tie_word_embeddings else 2) + c.num_layers * _layer_params(c) + c.hidden_size
+
+
+def drafter_params(d: DrafterConfig) -> int:
+    """Parameters of a DFlash drafter: fc, hidden_norm, its layers and final norm (no embedding or head)."""
+    c = d.layers
+    return len(d.target_layer_ids) * c.hidden_size ** 2 + c.hidden_size + c.num_layers * _layer_params(c) + c.hidden_size
+
+
+# --- building on the device ----------------------------------------------------------------------------
+def _randomize(module: torch.nn.Module, std: float, seed: int) -> None:
+    gen = torch.Generator(device=next(module.parameters()).device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if "norm" in name:
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, std, generator=gen)
+
+
+def _materialize(module, rope, head_dim, device, dtype, std, seed):
+    """Move a meta-built module to `device` in `dtype` and fill it; "meta" stays unallocated."""
+    module = module.to(dtype)
+    if torch.device(device).type == "meta":
+        return module.eval()
+    module = module.to_empty(device=device)
+    module.rotary = Rotary(rope, head_dim).to(device)  # to_empty leaves the frequency buffer unset
+    _randomize(module, std, seed)
+    return module.eval()
+
+
+def build_target(c: ModelConfig, device: str | torch.device, dtype: torch.dtype, seed: int = 0,
+                 std: float = 0.02) -> Transformer:
+    """A target decoder with random weights (normal(0, std), norms 1), allocated once, on the device."""
+    with torch.device("meta"):
+        model = Transformer(c)
+    return _materialize(model, c.rope, c.head_dim, device, dtype, std, seed)
+
+
+def build_drafter(d: DrafterConfig, device: str | torch.device, dtype: torch.dtype, seed: int = 1,
+                  std: float = 0.02) -> DFlashDrafter:
+    with torch.device("meta"):
+        drafter = DFlashDrafter(d)
+    return _materialize(drafter, d.layers.rope, d.layers.head_dim, device, dtype, std, seed)
+
+
+def weight_bytes(module: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())

@@ -1,0 +1,191 @@
+"""`treeflash bench --synthetic SHAPE`: per-round cost at a real shape, against our AR step and the floor.
+
+Random weights at a real target's shape (and its DFlash drafter's) are built directly on the device.
+For every batch size, our autoregressive step, the DFlash chain and DDTree at each budget run on
+caches holding `context` committed rows; each round is timed, and split by stage in a separate pass.
+The floor is the target's weight bytes over the copy bandwidth measured in the same run: a decode
+step cannot beat reading every weight once.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import traceback
+from dataclasses import asdict, dataclass
+
+import torch
+from tqdm import tqdm
+
+from treeflash.bench.methods import parse_methods
+from treeflash.bench.shapes import (build_drafter, build_target, drafter_config, shape, target_config,
+                                    weight_bytes)
+from treeflash.bench.report import environment
+from treeflash.bench.timing import copy_bandwidth, time_engine_rounds
+from treeflash.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    shape: str
+    device: str | None = None
+    dtype: str | None = None
+    context: int = 1024  # committed rows per slot when rounds are timed
+    batch_sizes: tuple[int, ...] = (1,)
+    methods: str = "none,dflash,ddtree:16,ddtree:32,ddtree:64,ddtree:128,ddtree:256,ddtree:512"
+    rounds: int = 10  # timed rounds per (batch size, method)
+    warmup: int = 2
+    stage_rounds: int = 3
+    temperature: float = 0.0
+    drafter_layers: int | None = None  # default: the shape's
+    block_size: int | None = None
+    seed: int = 0
+    max_logits_gib: float = 24.0  # skip combinations whose full-vocabulary logits would exceed this
+
+    def __post_init__(self) -> None:
+        shape(self.shape)
+        if self.context < 1:
+            raise ValueError(f"--context must be at least 1, got {self.context}")
+        if not self.batch_sizes or min(self.batch_sizes) < 1:
+            raise ValueError(f"batch sizes must be positive integers, got {self.batch_sizes}")
+        if self.rounds < 1:
+            raise ValueError(f"--rounds must be at least 1, got {self.rounds}")
+        if any(m.budget == "auto" for m in parse_methods(self.methods)):
+            raise ValueError("ddtree:auto is for real runs; --synthetic times fixed budgets")
+
+
+def _logits_gib(batch: int, nodes: int, vocab: int) -> float:
+    return batch * nodes * vocab * 4 / 2 ** 30
+
+
+def run_synthetic(cfg: SyntheticConfig, command: str | None = None, log=print, progress=None) -> dict:
+    """Time rounds for every (batch size, method) of `cfg`; returns the result dict (JSON-ready).
+
+    progress: called with the result so far ("complete": false) after every combination.
+    """
+    from treeflash.llm import _device, _dtype
+
+    device = _device(cfg.device)
+    dtype = _dtype(cfg.dtype, device)
+    s = shape(cfg.shape)
+    tcfg = target_config(s)
+    dcfg = drafter_config(tcfg, cfg.drafter_layers or s.drafter_layers, cfg.block_size or s.block_size,
+                          s.mask_token_id)
+    methods = parse_methods(cfg.methods)
+    longest = cfg.context + 1 + max(max(1 + m.nodes(dcfg.depth), dcfg.block_size) for m in methods)
+    if longest > tcfg.max_position_embeddings:
+        raise ValueError(f"--context {cfg.context} plus a round exceeds the shape's "
+                         f"{tcfg.max_position_embeddings} positions")
+
+    log(f"building {cfg.shape} (random {str(dtype).removeprefix('torch.')} weights) on {device} ...")
+    target = build_target(tcfg, device, dtype, seed=cfg.seed)
+    drafter = build_drafter(dcfg, device, dtype, seed=cfg.seed + 1) if any(m.spec != "none" for m in methods) else None
+    bandwidth = copy_bandwidth(device)
+    target_bytes = weight_bytes(target)
+    drafter_bytes = weight_bytes(drafter) if drafter is not None else 0
+    floor_ms = 1e3 * target_bytes / bandwidth
+    log(f"  target {target_bytes / 1e9:.2f} GB, drafter {drafter_bytes / 1e9:.2f} GB, copy bandwidth "
+        f"{bandwidth / 1e9:.1f} GB/s -> weight-read floor {floor_ms:.3f} ms per step")
+
+    env = environment(device, dtype, command)
+
+    def snapshot(complete: bool) -> dict:
+        result = {
+            "kind": "synthetic",
+            "complete": complete,
+            "environment": env,
+            "shape": cfg.shape,
+            "config": asdict(cfg),
+            "target": {**s.target, "parameters": sum(p.numel() for p in target.parameters()), "weight_bytes": target_bytes},
+            "drafter": None if drafter is None else {**dcfg.to_hf(), "parameters": sum(p.numel() for p in drafter.parameters()),
+                                                     "weight_bytes": drafter_bytes},
+            "copy_bandwidth_bytes_per_s": bandwidth,
+            "floor_ms": floor_ms,
+            "floor_note": "target weight bytes / measured device-to-device copy bandwidth (read + write counted)",
+            "timing_note": "round_ms: wall time of Engine.step() with every slot running a request (one round and its "
+                           "host synchronisation), median over --rounds steps after warm-up; stage_ms: a separate "
+                           "engine with the per-stage clock on",
+            "rows": rows,
+            "skipped": skipped,
+            "errors": errors,
+            "notes": ["random weights: times are per-round costs; acceptance lengths of random models mean nothing"],
+        }
+        return result
+
+    gen = torch.Generator().manual_seed(cfg.seed)
+    prompt = torch.randint(0, tcfg.vocab_size, (cfg.context,), generator=gen).tolist()
+    rows, skipped, errors = [], [], []
+    combos = [(b, m) for b in cfg.batch_sizes for m in methods]
+    bar = tqdm(combos, desc=f"synthetic {cfg.shape}", unit="combo", file=sys.stderr, dynamic_ncols=True)
+    for batch, method in bar:
+        bar.set_postfix_str(f"batch {batch} {method.label}")
+        if progress is not None:
+            progress(snapshot(complete=False))  # what is measured so far survives a run cut short
+        nodes = 1 + method.nodes(dcfg.depth)
+        need = _logits_gib(batch, nodes if method.spec == "none" else max(nodes, dcfg.block_size), tcfg.vocab_size)
+        if need > cfg.max_logits_gib:
+            skipped.append({"batch": batch, "method": method.label,
+                            "reason": f"full-vocabulary logits need {need:.1f} GiB > --max-logits-gib {cfg.max_logits_gib}"})
+            continue
+        try:
+            timing, prefill_s = _time_one(target, drafter, method, batch, prompt, cfg, device)
+        except torch.OutOfMemoryError:
+            skipped.append({"batch": batch, "method": method.label, "reason": "out of device memory"})
+            continue
+        except Exception as e:  # noqa: BLE001 - keep the other combinations' results
+            errors.append({"batch": batch, "method": method.label, "error": f"{type(e).__name__}: {e}"})
+            log(f"  batch {batch} {method.label} FAILED:\n{traceback.format_exc()}")
+            continue
+        finally:
+            _free(device)
+        rows.append({"batch": batch, "method": method.label, "spec": method.spec, "budget": method.budget,
+                     "nodes": nodes, "round_ms": timing.median_ms, "round_ms_p10": timing.quantile_ms(0.1),
+                     "round_ms_p90": timing.quantile_ms(0.9), "round_ms_all": timing.round_ms,
+                     "stage_ms": timing.stage_ms, "prefill_ms": 1e3 * prefill_s})
+        _add_ratios(rows, floor_ms)
+    bar.close()
+    return snapshot(complete=True)
+
+
+def _time_one(target, drafter, method, batch, prompt, cfg: SyntheticConfig, device):
+    params = SamplingParams(temperature=cfg.temperature, max_tokens=1 << 20, ignore_eos=True)
+    return time_engine_rounds(target, drafter if method.spec != "none" else None, method.spec_config(), batch,
+                              prompt, params, cfg.rounds, cfg.warmup, cfg.stage_rounds, seed=cfg.seed)
+
+
+def _add_ratios(rows: list[dict], floor_ms: float) -> None:
+    ar = {r["batch"]: r["round_ms"] for r in rows if r["spec"] == "none"}
+    for r in rows:
+        r["x_floor"] = r["round_ms"] / floor_ms if floor_ms > 0 else None
+        r["x_ar"] = r["round_ms"] / ar[r["batch"]] if r["batch"] in ar else None
+        total = sum(r["stage_ms"].values())
+        overhead = sum(v for k, v in r["stage_ms"].items() if k in ("tree", "derive_walk", "commit"))
+        r["tree_derive_walk_commit_share"] = overhead / total if total > 0 else None
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def format_synthetic(result: dict) -> str:
+    """The result as a text table, one block per batch size."""
+    lines = [f"{result['shape']} ({result['environment']['dtype']}, {result['environment']['device']}, context {result['config']['context']}): weight-read floor "
+             f"{result['floor_ms']:.3f} ms (copy bandwidth {result['copy_bandwidth_bytes_per_s'] / 1e9:.0f} GB/s)"]
+    header = f"{'batch':>5} {'method':<12} {'round ms':>9} {'x AR':>6} {'x floor':>8}  " + \
+             " ".join(f"{s:>11}" for s in ("draft", "tree", "verify", "derive_walk", "commit"))
+    lines.append(header)
+    for r in result["rows"]:
+        stages = " ".join(f"{r['stage_ms'].get(s, 0.0):>11.3f}" for s in ("draft", "tree", "verify", "derive_walk", "commit"))
+        x_ar = f"{r['x_ar']:.2f}" if r["x_ar"] is not None else "-"
+        lines.append(f"{r['batch']:>5} {r['method']:<12} {r['round_ms']:>9.3f} {x_ar:>6} {r['x_floor']:>8.1f}  {stages}")
+    for s in result["skipped"]:
+        lines.append(f"  skipped batch {s['batch']} {s['method']}: {s['reason']}")
+    for e in result.get("errors", []):
+        lines.append(f"  ERROR batch {e['batch']} {e['method']}: {e['error']}")
+    lines.append("  (stage columns: ms per round, from a separate pass with a synchronised clock per stage)")
+    return "\n".join(lines)
+
+
+
