@@ -241,12 +241,39 @@ def load_drafter(path: str | Path, device, dtype) -> DFlashDrafter:
     return drafter.eval()
 
 
-def save_drafter(drafter: DFlashDrafter, path: str | Path) -> Path:
+def save_drafter(drafter: DFlashDrafter, path: str | Path, dtype: torch.dtype | None = None,
+                 max_shard_bytes: int | None = None) -> Path:
+    """Write config.json + safetensors weights (in `dtype`, default as they are).
+
+    With `max_shard_bytes`, weights are split into model-0000i-of-0000n.safetensors files of at
+    most that size (a single tensor larger than it gets a file of its own) plus the HF index.
+    """
     from safetensors.torch import save_file
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
+    for stale in [*path.glob("model*.safetensors"), path / "model.safetensors.index.json"]:
+        stale.unlink(missing_ok=True)
     (path / "config.json").write_text(json.dumps(drafter.config.to_hf(), indent=2))
-    tensors = {name: p.detach().contiguous().cpu() for name, p in drafter.named_parameters()}
-    save_file(tensors, str(path / "model.safetensors"))
+    tensors = {name: p.detach().to(dtype or p.dtype).contiguous().cpu() for name, p in drafter.named_parameters()}
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if max_shard_bytes and shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    if len(shards) == 1:
+        save_file(shards[0], str(path / "model.safetensors"))
+        return path
+    weight_map = {}
+    for i, shard in enumerate(shards, 1):
+        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(path / name))
+        weight_map.update(dict.fromkeys(shard, name))
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     return path
