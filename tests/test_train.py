@@ -226,6 +226,7 @@ def test_prompt_files_and_split(tmp_path):
     assert jsonl_prompts(path) == ["a", "b", "c", "d", "e"]
     train, held = split_prompts(jsonl_prompts(path), 2, seed=0)
     assert len(train) == 3 and len(held) == 2 and not set(train) & set(held)
+    assert jsonl_prompts(write_prompts_jsonl(["x", "é"], tmp_path / "p.jsonl.gz")) == ["x", "é"]
     (tmp_path / "bad.jsonl").write_text('{"text": "x"}\n')
     with pytest.raises(PromptsError, match="prompt"):
         jsonl_prompts(tmp_path / "bad.jsonl")

@@ -51,11 +51,11 @@ class TrainDrafterOptions:
     mask_token_id: int | None = None  # default: the last row of the target's embedding table
     init_std: float = 0.02
     train: TrainConfig = field(default_factory=TrainConfig)
-    train_minutes: float | None = None  # fit the number of steps (and evaluations) into this long
+    train_minutes: float | None = None  # fit the optimiser steps (not the evaluations) into this long
     eval_every: int = 500
     eval_budget: int = 64
     eval_max_new_tokens: int = 128
-    eval_batch_size: int = 16
+    eval_batch_size: int = 32
     checkpoint_every: int = 250
     checkpoint_dir: str | None = None
     log_every: int = 20

@@ -82,7 +82,7 @@ class ResponseCache:
         if raw and not raw.endswith(b"\n"):
             raw = raw[:raw.rfind(b"\n") + 1]
             path.write_bytes(raw)
-        return {r["key"]: r for r in map(json.loads, raw.decode("utf-8").splitlines())}
+        return {r["key"]: r for r in map(json.loads, filter(None, raw.decode("utf-8").split("\n")))}
 
     def append(self, mode: str, records: list[dict]) -> None:
         with open(self.path(mode), "a", encoding="utf-8") as f:

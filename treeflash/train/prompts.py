@@ -6,6 +6,7 @@ drafter learnt on other data.
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
 from pathlib import Path
@@ -49,13 +50,16 @@ def sharegpt_prompts(limit: int | None = None) -> list[str]:
 
 
 def jsonl_prompts(path: str | Path) -> list[str]:
-    """Prompts from a JSONL file: one object per line with a "prompt" string (a user message)."""
+    """Prompts from a JSONL file (gzipped if it ends in .gz): one object per line with a "prompt" string."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise PromptsError(f"{path}: no such prompts file (expected JSONL lines like {{\"prompt\": \"...\"}}, "
                            f"or 'sharegpt')")
+    raw = path.read_bytes()
+    if path.suffix == ".gz":
+        raw = gzip.decompress(raw)
     prompts = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(raw.decode("utf-8").split("\n"), 1):  # not splitlines: U+2028 may sit inside a string
         if not line.strip():
             continue
         try:
@@ -89,8 +93,9 @@ def split_prompts(prompts: list[str], num_eval: int, seed: int) -> tuple[list[st
 
 
 def write_prompts_jsonl(prompts: list[str], path: str | Path) -> Path:
-    """The inverse of `jsonl_prompts` (to carry a prepared prompt set to another machine)."""
+    """The inverse of `jsonl_prompts` (to carry a prepared prompt set to another machine; .gz compresses)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps({"prompt": p}, ensure_ascii=False) + "\n" for p in prompts), encoding="utf-8")
+    data = "".join(json.dumps({"prompt": p}, ensure_ascii=False) + "\n" for p in prompts).encode("utf-8")
+    path.write_bytes(gzip.compress(data, 9) if path.suffix == ".gz" else data)
     return path
