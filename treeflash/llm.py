@@ -11,6 +11,7 @@ from typing import Iterator, Sequence
 import torch
 
 from treeflash.checkpoint import load_target, load_tokenizer, resolve_model_dir
+from treeflash.default_model import default_draft_model
 from treeflash.engine import Engine, Request
 from treeflash.outputs import RequestOutput
 from treeflash.round import SpecConfig, Speculator, rows_per_round
@@ -59,7 +60,8 @@ def _token_ids(prompt, n: int) -> list[int]:
 class LLM:
     """A target model, optionally with a DFlash drafter, ready to generate.
 
-    model: HF directory, .gguf file, or None for the embedded SmolLM2-135M-Instruct.
+    model: HF directory, .gguf file, or None for the embedded SmolLM2-135M-Instruct, which comes with
+    its trained drafter (default_drafter/) unless spec="none".
     draft_model: a DFlash drafter directory (z-lab format). spec: "ddtree" (default with a drafter),
     "dflash" (the drafter's chain) or "none" (autoregressive; the default without a drafter).
     tree_budget: draft nodes per round for ddtree. max_num_seqs: requests run side by side.
@@ -71,6 +73,7 @@ class LLM:
                  dtype: str | torch.dtype | None = None, max_model_len: int | None = None, *,
                  draft_model: str | Path | None = None, spec: str | None = None, tree_budget: int = 64,
                  max_num_seqs: int = 8, time_stages: bool | None = None, record_trees: bool = False):
+        draft_model = default_draft_model(model, draft_model, spec)
         self.spec = SpecConfig(method=spec or ("ddtree" if draft_model else "none"), tree_budget=tree_budget)
         if self.spec.method != "none" and draft_model is None:
             raise ValueError(f"spec={self.spec.method!r} needs draft_model=PATH (a DFlash drafter directory)")
