@@ -63,3 +63,19 @@ def test_default_pair_drafts_more_than_one_token_per_round_losslessly():
     assert [o.token_ids for o in drafted] == [o.token_ids for o in reference]
     lengths = [a for o in drafted for a in o.metrics.acceptance_lengths]
     assert sum(lengths) / len(lengths) > 1.2  # a random drafter stays at ~1.0
+
+
+@pytest.mark.reference
+def test_reference_package_loads_the_shipped_drafter():
+    import torch
+    from dflash.model import DFlashDraftModel
+
+    from treeflash.models.dflash import load_drafter
+
+    ref = DFlashDraftModel.from_pretrained(str(DEFAULT_DRAFTER_DIR), dtype=torch.float32)
+    ours = load_drafter(DEFAULT_DRAFTER_DIR, "cpu", torch.float32)
+    assert ref.block_size == ours.config.block_size and ref.mask_token_id == ours.config.mask_token_id
+    assert list(ref.target_layer_ids) == list(ours.config.target_layer_ids)
+    ref_weights = ref.state_dict()
+    for name, p in ours.named_parameters():
+        assert torch.equal(ref_weights[name], p), name
