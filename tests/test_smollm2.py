@@ -33,7 +33,7 @@ def _single_thread():
 
 @pytest.fixture(scope="module")
 def llm() -> LLM:
-    return LLM()  # no model argument: the embedded default
+    return LLM(spec="none")  # no model argument: the embedded default target, decoded plainly
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +107,7 @@ def test_cli_generate_streams_the_greedy_text(llm: LLM) -> None:
 
 def test_cli_chat_streams_the_seeded_templated_reply_and_show_tree_needs_a_drafter(llm: LLM) -> None:
     result = run_cli("generate", "Hi", "--chat", "--system", "Be brief.", "--max-tokens", "6", "--seed", "3",
-                     "--show-tree")
+                     "--show-tree", "--spec", "none")
     assert result.returncode == 0, result.stderr
     # The CLI's defaults (temperature 0.7) and seed give the reply the API gives the same conversation.
     chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
@@ -121,7 +121,7 @@ def test_cli_chat_streams_the_seeded_templated_reply_and_show_tree_needs_a_draft
 @pytest.mark.parametrize("args, message", [
     (["generate", "x", "--top-p", "1.5"], "top_p"),
     (["generate", "x", "--model", "/nonexistent/model"], "no such model"),
-    (["generate", "x", "--spec", "ddtree"], "draft_model"),
+    (["generate", "x", "--model", "other.gguf", "--spec", "ddtree"], "draft_model"),  # a model but no drafter
     (["generate", "x", "--device", "tpu"], "device must be 'cpu' or 'cuda'"),
 ])
 def test_cli_bad_input_is_a_clear_error(args: list[str], message: str) -> None:
@@ -138,8 +138,8 @@ def test_cli_help_documents_every_command(command: list[str]) -> None:
 
 @pytest.fixture(scope="module")
 def random_smollm2_drafter(tmp_path_factory, llm: LLM):
-    """A randomly initialised one-layer DFlash drafter shaped for SmolLM2 (no trained one ships yet):
-    it proposes poorly, which is exactly when losslessness must still hold."""
+    """A randomly initialised one-layer DFlash drafter shaped for SmolLM2: it proposes poorly, which is
+    exactly when losslessness must still hold (the shipped trained one: test_default_drafter.py)."""
     from treeflash.models.dflash import DFlashDrafter, DrafterConfig, save_drafter
 
     c = llm.config

@@ -3,6 +3,9 @@
 Rows are written at explicit indices, so the verify forward can append a whole draft tree after a
 slot's committed rows, and `compact` keeps the accepted path and drops the rest in place. Every
 operation is a fixed-shape gather/scatter driven by device tensors: no host synchronisation.
+
+`PrefixKV` is the cache-free counterpart for training: the new tokens attend over given prefix K/V
+(or only over themselves) and nothing is stored, so gradients flow through every key and value.
 """
 
 from __future__ import annotations
@@ -49,6 +52,12 @@ class KVCache:
         self.keys[layer].scatter_(2, index, k)
         self.values[layer].scatter_(2, index, v)
 
+    def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor,
+               kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the new tokens' K/V at `rows`; return the first kv_len rows, which they attend over."""
+        self.write(layer, k, v, rows)
+        return self.keys[layer][:, :, :kv_len], self.values[layer][:, :, :kv_len]
+
     def compact(self, start: torch.Tensor, keep: torch.Tensor) -> None:
         """Move rows start+keep[:, j] to start+j, for every slot and layer.
 
@@ -62,6 +71,24 @@ class KVCache:
             # Gather first: a row may be both read and written by this move.
             rows = cache.gather(2, src.expand(-1, cache.shape[1], -1, cache.shape[3]))
             cache.scatter_(2, dst.expand_as(rows), rows)
+
+
+@dataclass
+class PrefixKV:
+    """Per-layer prefix keys/values [B, Hkv, P, D] (None: no prefix) that new tokens see before their own.
+
+    Keys seen by new tokens are [prefix, new]: a mask [B, T, P + T] indexes that concatenation.
+    """
+
+    keys: list[torch.Tensor] | None = None
+    values: list[torch.Tensor] | None = None
+
+    def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor, rows, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.keys is not None:
+            k, v = torch.cat([self.keys[layer], k], 2), torch.cat([self.values[layer], v], 2)
+        if k.shape[2] != kv_len:
+            raise ValueError(f"mask covers {kv_len} keys, prefix + new tokens are {k.shape[2]}")
+        return k, v
 
 
 def append_layout(seq_lens: torch.Tensor, new_mask: torch.Tensor, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:

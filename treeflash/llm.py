@@ -13,6 +13,7 @@ import torch
 
 from treeflash.checkpoint import load_drafter, load_target, load_tokenizer, resolve_model_dir
 from treeflash.config import ModelConfig
+from treeflash.default_model import default_draft_model
 from treeflash.engine import Engine, EngineConfig, Request
 from treeflash.models.parallel import check_shardable
 from treeflash.outputs import RequestOutput
@@ -144,7 +145,8 @@ def _token_ids(prompt, n: int) -> list[int]:
 class LLM:
     """A target model, optionally with a DFlash drafter, ready to generate.
 
-    model: HF directory, .gguf file, or None for the embedded SmolLM2-135M-Instruct.
+    model: HF directory, .gguf file, or None for the embedded SmolLM2-135M-Instruct, which comes with
+    its trained drafter (default_drafter/) unless spec="none".
     draft_model: a DFlash drafter directory (z-lab format). spec: "ddtree" (default with a drafter),
     "dflash" (the drafter's chain) or "none" (autoregressive; the default without a drafter).
     tree_budget: draft nodes per round for ddtree (at most 4096, round.MAX_TREE_BUDGET; a budget above
@@ -170,6 +172,7 @@ class LLM:
                  max_num_seqs: int = 8, time_stages: bool | None = None, record_trees: bool = False,
                  cuda_graphs: bool | None = None, attention: str | None = None, budget_profile: str | None = None,
                  tensor_parallel_size: int = 1):
+        draft_model = default_draft_model(model, draft_model, spec)
         self.parallel = None  # the tensor-parallel group (workers), when tensor_parallel_size > 1
         self.spec = SpecConfig(method=spec or ("ddtree" if draft_model else "none"), tree_budget=tree_budget)
         if self.spec.method != "none" and draft_model is None:

@@ -185,7 +185,7 @@ class Speculator:
             rows, mask = append_layout(seq, causal, start + n)
             hidden, features = self.target(piece, rows, cache, rows, mask, self.capture)
             if self.drafter:
-                self.drafter.add_context(self.drafter_features(features), rows, draft_cache, rows)
+                self.drafter.add_context(self.drafter.context_features(self.target, features), rows, draft_cache, rows)
         self.state.seq_lens[slot] = len(prompt)
         self.state.active[slot] = True
         return self.target.logits(hidden[0, -1])
@@ -269,16 +269,8 @@ class Speculator:
         """Draft log-probs [S, block_size - 1, V] from one drafter pass (None without a drafter)."""
         if self.drafter is None:
             return None
-        cfg = self.drafter.config
-        slots = state.bonus.shape[0]
-        block = torch.full((slots, cfg.block_size), cfg.mask_token_id, dtype=torch.long, device=self.device)
-        block[:, 0] = state.bonus
-        embeddings = self.target.embed_tokens(block) * cfg.input_embedding_scale
-        offsets = torch.arange(cfg.block_size, device=self.device)
-        bidirectional = torch.ones(slots, cfg.block_size, cfg.block_size, dtype=torch.bool, device=self.device)
-        rows, mask = self.layout(state.seq_lens, bidirectional)
-        hidden = self.drafter(embeddings, state.seq_lens[:, None] + offsets, _prefix(self.draft_cache, slots), rows, mask)
-        logits = self.drafter.logits(hidden[:, 1:], self.target.output_weight)
+        cache = _prefix(self.draft_cache, state.bonus.shape[0])
+        logits = self.drafter.draft(self.target, state.bonus, state.seq_lens, cache, self.layout)
         # Rank drafts by the drafter's guess of each request's *tempered* distribution.
         return torch.log_softmax(logits / sampling.temperature[:, None, None], dim=-1)
 
@@ -296,15 +288,7 @@ class Speculator:
         """
         rows, mask = self.layout(state.seq_lens, ancestor_mask(tree))
         hidden, features = self.target(tree.tokens, positions, cache, rows, mask, self.capture)
-        return self.target.logits(hidden), self.drafter_features(features) if features else None
-
-    def drafter_features(self, captured: list[torch.Tensor]) -> torch.Tensor:
-        """The drafter's context features: HF `hidden_states[i + 1]` of every target layer id, concatenated.
-
-        HF's entry for the last layer is after the final norm, and DFlash checkpoints were trained on it.
-        """
-        last = len(self.target.layers) - 1
-        return torch.cat([self.target.norm(f) if i == last else f for i, f in zip(self.capture, captured)], -1)
+        return self.target.logits(hidden), self.drafter.context_features(self.target, features) if features else None
 
     def commit(self, accepted: Walk, features: torch.Tensor | None, state: SlotState, cache: KVCache,
                num_slots: int) -> None:

@@ -20,9 +20,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from treeflash.config import ConfigError, ModelConfig, config_value
-from treeflash.kv_cache import KVCache
+from treeflash.kv_cache import KVCache, PrefixKV
 from treeflash.models.layers import RMSNorm, Rotary
-from treeflash.models.transformer import DecoderLayer
+from treeflash.models.transformer import DecoderLayer, Transformer
 
 
 class DrafterMismatchError(ValueError):
@@ -140,7 +140,13 @@ class DrafterConfig:
 
 
 class DFlashDrafter(nn.Module):
-    """Parameter names are the z-lab checkpoint's tensor names."""
+    """Parameter names are the z-lab checkpoint's tensor names.
+
+    The whole drafting recipe lives here, shared by inference (`Speculator`) and training
+    (`treeflash.train`): which target features condition the drafter (`context_features`), how a
+    block is embedded (`embed_block`), the context K/V every layer sees (`context_kv`) and the pass
+    itself (`forward`, through a slot KV cache or, for training, over explicit `PrefixKV`).
+    """
 
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
@@ -156,20 +162,44 @@ class DFlashDrafter(nn.Module):
         c, p = self.config.layers, self.fc.weight
         return KVCache.allocate(c.num_layers, slots, c.num_kv_heads, capacity, c.head_dim, p.dtype, p.device)
 
-    def add_context(self, features: torch.Tensor, positions: torch.Tensor, cache: KVCache, rows: torch.Tensor) -> None:
-        """Write the context K/V of committed tokens: features [B, C, K*H] (target layer outputs)."""
+    # --- the recipe ----------------------------------------------------------------------------------
+    def context_features(self, target: Transformer, captured: list[torch.Tensor]) -> torch.Tensor:
+        """The conditioning features: HF `hidden_states[i + 1]` of every target layer id, concatenated.
+
+        captured: the target's outputs of layers `target_layer_ids`, each [B, T, H] -> [B, T, K*H].
+        HF's entry for the last layer is after the final norm, and DFlash checkpoints were trained on it.
+        """
+        last = self.config.num_target_layers - 1
+        ids = self.config.target_layer_ids
+        return torch.cat([target.norm(f) if i == last else f for i, f in zip(ids, captured)], -1)
+
+    def embed_block(self, target: Transformer, first: torch.Tensor) -> torch.Tensor:
+        """first: [...] the token opening each block -> [..., block_size, H]: the target's embedding of
+        [first, MASK x (block_size - 1)] times the input scale."""
+        cfg = self.config
+        block = first.new_full((*first.shape, cfg.block_size), cfg.mask_token_id)
+        block[..., 0] = first
+        return target.embed_tokens(block) * cfg.input_embedding_scale
+
+    def context_kv(self, features: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, the K/V of context tokens: features [B, C, K*H] at positions [B, C] -> [B, Hkv, C, D] each.
+
+        They depend only on the committed tokens (not on the block), hence cacheable per slot."""
         context = self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
         cos, sin = self.rotary(positions, context.dtype)
-        for i, layer in enumerate(self.layers):
-            k, v = layer.self_attn.project_kv(context, cos, sin)
+        return [layer.self_attn.project_kv(context, cos, sin) for layer in self.layers]
+
+    def add_context(self, features: torch.Tensor, positions: torch.Tensor, cache: KVCache, rows: torch.Tensor) -> None:
+        """Write the context K/V of committed tokens (features [B, C, K*H]) into cache rows [B, C]."""
+        for i, (k, v) in enumerate(self.context_kv(features, positions)):
             cache.write(i, k, v, rows)
 
-    def forward(self, block_embeddings: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """block_embeddings: [B, block, H] (target embedding of [bonus, MASK...] times the input scale).
+    def forward(self, block_embeddings: torch.Tensor, positions: torch.Tensor, cache: KVCache | PrefixKV,
+                rows: torch.Tensor | None, mask: torch.Tensor) -> torch.Tensor:
+        """block_embeddings: [B, T, H] (`embed_block`, one or more blocks flattened); positions: [B, T].
 
-        The mask lets every block token see the slot's context and the whole block (bidirectional).
-        Returns the final-normed hidden states of the block [B, block, H].
+        The mask [B, T, L] says which context keys and block tokens each block token sees (its whole
+        block: bidirectional). Returns the final-normed hidden states [B, T, H].
         """
         x = block_embeddings
         cos, sin = self.rotary(positions, x.dtype)
@@ -177,18 +207,60 @@ class DFlashDrafter(nn.Module):
             x = layer(x, cos, sin, cache, i, rows, mask)
         return self.norm(x)
 
+    def draft(self, target: Transformer, bonus: torch.Tensor, seq_lens: torch.Tensor, cache: KVCache,
+              layout) -> torch.Tensor:
+        """One pass over [bonus, MASK...] after every slot's cached context -> logits [S, block_size - 1, V].
+
+        bonus, seq_lens: [S]; layout(seq_lens, new_mask) -> (cache rows, attention mask) of the block
+        (`Speculator.layout`: capacity-wide, so the shapes never depend on the contexts' lengths).
+        """
+        size = self.config.block_size
+        offsets = torch.arange(size, device=bonus.device)
+        bidirectional = torch.ones(bonus.shape[0], size, size, dtype=torch.bool, device=bonus.device)
+        rows, mask = layout(seq_lens, bidirectional)
+        hidden = self(self.embed_block(target, bonus), seq_lens[:, None] + offsets, cache, rows, mask)
+        return self.logits(hidden[:, 1:], target.output_weight)
+
     def logits(self, hidden: torch.Tensor, output_weight: torch.Tensor) -> torch.Tensor:
+        """The target's lm_head over drafter hidden states [..., H] -> float32 logits [..., V]."""
         logits = F.linear(hidden, output_weight).float() * self.config.output_multiplier
         cap = self.config.final_logit_softcapping
         return torch.tanh(logits / cap) * cap if cap else logits
 
 
-def save_drafter(drafter: DFlashDrafter, path: str | Path) -> Path:
+def save_drafter(drafter: DFlashDrafter, path: str | Path, dtype: torch.dtype | None = None,
+                 max_shard_bytes: int | None = None) -> Path:
+    """Write config.json + safetensors weights (in `dtype`, default as they are).
+
+    With `max_shard_bytes`, weights are split into model-0000i-of-0000n.safetensors files of at
+    most that size (a single tensor larger than it gets a file of its own) plus the HF index.
+    """
     from safetensors.torch import save_file
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
+    for stale in [*path.glob("model*.safetensors"), path / "model.safetensors.index.json"]:
+        stale.unlink(missing_ok=True)
     (path / "config.json").write_text(json.dumps(drafter.config.to_hf(), indent=2))
-    tensors = {name: p.detach().contiguous().cpu() for name, p in drafter.named_parameters()}
-    save_file(tensors, str(path / "model.safetensors"))
+    tensors = {name: p.detach().to(dtype or p.dtype).contiguous().cpu() for name, p in drafter.named_parameters()}
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if max_shard_bytes and shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    if len(shards) == 1:
+        save_file(shards[0], str(path / "model.safetensors"))
+        return path
+    weight_map = {}
+    for i, shard in enumerate(shards, 1):
+        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(path / name))
+        weight_map.update(dict.fromkeys(shard, name))
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     return path

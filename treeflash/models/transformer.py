@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from treeflash.config import ModelConfig
-from treeflash.kv_cache import KVCache
+from treeflash.kv_cache import KVCache, PrefixKV
 from treeflash.models.layers import MLP, RMSNorm, Rotary, apply_rotary, attend
 
 
@@ -39,18 +39,16 @@ class Attention(nn.Module):
             k = self.k_norm(k)
         return apply_rotary(k.transpose(1, 2), cos, sin), v.transpose(1, 2)
 
-    def forward(self, x, cos, sin, cache: KVCache, layer: int, rows, mask):
-        # x: [B, T, hidden]; rows: [B, T]; mask: [B, T, L]
+    def forward(self, x, cos, sin, cache: KVCache | PrefixKV, layer: int, rows, mask):
+        # x: [B, T, hidden]; rows: [B, T] (cache rows; unused with a PrefixKV); mask: [B, T, L]
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)
         if self.q_norm is not None:
             q = self.q_norm(q)
         q = apply_rotary(q.transpose(1, 2), cos, sin)
         k, v = self.project_kv(x, cos, sin)
-        cache.write(layer, k, v, rows)
-        kv_len = mask.shape[-1]
-        out = attend(q, cache.keys[layer][:, :, :kv_len], cache.values[layer][:, :, :kv_len], mask)
-        return self.o_proj(out)
+        keys, values = cache.extend(layer, k, v, rows, mask.shape[-1])
+        return self.o_proj(attend(q, keys, values, mask))
 
 
 class DecoderLayer(nn.Module):
@@ -82,9 +80,11 @@ class Transformer(nn.Module):
     def output_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, rows: torch.Tensor,
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache | PrefixKV, rows: torch.Tensor | None,
                 mask: torch.Tensor, capture_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """tokens, positions, rows: [B, T]; mask: [B, T, L] over cache rows 0..L-1 (True = visible).
+
+        With a `PrefixKV` nothing is cached (training): the mask covers the prefix and the new tokens.
 
         Returns the final-normed hidden states [B, T, hidden] and the outputs of the decoder layers
         listed in `capture_layers` (HF `hidden_states[i + 1]`), which condition the drafter.

