@@ -28,6 +28,8 @@ class StreamChunk:
     output: RequestOutput | None  # set on the last chunk: tokens, finish reason, metrics
 
 
+CUDA_MIN_CAPACITY = 4096  # cache rows per slot allocated up front on CUDA (capped by max_model_len)
+
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
 
@@ -205,7 +207,10 @@ class LLM:
             max_num_seqs=max_num_seqs, max_model_len=self.max_model_len,
             time_stages=self.device.type == "cpu" if time_stages is None else time_stages,
             record_trees=record_trees, cuda_graphs=True if cuda_graphs is None else bool(cuda_graphs),
-            attention=attention, budget_profile=budget_profile)
+            attention=attention, budget_profile=budget_profile,
+            # On CUDA every cache growth recaptures the graphs and recompiles attention kernels (seconds):
+            # start with room for typical requests there; on the CPU grow from small, as memory is dearer.
+            min_capacity=CUDA_MIN_CAPACITY if self.device.type == "cuda" else EngineConfig.min_capacity)
         if tensor_parallel_size == 1:
             self.engine = Engine(self.model, self.drafter, self.spec, self.tokenizer, engine_config)
         else:
