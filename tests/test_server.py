@@ -341,3 +341,17 @@ def test_ddtree_server_gives_plain_greedy_text_and_exits_0_on_sigterm(model_dir,
     finally:
         code = srv.stop()
     assert code == 0, srv.output()
+
+
+def test_the_load_script_finds_no_errors_and_no_mismatches(server, model_dir, tmp_path):
+    """benchmarks/serve_load.py end to end at a tiny scale (its real run is on the embedded model)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import serve_load
+
+    out = tmp_path / "load.json"
+    report = serve_load.main(["--url", server.url, "--api-key", KEY, "--clients", "6", "--duration", "2",
+                              "--model", str(model_dir), "--out", str(out)])
+    assert json.loads(out.read_text())["summary"] == report["summary"]
+    s = report["summary"]
+    assert s["errors"] == 0 and report["mismatches"] == 0, (s["error_examples"], report["mismatch_examples"])
+    assert s["requests_finished"] >= 6 and s["ttft_ms"]["n"] == s["requests_finished"]

@@ -105,6 +105,13 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
 
 
+SERVE_DESCRIPTION = """\
+Serve MODEL (default: the embedded model) over HTTP: /v1/models, /v1/completions and
+/v1/chat/completions as OpenAI defines them (streamed or not), /health, and /metrics in the
+Prometheus text format. Requests join and leave the running batch between rounds; a client that
+goes away has its request aborted at once. SIGINT/SIGTERM: stop taking connections, let the
+requests in flight finish (up to --shutdown-timeout seconds, then cancel them), exit 0."""
+
 SERVE_EPILOG = """\
 examples:
   treeflash serve                                   # the embedded model on http://127.0.0.1:8000/v1
@@ -137,12 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling_args(gen)
 
     srv = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
-                         description="Serve MODEL (default: the embedded model) over HTTP: /v1/models, "
-                                     "/v1/completions and /v1/chat/completions as OpenAI defines them (streamed or "
-                                     "not), /health and /metrics (Prometheus). Requests join and leave the running "
-                                     "batch between rounds. SIGINT/SIGTERM stop taking requests, let the ones in "
-                                     "flight finish (up to --shutdown-timeout) and exit 0.",
-                         epilog=SERVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                         description=SERVE_DESCRIPTION, epilog=SERVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     srv.add_argument("model", nargs="?", default=None,
                      help="target: a Hugging Face directory or a .gguf file (default: the embedded model)")
     _add_spec_args(srv)
@@ -160,8 +162,12 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--max-choices", type=int, default=16, help="prompts x n of one request, at most (default 16)")
     srv.add_argument("--shutdown-timeout", type=float, default=30.0,
                      help="seconds the requests in flight get to finish after SIGINT/SIGTERM (default 30)")
+    srv.add_argument("--threads", type=_positive_int, default=None,
+                     help=f"intra-op CPU threads for torch (default here: {default_threads()}; $OMP_NUM_THREADS "
+                          f"if set, else half the usable cores, 1 to 4)")
     srv.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     srv.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    _add_debug_arg(srv, argparse.SUPPRESS)
 
     conv = sub.add_parser("convert", help="convert a GGUF file to a cached safetensors directory",
                           description="Dequantise a GGUF checkpoint (weights, config, tokenizer, chat template) into "
@@ -308,10 +314,13 @@ def _convert(args) -> int:
 
 
 def _serve(args) -> int:
+    import torch
+
     from treeflash import LLM
     from treeflash.default_model import DEFAULT_MODEL_NAME
     from treeflash.server import ServerConfig, serve
 
+    torch.set_num_threads(args.threads or default_threads())
     if args.max_choices < 1 or args.shutdown_timeout < 0 or not 0 <= args.port < 65536:
         raise ValueError("--max-choices must be >= 1, --shutdown-timeout >= 0 and --port in [0, 65535]")
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,

@@ -333,6 +333,12 @@ class LLM:
             ids.add(self.tokenizer.eos_token_id)
         return frozenset(ids)
 
+    def encode(self, prompt: str, tokenizer=None) -> list[int]:
+        """A text prompt's token ids, as `generate` tokenizes it (tokenizer: as in `chat_token_ids`)."""
+        tok = tokenizer or self._need_tokenizer()
+        # verbose=False: transformers would warn about over-long prompts; _requests says it clearly.
+        return tok.encode(prompt, verbose=False)
+
     def new_requests(self, prompt_token_ids: Sequence[Sequence[int]], sampling_params: Sequence[SamplingParams],
                      texts: Sequence[str | None] | None = None) -> list[Request]:
         """Validated engine requests (not yet added) for other front ends, such as the server."""
@@ -346,9 +352,7 @@ class LLM:
             prompts = [prompts] if isinstance(prompts, str) else list(prompts)
             if not all(isinstance(p, str) for p in prompts):
                 raise ValueError("prompts must be strings; pass token ids as prompt_token_ids=[[...], ...]")
-            tok = self._need_tokenizer()
-            # verbose=False: transformers would warn about over-long prompts; the check below says it clearly.
-            ids = [tok.encode(p, verbose=False) for p in prompts]
+            ids = [self.encode(p) for p in prompts]
             texts = prompts
         else:
             ids = [_token_ids(p, n) for n, p in enumerate(prompt_token_ids)]

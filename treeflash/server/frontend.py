@@ -58,7 +58,9 @@ class Frontend:
             raise bad_request("only response_format {'type': 'text'} is supported", param="response_format",
                               code="unsupported")
         tok = self._need_tokenizer("messages")
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        # OpenAI's "developer" role is its newer name for "system".
+        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+                    for m in body.messages]
         try:
             ids = self.llm.chat_token_ids(messages, tokenizer=tok)
         except ValueError as e:  # no chat template
@@ -94,7 +96,7 @@ class Frontend:
         out = []
         for p in prompt:
             if isinstance(p, str):
-                out.append(Prompt(self._need_tokenizer("prompt").encode(p), p))  # as LLM.generate encodes
+                out.append(Prompt(self.llm.encode(p, tokenizer=self._need_tokenizer("prompt")), p))
             else:
                 out.append(Prompt(list(p), None))
         vocab = self.llm.config.vocab_size
