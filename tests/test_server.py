@@ -355,3 +355,14 @@ def test_the_load_script_finds_no_errors_and_no_mismatches(server, model_dir, tm
     s = report["summary"]
     assert s["errors"] == 0 and report["mismatches"] == 0, (s["error_examples"], report["mismatch_examples"])
     assert s["requests_finished"] >= 6 and s["ttft_ms"]["n"] == s["requests_finished"]
+
+
+def test_the_bad_input_script_gets_4xx_for_every_row(server):
+    """benchmarks/serve_bad_inputs.py (the README's table) against the test server."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import serve_bad_inputs
+
+    rows = serve_bad_inputs.main(["--url", server.url, "--api-key", KEY])
+    assert len(rows) > 30
+    for row in rows:
+        assert 400 <= row["status"] < 500 and row["message"] and row["next_good_request"] == 200, row

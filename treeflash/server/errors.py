@@ -29,7 +29,7 @@ class APIError(Exception):
         return ErrorResponse(error=info).model_dump()
 
 
-def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+def bad_request(message: str, param: str | None = None, code: str = "invalid_value") -> APIError:
     return APIError(400, message, param=param, code=code)
 
 
@@ -53,6 +53,8 @@ def from_validation(error: ValidationError, fields: set[str]) -> APIError:
     message = first["msg"].removeprefix("Value error, ")
     if kind == "missing":
         message = "this field is required"
+    elif kind == "too_short" and first.get("ctx", {}).get("min_length") == 1:
+        message = "must not be empty"
     elif union and field in UNION_FIELDS:
         message = f"must be {UNION_FIELDS[field]}"
     return bad_request(f"{path or 'body'}: {message}", param=path or None,
