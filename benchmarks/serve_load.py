@@ -243,7 +243,6 @@ def main(argv: list[str] | None = None) -> dict:
 
     import httpx
     import torch
-
     from run_info import run_info
 
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}

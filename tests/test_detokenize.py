@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from helpers import make_tiny_target
 from treeflash import LLM, SamplingParams
 from treeflash.detokenize import IncrementalDetokenizer
-from helpers import make_tiny_target
 
 TEXT = "Grüße, 木 and a tree 🌳 at the end: ok 👍🏽!"
 
@@ -41,7 +41,7 @@ def test_incomplete_characters_are_held_back_and_the_text_equals_one_decode():
 
 
 def _incomplete_tail(data: bytes) -> int:
-    for cut in range(0, 4):
+    for cut in range(4):
         try:
             data[:len(data) - cut].decode()
             return cut

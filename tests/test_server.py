@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 import treeflash
-from treeflash import LLM, SamplingParams
 from helpers import make_tiny_target
 from spec_helpers import make_drafter
+from treeflash import LLM, SamplingParams
 
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
@@ -102,7 +102,7 @@ def offline(model_dir) -> LLM:
 
 def metric(server: Server, name: str) -> float:
     text = httpx.get(server.url + "/metrics").text
-    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
     assert match, f"{name} not in /metrics"
     return float(match.group(1))
 

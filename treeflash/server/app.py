@@ -12,8 +12,8 @@ import hmac
 import json
 import time
 import uuid
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -80,7 +80,7 @@ def build_app(llm: LLM, config: ServerConfig) -> FastAPI:
     @app.post("/v1/completions", **v1)
     async def completions(request: Request) -> Response:
         body = await _parse(request, p.CompletionRequest)
-        requests, num_prompts = frontend.completion_requests(body)
+        requests = frontend.completion_requests(body)
         chat = _Formatter(config.model_name, chat=False, n=body.n, num_choices=len(requests),
                           include_usage=bool(body.stream_options and body.stream_options.include_usage))
         return await _respond(request, loop, requests, chat, body.stream)
@@ -121,7 +121,7 @@ def _no_constant(name: str):
     raise ValueError(f"{name} is not JSON")
 
 
-async def _respond(request: Request, loop: EngineLoop, requests, fmt: "_Formatter", stream: bool) -> Response:
+async def _respond(request: Request, loop: EngineLoop, requests, fmt: _Formatter, stream: bool) -> Response:
     if stream:
         # Submitted when the stream starts: a client gone before that leaves nothing behind.
         return StreamingResponse(_stream(loop, requests, fmt), media_type="text/event-stream",
@@ -153,7 +153,7 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def _collect(group: RequestGroup, fmt: "_Formatter") -> dict:
+async def _collect(group: RequestGroup, fmt: _Formatter) -> dict:
     texts, reasons = [""] * fmt.num_choices, [None] * fmt.num_choices
     usage = fmt.new_usage()
     try:
@@ -169,7 +169,7 @@ async def _collect(group: RequestGroup, fmt: "_Formatter") -> dict:
     return fmt.final(texts, reasons, usage)
 
 
-async def _stream(loop: EngineLoop, requests, fmt: "_Formatter") -> AsyncIterator[str]:
+async def _stream(loop: EngineLoop, requests, fmt: _Formatter) -> AsyncIterator[str]:
     group = None
     try:
         group = _submit(loop, requests)

@@ -15,8 +15,8 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import AsyncIterator
 
 from treeflash.engine import Engine, Request
 from treeflash.server.metrics import ServerMetrics
@@ -150,7 +150,7 @@ class EngineLoop:
     def _step(self) -> None:
         try:
             updates = self.engine.step()
-        except Exception as error:  # noqa: BLE001 (a bug or an out-of-memory must not end the server)
+        except Exception as error:  # a bug or an out-of-memory fails these requests, not the server
             log.exception("engine step failed; failing the requests in flight")
             self._fail_all(error)
             return

@@ -39,8 +39,8 @@ class Frontend:
         self.tokenizer = load_tokenizer(llm.model_dir) if llm.tokenizer is not None else None
 
     # --- the two endpoints -----------------------------------------------------------------------
-    def completion_requests(self, body: CompletionRequest) -> tuple[list[Request], int]:
-        """Engine requests for every prompt x n choices, and the number of prompts."""
+    def completion_requests(self, body: CompletionRequest) -> list[Request]:
+        """Engine requests for every prompt x n choices (choice index = prompt index x n + j)."""
         self._check_common(body)
         for name, value, neutral in (("echo", body.echo, False), ("suffix", body.suffix, None)):
             if value not in (neutral, ""):
@@ -48,7 +48,7 @@ class Frontend:
         if body.best_of not in (None, 1, body.n):
             raise bad_request("best_of is not supported (use n)", param="best_of", code="unsupported")
         prompts = self._completion_prompts(body.prompt)
-        return self._requests(body, prompts, body.max_tokens, default_max_tokens=16), len(prompts)
+        return self._requests(body, prompts, body.max_tokens, default_max_tokens=16)
 
     def chat_requests(self, body: ChatCompletionRequest) -> list[Request]:
         self._check_common(body)

@@ -66,7 +66,7 @@ class ChatMessage(_Request):
     name: str | None = None
 
     @model_validator(mode="after")
-    def _content_present(self) -> "ChatMessage":
+    def _content_present(self) -> ChatMessage:
         if self.content is None and self.role != "assistant":
             raise ValueError(f"a {self.role} message needs content")
         return self
