@@ -8,8 +8,9 @@ requests in flight then finish). Requests alternate between greedy and seeded sa
 set of short prompts and three lengths. Reported: requests/s and output tokens/s over the run, time to
 first token (TTFT), inter-token latency (ITL: the gaps between streamed chunks; a speculative round's
 tokens arrive together), time per output token per request (TPOT), and errors, which must be zero.
-Then every answer is compared with the same request run offline through `LLM.chat` (greedy and seeded
-requests are deterministic): a lost, truncated or mixed-up answer is a mismatch.
+Then every answer is compared with the same request run offline through `LLM.chat` with plain decoding
+(greedy and seeded requests are deterministic, and speculative decoding gives plain decoding's tokens):
+a lost, truncated or mixed-up answer is a mismatch.
 """
 
 from __future__ import annotations
@@ -164,13 +165,14 @@ def percentiles(values: list[float], scale: float = 1000.0) -> dict:
             "mean": round(float(a.mean()), 1), "n": len(values)}
 
 
-def check_offline(results: list[Result], model: str | None, max_num_seqs: int) -> list[dict]:
-    """Run every answered request offline; return the answers that differ."""
+def check_offline(results: list[Result], model: str | None, max_num_seqs: int, spec: str = "none") -> list[dict]:
+    """Run every answered request offline (plain decoding by default: a speculative server must give
+    exactly its tokens); return the answers that differ."""
     from treeflash import LLM, SamplingParams
 
     answered = [r for r in results if r.error is None]
     jobs = sorted({r.job for r in answered}, key=lambda j: j.k)
-    llm = LLM(model, max_num_seqs=max_num_seqs)
+    llm = LLM(model, max_num_seqs=max_num_seqs, spec=spec)
     params = [SamplingParams(temperature=0, max_tokens=j.max_tokens) if j.seed is None else
               SamplingParams(temperature=0.8, top_p=0.95, seed=j.seed, max_tokens=j.max_tokens) for j in jobs]
     outs = llm.chat([[{"role": "user", "content": j.prompt}] for j in jobs], params, use_tqdm=False)
@@ -236,6 +238,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--api-key", default=None)
     ap.add_argument("--model", default=None, help="the served model, for the offline check (default: the embedded one)")
     ap.add_argument("--check-max-num-seqs", type=int, default=16, help="batch of the offline check")
+    ap.add_argument("--check-spec", default="none", choices=("none", "dflash", "ddtree"),
+                    help="decoding method of the offline check (default none: plain decoding)")
     ap.add_argument("--no-check", action="store_true", help="skip the offline comparison")
     ap.add_argument("--note", default="", help="free text stored with the result (e.g. what else ran)")
     ap.add_argument("--out", default=None, help="write the report (JSON) here")
@@ -253,7 +257,8 @@ def main(argv: list[str] | None = None) -> dict:
     report = {**run_info(torch.device("cpu")), "url": args.url, "served_model": served, "clients": args.clients,
               "duration_s": args.duration, "note": args.note, "summary": summarize(results, elapsed, before, after)}
     if not args.no_check:
-        mismatched = check_offline(results, args.model, args.check_max_num_seqs)
+        mismatched = check_offline(results, args.model, args.check_max_num_seqs, args.check_spec)
+        report["check_spec"] = args.check_spec
         report["mismatches"] = len(mismatched)
         report["mismatch_examples"] = mismatched[:5]
     print(table(report))
