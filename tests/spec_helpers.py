@@ -103,9 +103,9 @@ def install_oracle(monkeypatch, known: dict[tuple[int, ...], list[int]], vocab: 
     sequences: dict[tuple[int, int], list[int]] = {}
     original_prefill = Speculator.prefill
 
-    def prefill(self, slot, prompt, chunk=512):
+    def prefill(self, slot, prompt, *args, **kwargs):
         sequences[(id(self), slot)] = known.get(tuple(prompt))
-        return original_prefill(self, slot, prompt, chunk)
+        return original_prefill(self, slot, prompt, *args, **kwargs)
 
     def draft(self, state, sampling):
         depth = self.drafter.config.depth

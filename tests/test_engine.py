@@ -97,3 +97,71 @@ def test_an_interrupted_generate_leaves_the_engine_clean(pair, monkeypatch):
     assert not llm.engine.has_work()
     monkeypatch.setattr(llm.engine, "step", step)
     assert len(llm.generate(prompt_token_ids=PROMPTS, sampling_params=GREEDY)) == 3
+
+
+@pytest.mark.parametrize("spec", ["none", "ddtree"])
+def test_a_long_prompt_is_prefilled_one_chunk_per_step_beside_running_requests(pair, spec, monkeypatch):
+    """A newcomer's prompt goes in a chunk per step while rounds go on; a slot mid-prefill sits inside
+    the running batch (rounds write past its rows) and still gives the newcomer its solo output."""
+    import dataclasses
+
+    target, drafter = pair
+
+    def llm(chunk=None):
+        made = LLM(str(target), device="cpu", draft_model=str(drafter) if spec != "none" else None, spec=spec,
+                   tree_budget=8, max_num_seqs=2)
+        if chunk:
+            made.engine.config = dataclasses.replace(made.engine.config, prefill_chunk=chunk)
+        return made
+
+    long_prompt = [(7 * i) % 60 + 1 for i in range(45)]  # 6 chunks of 8 (the last one 5 tokens)
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    solo = [llm().generate(prompt_token_ids=[p], sampling_params=params)[0].token_ids  # prompts in one piece
+            for p in (PROMPTS[0], long_prompt)]
+
+    server = llm(chunk=8)
+    engine = server.engine
+    prefilled = []
+    original = engine.speculator.prefill
+
+    def counting_prefill(slot, prompt, **kwargs):
+        prefilled.append(len(prompt) - kwargs.get("start", 0))
+        return original(slot, prompt, **kwargs)
+
+    monkeypatch.setattr(engine.speculator, "prefill", counting_prefill)
+    short, running, newcomer = server._requests(
+        None, [SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), params, params],
+        [PROMPTS[1], PROMPTS[0], long_prompt])
+    engine.add(short)
+    engine.add(running)
+    while not short.finished:
+        engine.step()
+    assert short.slot is None and running.slot == 1  # slot 0 is free, below a running slot
+    engine.add(newcomer)
+    steps_while_prefilling = 0
+    while not newcomer.running and not newcomer.finished:
+        prefilled.clear()
+        before = len(running.output_ids)
+        engine.step()
+        steps_while_prefilling += 1
+        assert newcomer.slot == 0 and sum(prefilled) <= 8
+        assert running.finished or len(running.output_ids) > before  # the running request kept going
+    assert steps_while_prefilling == 6
+    while engine.has_work():
+        engine.step()
+    assert [running.output_ids, newcomer.output_ids] == solo
+
+
+def test_a_prompt_prefilling_in_a_slot_above_the_running_ones(pair):
+    """Seeded sampling (per-slot sampling rows) with the slot mid-prefill past the last running slot."""
+    import dataclasses
+
+    target, _ = pair
+    long_prompt = [(5 * i) % 60 + 1 for i in range(30)]
+    params = [SamplingParams(temperature=1.0, max_tokens=20, seed=s, ignore_eos=True) for s in (3, 4)]
+    solo = [LLM(str(target), device="cpu").generate(prompt_token_ids=[p], sampling_params=q)[0].token_ids
+            for p, q in zip((PROMPTS[0], long_prompt), params)]
+    llm = LLM(str(target), device="cpu", max_num_seqs=2)
+    llm.engine.config = dataclasses.replace(llm.engine.config, prefill_chunk=8)
+    outs = llm.generate(prompt_token_ids=[PROMPTS[0], long_prompt], sampling_params=params)
+    assert [o.token_ids for o in outs] == solo

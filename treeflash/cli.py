@@ -105,6 +105,23 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
 
 
+SERVE_DESCRIPTION = """\
+Serve MODEL (default: the embedded model) over HTTP: /v1/models, /v1/completions and
+/v1/chat/completions as OpenAI defines them (streamed or not), /health, and /metrics in the
+Prometheus text format. Requests join and leave the running batch between rounds; a client that
+goes away has its request aborted at once. SIGINT/SIGTERM: stop taking connections, let the
+requests in flight finish (up to --shutdown-timeout seconds, then cancel them), exit 0."""
+
+SERVE_EPILOG = """\
+examples:
+  treeflash serve                                   # the embedded model on http://127.0.0.1:8000/v1
+  treeflash serve Qwen3-8B/ --draft-model Qwen3-8B-DFlash-b16/ --spec ddtree --max-num-seqs 32
+  TREEFLASH_API_KEY=secret treeflash serve --host 0.0.0.0 --port 8080
+
+then, from any OpenAI client:
+  OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="secret").chat.completions.create(...)"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="treeflash", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -125,6 +142,32 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(gen)
     _add_spec_args(gen)
     _add_sampling_args(gen)
+
+    srv = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
+                         description=SERVE_DESCRIPTION, epilog=SERVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    srv.add_argument("model", nargs="?", default=None,
+                     help="target: a Hugging Face directory or a .gguf file (default: the embedded model)")
+    _add_spec_args(srv)
+    srv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    srv.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    srv.add_argument("--max-num-seqs", type=int, default=8, help="requests decoded side by side (default 8)")
+    srv.add_argument("--max-model-len", type=int, default=None, help="context limit in tokens (default: the model's)")
+    srv.add_argument("--api-key", default=os.environ.get("TREEFLASH_API_KEY"),
+                     help="require 'Authorization: Bearer KEY' on /v1/* (default: $TREEFLASH_API_KEY; none = open)")
+    srv.add_argument("--served-model-name", default=None,
+                     help="the model name clients send and /v1/models lists (default: MODEL as given, or the "
+                          "embedded model's name)")
+    srv.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    srv.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bfloat16 on cuda, float32 on cpu)")
+    srv.add_argument("--max-choices", type=int, default=16, help="prompts x n of one request, at most (default 16)")
+    srv.add_argument("--shutdown-timeout", type=float, default=30.0,
+                     help="seconds the requests in flight get to finish after SIGINT/SIGTERM (default 30)")
+    srv.add_argument("--threads", type=_positive_int, default=None,
+                     help=f"intra-op CPU threads for torch (default here: {default_threads()}; $OMP_NUM_THREADS "
+                          f"if set, else half the usable cores, 1 to 4)")
+    srv.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    srv.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    _add_debug_arg(srv, argparse.SUPPRESS)
 
     conv = sub.add_parser("convert", help="convert a GGUF file to a cached safetensors directory",
                           description="Dequantise a GGUF checkpoint (weights, config, tokenizer, chat template) into "
@@ -229,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "bench":
             return _bench(args, argv)
-        return {"generate": _generate, "convert": _convert, "train-drafter": _train_drafter}[args.command](args)
+        return {"generate": _generate, "convert": _convert, "train-drafter": _train_drafter,
+                "serve": _serve}[args.command](args)
     except KeyboardInterrupt:
         print("\ntreeflash: interrupted", file=sys.stderr)
         return 130
@@ -266,6 +310,26 @@ def _convert(args) -> int:
         args.gguf = default_gguf_path()
     out = convert_gguf(args.gguf, args.out) if args.out else cached_conversion(args.gguf)
     print(out)
+    return 0
+
+
+def _serve(args) -> int:
+    import torch
+
+    from treeflash import LLM
+    from treeflash.default_model import DEFAULT_MODEL_NAME
+    from treeflash.server import ServerConfig, serve
+
+    torch.set_num_threads(args.threads or default_threads())
+    if args.max_choices < 1 or args.shutdown_timeout < 0 or not 0 <= args.port < 65536:
+        raise ValueError("--max-choices must be >= 1, --shutdown-timeout >= 0 and --port in [0, 65535]")
+    llm = LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
+              draft_model=args.draft_model, spec=args.spec, tree_budget=args.tree_budget,
+              max_num_seqs=args.max_num_seqs)
+    name = args.served_model_name or args.model or DEFAULT_MODEL_NAME
+    serve(llm, ServerConfig(model_name=name, api_key=args.api_key or None, max_choices=args.max_choices,
+                            shutdown_timeout=args.shutdown_timeout),
+          host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log)
     return 0
 
 

@@ -1,17 +1,21 @@
 """The engine: requests in slots, one round per step, emitted tokens cut exactly at stops.
 
-The engine is long-lived: `LLM` builds one and every call (and, later, the server) feeds it requests.
+The engine is long-lived: `LLM` builds one, and every call (and `treeflash serve`) feeds it requests.
 `Engine.step()` admits waiting requests into free slots (prefill + first token), runs one round over
 the running slots (a CUDA graph replay on a GPU, treeflash/runner.py), reads the emitted tokens back
 (the round's only host synchronisation) and finishes requests whose tokens hit a stop token, a stop
 string, max_tokens or the context limit. With tree_budget="auto" each round's budget is chosen from
 the cost profile and the recent acceptance (treeflash/budget.py), using only what that sync read.
 `Engine.abort()` ends a request at once, waiting or running, and frees its slot.
+
+Prefill is interleaved with the rounds: a step prefills at most `prefill_chunk` prompt tokens (a long
+prompt takes several steps, a chunk per step), so a newcomer delays the running requests by at most
+one chunk. Text is detokenised incrementally as tokens arrive; `text_delta` hands out the part of it
+that can no longer change (one implementation for `LLM.stream` and the server).
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -20,8 +24,9 @@ from pathlib import Path
 import torch
 
 from treeflash.budget import AUTO_BUDGETS, BudgetChooser, CostProfile
+from treeflash.detokenize import IncrementalDetokenizer
 from treeflash.outputs import RequestMetrics, RequestOutput
-from treeflash.round import STAGES, SpecConfig, Speculator, rows_per_round
+from treeflash.round import PREFILL_CHUNK, STAGES, SpecConfig, Speculator, rows_per_round
 from treeflash.runner import GraphRunner
 from treeflash.sampling import SamplingParams
 from treeflash.tree_view import render_tree
@@ -43,12 +48,18 @@ class Request:
     finish_reason: str | None = None
     stop_string_at: int | None = None  # cut the text here when a stop string ended the request
     slot: int | None = None
+    prefilled: int = 0  # prompt tokens already in the slot's caches; running once all are
+    detok: IncrementalDetokenizer | None = None  # the generated text, grown token by token
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     last_tree: str | None = None
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def running(self) -> bool:
+        return self.slot is not None and self.prefilled == len(self.prompt_ids)
 
 
 @dataclass
@@ -67,6 +78,7 @@ class EngineConfig:
     cuda_graphs: bool = True  # replay rounds as CUDA graphs (CUDA only; the CPU always runs eagerly)
     attention: str | None = None  # "sdpa" or "flex" (treeflash/attention.py); None: the device's default
     budget_profile: str | None = None  # tree_budget="auto": a stored CostProfile (JSON) to load or write
+    prefill_chunk: int = PREFILL_CHUNK  # prompt tokens prefilled per step at most (whole chunks)
 
 
 class Engine:
@@ -110,6 +122,7 @@ class Engine:
         return chooser
 
     def add(self, request: Request) -> None:
+        self._detok(request)
         self.waiting.append(request)
 
     def abort(self, request_id: int) -> bool:
@@ -131,7 +144,7 @@ class Engine:
 
     def step(self) -> list[StepUpdate]:
         updates = self._admit()
-        running = [i for i, r in enumerate(self.slots) if r is not None]
+        running = [i for i, r in enumerate(self.slots) if r is not None and r.running]
         if not running:
             return updates
         num_slots = running[-1] + 1
@@ -167,22 +180,50 @@ class Engine:
 
     # --- admission -------------------------------------------------------------------------------
     def _admit(self) -> list[StepUpdate]:
-        updates = []
-        while self.waiting and None in self.slots:
-            request = self.waiting.popleft()
-            slot = self.slots.index(None)
-            start = time.perf_counter()
-            need = len(request.prompt_ids) + request.max_new_tokens + self.round_rows + 1
-            if need > self.speculator.capacity:  # doubling keeps regrowth (a copy of the caches) rare
-                self.speculator.reserve(min(max(need, 2 * self.speculator.capacity), self.max_capacity))
-            first = self.speculator.admit(slot, request.prompt_ids, request.params, request.seed)
-            token = int(first)
-            request.metrics.prefill_seconds = time.perf_counter() - start
-            request.metrics.num_prompt_tokens = len(request.prompt_ids)
-            request.slot, self.slots[slot], self.seq_lens[slot] = slot, request, len(request.prompt_ids)
-            updates.append(StepUpdate(request, self._append(request, [token])))
-            self._retire_if_done(request)
+        """Prefill up to `prefill_chunk` prompt tokens: the rest of a started prompt first, then newcomers.
+
+        A prompt is cut into chunks at fixed offsets (multiples of prefill_chunk from its start), so its
+        numbers do not depend on what else is waiting. A slot mid-prefill is inactive: rounds leave its
+        committed rows alone (they write only past them, where the next chunk overwrites).
+        """
+        updates, spent = [], 0
+        while True:
+            request = self._prefilling() or self._take_slot()
+            if request is None:
+                break
+            start = request.prefilled
+            end = min(len(request.prompt_ids), start + self.config.prefill_chunk)
+            if spent and spent + end - start > self.config.prefill_chunk:
+                break  # the next chunk waits for the next step
+            spent += end - start
+            clock = time.perf_counter()
+            if end < len(request.prompt_ids):
+                self.speculator.prefill(request.slot, request.prompt_ids[:end], start=start, activate=False)
+            else:
+                first = self.speculator.admit(request.slot, request.prompt_ids, request.params, request.seed,
+                                              start=start)
+            request.prefilled = self.seq_lens[request.slot] = end
+            request.metrics.prefill_seconds += time.perf_counter() - clock
+            if request.running:
+                request.metrics.num_prompt_tokens = len(request.prompt_ids)
+                updates.append(StepUpdate(request, self._append(request, [int(first)])))
+                self._retire_if_done(request)
         return updates
+
+    def _prefilling(self) -> Request | None:
+        return next((r for r in self.slots if r is not None and not r.running), None)
+
+    def _take_slot(self) -> Request | None:
+        """Give the first waiting request a free slot, with caches long enough for all it may need."""
+        if not self.waiting or None not in self.slots:
+            return None
+        request = self.waiting.popleft()
+        slot = self.slots.index(None)
+        need = len(request.prompt_ids) + request.max_new_tokens + self.round_rows + 1
+        if need > self.speculator.capacity:  # doubling keeps regrowth (a copy of the caches) rare
+            self.speculator.reserve(min(max(need, 2 * self.speculator.capacity), self.max_capacity))
+        request.slot, self.slots[slot] = slot, request
+        return request
 
     def _retire_if_done(self, request: Request) -> None:
         if request.finished and request.slot is not None:
@@ -194,73 +235,83 @@ class Engine:
     # --- stops -----------------------------------------------------------------------------------
     def _append(self, request: Request, tokens: list[int]) -> list[int]:
         """Append a round's tokens one at a time, as plain decoding would, up to the first that ends the
-        request (a stop token, max_tokens or a stop string); returns what was kept.
+        request (a stop string, a stop token or max_tokens); returns what was kept.
 
         Checking token by token is what makes a many-token round end exactly where one-token rounds
         end: with stop=["hello world", "lo"], "say hello world" stops at "lo", after "say hello".
+        Each token is detokenised once, incrementally; a stop string is searched only in the text the
+        token completed (plus the longest stop string's length before it).
         """
-        strings = bool(request.params.stop) and self.tokenizer is not None
-        text = self._decode(request.output_ids) if strings else ""
+        detok = self._detok(request)
         kept = []
         for token in tokens:
             kept.append(token)
             request.output_ids.append(token)
-            if token in request.stop_ids:
+            if detok is not None and not self._stop_string_hit(request, detok, token):
+                if token in request.stop_ids:
+                    request.finish_reason = "stop"  # the stop token ends the text, it is not part of it
+                else:
+                    detok.push(token)
+            elif token in request.stop_ids:
                 request.finish_reason = "stop"
-            elif len(request.output_ids) >= request.max_new_tokens:
+            if not request.finished and len(request.output_ids) >= request.max_new_tokens:
                 request.finish_reason = "length"
-            if strings:
-                text = self._check_stop_strings(request, text)
             if request.finished:
                 break
+        if request.finished and detok is not None and request.stop_string_at is None:
+            detok.flush()  # a last incomplete character is text too (as U+FFFD), as one decode gives it
         request.metrics.num_generated_tokens = len(request.output_ids)
         return kept
 
-    def _check_stop_strings(self, request: Request, before: str) -> str:
-        """Did the last output token complete a stop string? `before` is the text without that token;
-        returns the text with it. On a hit the request ends, and its text is cut at the earliest
-        occurrence found.
+    def _stop_string_hit(self, request: Request, detok: IncrementalDetokenizer, token: int) -> bool:
+        """Would `token` complete a stop string? If so it is added, the text is cut at the earliest
+        occurrence found and the request ends. Only occurrences ending in the new text are new (older
+        ones would have ended the request already)."""
+        stops = request.params.stop
+        if not stops:
+            return False
+        before = len(detok.text)
+        added = detok.peek(token)
+        if not added:
+            return False
+        text = detok.text + added
+        start = max(0, before - max(len(s) for s in stops) + 1)
+        hits = [i for s in stops if (i := text.find(s, start)) >= 0]
+        if not hits:
+            return False
+        detok.push(token)
+        request.stop_string_at = min(hits)
+        detok.cut(request.stop_string_at)
+        request.finish_reason = "stop"
+        return True
 
-        Only occurrences that end in the part of the text the token changed are new (older ones would
-        have ended the request already), so the search starts at most `longest - 1` characters before
-        that part. The token usually appends to the text, but it may also rewrite the end of it: a
-        partial UTF-8 character decodes as U+FFFD until its last byte arrives.
-        """
-        text = self._decode(request.output_ids)
-        stable = _common_prefix_len(before, text)
-        from_char = max(0, stable - max(len(s) for s in request.params.stop) + 1)
-        hits = [i for s in request.params.stop if (i := text.find(s, from_char)) >= 0]
-        if hits:
-            request.finish_reason, request.stop_string_at = "stop", min(hits)
-        return text
+    def _detok(self, request: Request) -> IncrementalDetokenizer | None:
+        if request.detok is None and self.tokenizer is not None:
+            request.detok = IncrementalDetokenizer(self.tokenizer)
+        return request.detok
 
     # --- text ------------------------------------------------------------------------------------
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else ""
-
     def _token_text(self, token: int) -> str:
         if self.tokenizer is None:
             return str(token)
         return repr(self.tokenizer.decode([token], skip_special_tokens=False))  # show special tokens too
 
     def text_of(self, request: Request) -> str:
-        ids = request.output_ids
-        if request.finish_reason == "stop" and request.stop_string_at is None and ids and ids[-1] in request.stop_ids:
-            ids = ids[:-1]  # the stop token ends the text, it is not part of it
-        text = self._decode(ids)
-        return text[:request.stop_string_at] if request.stop_string_at is not None else text
+        return request.detok.text if request.detok is not None else ""
+
+    def text_delta(self, request: Request, sent: int) -> str:
+        """The request's text from character `sent` on, up to where it can no longer change.
+
+        Until the request finishes, the last (longest stop string - 1) characters are held back: they
+        may still turn out to begin a stop string. (Incomplete characters never reach the text.)
+        """
+        text = self.text_of(request)
+        end = len(text)
+        if not request.finished and request.params.stop:
+            end -= max(len(s) for s in request.params.stop) - 1
+        return text[sent:end] if end > sent else ""
 
     def output_of(self, request: Request) -> RequestOutput:
         return RequestOutput(request.id, request.prompt, request.prompt_ids, list(request.output_ids),
                              self.text_of(request), request.finish_reason or "length", request.metrics,
                              request.last_tree)
-
-
-def _common_prefix_len(a: str, b: str) -> int:
-    """An n with a[:n] == b[:n]: the longest, or less (a search that starts earlier is still exact)."""
-    if b.startswith(a):  # the usual case: the token appended text
-        return len(a)
-    trimmed = a.rstrip("\ufffd")  # a partial UTF-8 character was completed (or continued)
-    if b.startswith(trimmed):
-        return len(trimmed)
-    return len(os.path.commonprefix([a, b]))  # e.g. a tokenizer's clean-up rewrote earlier spaces

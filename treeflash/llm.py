@@ -264,21 +264,15 @@ class LLM:
         _check_one_prompt(prompt, sampling_params, prompt_token_ids)
         ids = None if prompt_token_ids is None else [list(prompt_token_ids)]
         request = self._requests(None if ids else prompt, sampling_params, ids)[0]
-        engine, printed = self.engine, ""
+        engine, printed = self.engine, 0
         engine.add(request)
         try:
             while True:
                 # (Another call on this engine may have stepped the request meanwhile: read its state.)
                 if not request.finished and not any(u.request is request for u in engine.step()):
                     continue
-                text = engine.text_of(request)
-                if not request.finished:
-                    # Hold back what may still become a stop string or a partial UTF-8 character.
-                    hold = max((len(s) for s in request.params.stop or []), default=1) - 1
-                    text = text[:len(text) - hold] if hold else text
-                    text = text.rstrip("\ufffd")
-                delta = text[len(printed):] if text.startswith(printed) else ""
-                printed = text if delta else printed
+                delta = engine.text_delta(request, printed)  # held back: a possible stop string's start
+                printed += len(delta)
                 if request.finished:
                     yield StreamChunk(delta, engine.output_of(request))
                     return
@@ -288,10 +282,13 @@ class LLM:
             # A consumer that stops early (or an error) must not leave the request holding a slot.
             engine.abort(request.id)
 
-    def chat_token_ids(self, messages: list[dict]) -> list[int]:
-        """The prompt token ids of one conversation under the model's chat template (checked first)."""
-        _check_conversation(messages, "messages", getattr(self.tokenizer, "chat_template", None))
-        tok = self._need_tokenizer()
+    def chat_token_ids(self, messages: list[dict], tokenizer=None) -> list[int]:
+        """The prompt token ids of one conversation under the model's chat template (checked first).
+
+        tokenizer: another instance of this model's tokenizer (a thread of its own must not share one).
+        """
+        tok = tokenizer or self._need_tokenizer()
+        _check_conversation(messages, "messages", getattr(tok, "chat_template", None))
         if not tok.chat_template:
             raise ValueError(f"{self.model_dir}: the tokenizer has no chat template")
         text = tok.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
@@ -341,6 +338,17 @@ class LLM:
             ids.add(self.tokenizer.eos_token_id)
         return frozenset(ids)
 
+    def encode(self, prompt: str, tokenizer=None) -> list[int]:
+        """A text prompt's token ids, as `generate` tokenizes it (tokenizer: as in `chat_token_ids`)."""
+        tok = tokenizer or self._need_tokenizer()
+        # verbose=False: transformers would warn about over-long prompts; _requests says it clearly.
+        return tok.encode(prompt, verbose=False)
+
+    def new_requests(self, prompt_token_ids: Sequence[Sequence[int]], sampling_params: Sequence[SamplingParams],
+                     texts: Sequence[str | None] | None = None) -> list[Request]:
+        """Validated engine requests (not yet added) for other front ends, such as the server."""
+        return self._requests(None, list(sampling_params), prompt_token_ids, texts=texts)
+
     def _requests(self, prompts, sampling_params, prompt_token_ids, texts=None) -> list[Request]:
         """Validate everything before anything runs, so bad input loses nothing."""
         if (prompts is None) == (prompt_token_ids is None):
@@ -349,9 +357,7 @@ class LLM:
             prompts = [prompts] if isinstance(prompts, str) else list(prompts)
             if not all(isinstance(p, str) for p in prompts):
                 raise ValueError("prompts must be strings; pass token ids as prompt_token_ids=[[...], ...]")
-            tok = self._need_tokenizer()
-            # verbose=False: transformers would warn about over-long prompts; the check below says it clearly.
-            ids = [tok.encode(p, verbose=False) for p in prompts]
+            ids = [self.encode(p) for p in prompts]
             texts = prompts
         else:
             ids = [_token_ids(p, n) for n, p in enumerate(prompt_token_ids)]

@@ -28,6 +28,7 @@ from treeflash.tree import DraftTree, Walk, ancestor_mask, build_tree, root_only
 
 METHODS = ("none", "dflash", "ddtree")
 STAGES = ("draft", "tree", "verify", "derive_walk", "commit")
+PREFILL_CHUNK = 512  # prompt tokens per prefill forward
 # Draft nodes per round at most. Each round verifies root + budget nodes in one target pass (with a
 # budget x budget mask) and every slot's caches hold budget extra rows: the bound turns a mistyped
 # budget into an error at construction instead of an out-of-memory crash or an hours-long round.
@@ -172,30 +173,37 @@ class Speculator:
 
     # --- prefill ---------------------------------------------------------------------------------
     @torch.inference_mode()
-    def prefill(self, slot: int, prompt: list[int], chunk: int = 512) -> torch.Tensor:
-        """Run a prompt into `slot`'s caches, in chunks; returns the logits after its last token [V]."""
+    def prefill(self, slot: int, prompt: list[int], chunk: int = PREFILL_CHUNK, start: int = 0,
+                activate: bool = True) -> torch.Tensor:
+        """Run prompt[start:] into `slot`'s caches, in chunks; returns the logits after its last token [V].
+
+        Rows [0, start) must already hold prompt[:start] (an earlier call). The slot's committed length
+        becomes len(prompt). activate=False leaves a slot whose prompt is only partly in inactive: rounds
+        then leave its committed length alone (they only write rows past it, which the next chunk
+        overwrites).
+        """
         cache, draft_cache = self.cache.slot(slot), self.draft_cache.slot(slot) if self.drafter else None
         ids = torch.tensor(prompt, dtype=torch.long, device=self.device)[None]
         # Prefill runs eagerly, one chunk at a time, with a dense mask over the rows written so far.
-        for start in range(0, len(prompt), chunk):
-            piece = ids[:, start:start + chunk]
+        for begin in range(start, len(prompt), chunk):
+            piece = ids[:, begin:begin + chunk]
             n = piece.shape[1]
             causal = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()[None]
-            seq = torch.tensor([start], device=self.device)
-            rows, mask = append_layout(seq, causal, start + n)
+            seq = torch.tensor([begin], device=self.device)
+            rows, mask = append_layout(seq, causal, begin + n)
             hidden, features = self.target(piece, rows, cache, rows, mask, self.capture)
             if self.drafter:
                 self.drafter.add_context(self.drafter.context_features(self.target, features), rows, draft_cache, rows)
         self.state.seq_lens[slot] = len(prompt)
-        self.state.active[slot] = True
+        self.state.active[slot] = activate
         return self.target.logits(hidden[0, -1])
 
-    def admit(self, slot: int, prompt: list[int], params: SamplingParams, seed: int) -> torch.Tensor:
-        """Prefill `slot` with a prompt, write its sampling row and derive its first token (the first
-        round's root). The first token sits at position len(prompt), the same counter key plain
-        decoding uses. Returns it as a [1] device tensor.
+    def admit(self, slot: int, prompt: list[int], params: SamplingParams, seed: int, start: int = 0) -> torch.Tensor:
+        """Prefill `slot` with prompt[start:] (earlier rows already hold the rest), write its sampling row
+        and derive its first token (the first round's root). The first token sits at position
+        len(prompt), the same counter key plain decoding uses. Returns it as a [1] device tensor.
         """
-        logits = self.prefill(slot, prompt)
+        logits = self.prefill(slot, prompt, start=start)
         row = self.set_sampling(slot, params, seed)
         first = derive(logits[None, None], row, torch.full((1, 1), len(prompt), device=self.device))[0]
         self.state.bonus[slot:slot + 1] = first

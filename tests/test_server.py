@@ -1,0 +1,368 @@
+"""`treeflash serve`: a real server in a subprocess on a free loopback port, driven by the real `openai` client.
+
+One server per module (a tiny random model with a character tokenizer and a chat template); a second
+one with a random DFlash drafter (ddtree) checks that speculative greedy output through HTTP equals
+plain decoding, and ends with SIGTERM while a stream is in flight.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+import treeflash
+from helpers import make_tiny_target
+from spec_helpers import make_drafter
+from treeflash import LLM, SamplingParams
+
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+
+KEY = "test-key"
+NAME = "tiny"
+CONTEXT = 4096  # long enough that a request can still be running when its client leaves
+TEMPLATE = ("{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}"
+            "{% if add_generation_prompt %}assistant {% endif %}")
+CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "name a tree"}]
+
+
+# --- fixtures -------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    path = make_tiny_target(tmp_path_factory.mktemp("server") / "chars", tokenizer=True,
+                            max_position_embeddings=CONTEXT)
+    config_file = path / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config["chat_template"] = TEMPLATE
+    config_file.write_text(json.dumps(config))
+    return path
+
+
+class Server:
+    """`treeflash serve ARGS` on a free loopback port, until stopped."""
+
+    def __init__(self, *args: str):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        root = str(Path(treeflash.__file__).resolve().parents[1])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
+               "OMP_NUM_THREADS": "1"}
+        self.log = open(Path(args[0]).parent / f"server-{self.port}.log", "w+")
+        self.process = subprocess.Popen([sys.executable, "-m", "treeflash.cli", "serve", *args, "--port", str(self.port),
+                                         "--device", "cpu", "--log-level", "warning"],
+                                        env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while True:
+            assert self.process.poll() is None, f"the server exited:\n{self.output()}"
+            assert time.monotonic() < deadline, f"the server did not come up:\n{self.output()}"
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(60)
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    srv = Server(str(model_dir), "--max-num-seqs", "4", "--api-key", KEY, "--served-model-name", NAME)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def offline(model_dir) -> LLM:
+    return LLM(str(model_dir), device="cpu", max_num_seqs=8)
+
+
+def metric(server: Server, name: str) -> float:
+    text = httpx.get(server.url + "/metrics").text
+    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
+    assert match, f"{name} not in /metrics"
+    return float(match.group(1))
+
+
+def greedy(max_tokens: int = 24, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=max_tokens, **kw)
+
+
+# --- the endpoints --------------------------------------------------------------------------------
+def test_models_health_and_metrics(server, client):
+    assert [m.id for m in client.models.list().data] == [NAME]
+    assert httpx.get(server.url + "/health").status_code == 200
+    text = httpx.get(server.url + "/metrics").text
+    for name in ("treeflash_requests_running", "treeflash_requests_waiting", "treeflash_requests_finished_total",
+                 "treeflash_prompt_tokens_total", "treeflash_generation_tokens_total",
+                 "treeflash_acceptance_length_bucket", "treeflash_batch_size_bucket",
+                 "treeflash_time_to_first_token_seconds_bucket", "treeflash_inter_token_latency_seconds_bucket"):
+        assert name in text
+
+
+def test_completion_greedy_equals_offline_generate(client, offline):
+    want = offline.generate("the tree", greedy(ignore_eos=True))[0]
+    got = client.completions.create(model=NAME, prompt="the tree", max_tokens=24, temperature=0,
+                                    extra_body={"ignore_eos": True})
+    assert got.choices[0].text == want.text and got.choices[0].finish_reason == "length"
+    assert (got.usage.prompt_tokens, got.usage.completion_tokens) == (len(want.prompt_token_ids), 24)
+
+
+def test_streamed_completion_equals_offline_and_ends_with_usage(client, offline):
+    want = offline.generate("a forest", greedy(40))[0]
+    chunks = list(client.completions.create(model=NAME, prompt="a forest", max_tokens=40, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == want.text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == want.finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(want.token_ids)
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_token_id_prompt(client, offline):
+    ids = [5, 9, 13, 2, 40]
+    want = offline.generate(prompt_token_ids=[ids], sampling_params=greedy(16))[0]
+    got = client.completions.create(model=NAME, prompt=ids, max_tokens=16, temperature=0)
+    assert got.choices[0].text == want.text and got.usage.prompt_tokens == len(ids)
+
+
+def test_chat_streamed_and_not_equal_offline_chat(client, offline):
+    want = offline.chat(CHAT, greedy(30))[0]
+    got = client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=30, temperature=0)
+    assert got.choices[0].message.content == want.text and got.choices[0].message.role == "assistant"
+    assert got.choices[0].finish_reason == want.finish_reason
+    assert got.usage.prompt_tokens == len(want.prompt_token_ids)
+    chunks = list(client.chat.completions.create(model=NAME, messages=CHAT, max_completion_tokens=30, temperature=0,
+                                                 stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == want.text
+    assert chunks[-1].choices[0].finish_reason == want.finish_reason
+
+
+def test_seeded_samples_equal_offline_ones_choice_by_choice(client, offline):
+    sampling = dict(temperature=0.9, top_p=0.95, max_tokens=30)
+    extra = {"top_k": 20, "min_p": 0.02}
+    want = offline.generate(["oak"] * 3, [SamplingParams(**sampling, **extra, seed=1234 + j) for j in range(3)])
+    got = client.completions.create(model=NAME, prompt="oak", n=3, seed=1234, extra_body=extra, **sampling)
+    assert [c.text for c in sorted(got.choices, key=lambda c: c.index)] == [w.text for w in want]
+    assert len({w.text for w in want}) > 1  # the choices are different samples
+    assert got.usage.prompt_tokens == len(want[0].prompt_token_ids)  # the prompt counts once
+
+
+def test_stop_string_cuts_the_text_streamed_or_not(client, offline):
+    free = offline.generate("pine", greedy(60, ignore_eos=True))[0].text
+    stop = free[25:28]
+    want = free[:free.index(stop)]
+    body = dict(model=NAME, prompt="pine", max_tokens=60, temperature=0, stop=["QQQQ", stop],
+                extra_body={"ignore_eos": True})
+    got = client.completions.create(**body)
+    assert (got.choices[0].text, got.choices[0].finish_reason) == (want, "stop")
+    streamed = list(client.completions.create(**body, stream=True))
+    assert "".join(c.choices[0].text for c in streamed) == want
+
+
+def test_32_concurrent_requests_with_mixed_sampling_all_complete_correctly(client, offline):
+    """More requests than slots (4): a waiting queue, greedy and seeded requests side by side, streamed
+    and not; every answer is its own offline output (nothing lost, nothing mixed up)."""
+    jobs = []
+    for i in range(32):
+        prompt = f"tree number {i}"
+        if i % 3 == 0:
+            params = dict(temperature=0, max_tokens=20 + i)
+        else:
+            params = dict(temperature=0.7 + 0.01 * i, top_p=0.9, max_tokens=20 + i, seed=100 + i)
+        jobs.append((prompt, params, i % 2 == 0))
+    want = offline.generate([j[0] for j in jobs], [SamplingParams(**j[1]) for j in jobs])
+
+    def run(job):
+        prompt, params, stream = job
+        if stream:
+            chunks = client.completions.create(model=NAME, prompt=prompt, stream=True, **params)
+            return "".join(c.choices[0].text for c in chunks)
+        return client.completions.create(model=NAME, prompt=prompt, **params).choices[0].text
+
+    with ThreadPoolExecutor(32) as pool:
+        got = list(pool.map(run, jobs))
+    assert got == [w.text for w in want]
+
+
+# --- bad input and auth ---------------------------------------------------------------------------
+LONG = "a" * (CONTEXT + 10)
+BAD = [  # (route, body, status, param)
+    ("completions", b"{not json", 400, None),
+    ("completions", b"[1, 2]", 400, None),
+    ("completions", {"model": NAME, "max_tokens": 5}, 400, "prompt"),
+    ("completions", {"model": NAME, "prompt": 7}, 400, "prompt"),
+    ("completions", {"model": NAME, "prompt": "x", "max_tokens": "5"}, 400, "max_tokens"),
+    ("completions", {"model": NAME, "prompt": "x", "temperature": -0.5}, 400, "temperature"),
+    ("completions", {"model": NAME, "prompt": "x", "top_p": 1.5}, 400, "top_p"),
+    ("completions", {"model": NAME, "prompt": "x", "top_k": -3}, 400, "top_k"),
+    ("completions", {"model": NAME, "prompt": "x", "min_p": 2}, 400, "min_p"),
+    ("completions", {"model": NAME, "prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
+    ("completions", {"model": NAME, "prompt": "x", "stop": ""}, 400, "stop"),
+    ("completions", {"model": NAME, "prompt": "x", "seed": 1.5}, 400, "seed"),
+    ("completions", {"model": NAME, "prompt": "x", "n": 0}, 400, "n"),
+    ("completions", {"model": NAME, "prompt": "x", "n": 1000}, 400, "n"),
+    ("completions", {"model": NAME, "prompt": LONG}, 400, "prompt"),
+    ("completions", {"model": NAME, "prompt": "x", "max_tokens": CONTEXT}, 400, "max_tokens"),
+    ("completions", {"model": NAME, "prompt": [1, 2, 999]}, 400, "prompt"),
+    ("completions", {"model": NAME, "prompt": ""}, 400, "prompt"),
+    ("completions", {"model": "gpt-4", "prompt": "x"}, 404, "model"),
+    ("completions", {"model": NAME, "prompt": "x", "logprobs": 3}, 400, "logprobs"),
+    ("chat/completions", {"model": NAME, "messages": []}, 400, "messages"),
+    ("chat/completions", {"model": NAME}, 400, "messages"),
+    ("chat/completions", {"model": NAME, "messages": [{"role": "user"}]}, 400, "messages[0]"),
+    ("chat/completions", {"model": NAME, "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role"),
+    ("chat/completions", {"model": NAME, "messages": [{"role": "user", "content": LONG}]}, 400, "messages"),
+    ("chat/completions", {"model": NAME, "messages": CHAT, "stream_options": {"include_usage": True}}, 400,
+     "stream_options"),
+]
+
+
+@pytest.mark.parametrize("route, body, status, param", BAD, ids=[f"{r}-{i}" for i, (r, *_) in enumerate(BAD)])
+def test_bad_input_gets_its_4xx_and_the_server_keeps_serving(server, client, route, body, status, param):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    answer = httpx.post(f"{server.url}/v1/{route}", content=content,
+                        headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    assert answer.status_code == status, answer.text
+    error = answer.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    assert error["param"] == param
+    ok = client.completions.create(model=NAME, prompt="still", max_tokens=3, temperature=0)
+    assert ok.choices[0].finish_reason in ("stop", "length")
+
+
+def test_api_key_is_required_on_v1_only(server):
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+        answer = httpx.get(server.url + "/v1/models", headers=headers)
+        assert answer.status_code == 401 and answer.json()["error"]["code"] == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).models.list()
+    assert httpx.get(server.url + "/health").status_code == 200  # health and metrics stay open
+    assert httpx.get(server.url + "/metrics").status_code == 200
+
+
+def test_unknown_model_through_the_client(client):
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-4", messages=CHAT)
+
+
+# --- disconnects ----------------------------------------------------------------------------------
+def test_a_client_leaving_mid_stream_frees_its_slot_and_the_others_finish(server, client, offline):
+    aborted = metric(server, 'treeflash_requests_finished_total{finish_reason="abort"}')
+    others = [("elm", 300), ("ash", 320)]
+    want = offline.generate([p for p, _ in others], [greedy(n, ignore_eos=True) for _, n in others])
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(lambda p, n: "".join(c.choices[0].text for c in client.completions.create(
+            model=NAME, prompt=p, max_tokens=n, temperature=0, stream=True, extra_body={"ignore_eos": True})), p, n)
+            for p, n in others]
+        body = {"model": NAME, "prompt": "leaving", "max_tokens": CONTEXT - 100, "temperature": 0,
+                "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", server.url + "/v1/completions", json=body,
+                          headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as answer:
+            lines = answer.iter_lines()
+            assert next(line for line in lines if line.startswith("data: {"))
+        # The connection is closed: the request is aborted (not run to its 3996 tokens) and its slot freed.
+        deadline = time.monotonic() + 30
+        while metric(server, 'treeflash_requests_finished_total{finish_reason="abort"}') < aborted + 1:
+            assert time.monotonic() < deadline, "the abandoned request was not aborted"
+            time.sleep(0.05)
+        assert [f.result() for f in futures] == [w.text for w in want]
+    deadline = time.monotonic() + 10
+    while metric(server, "treeflash_requests_running") != 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_a_client_giving_up_on_a_non_streamed_request_aborts_it(server):
+    aborted = metric(server, 'treeflash_requests_finished_total{finish_reason="abort"}')
+    body = {"model": NAME, "prompt": "impatient", "max_tokens": CONTEXT - 100, "temperature": 0, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=0.5)
+    deadline = time.monotonic() + 30
+    while metric(server, 'treeflash_requests_finished_total{finish_reason="abort"}') < aborted + 1:
+        assert time.monotonic() < deadline, "the abandoned request was not aborted"
+        time.sleep(0.05)
+    assert metric(server, "treeflash_requests_running") == 0
+
+
+# --- speculative decoding through the server, and SIGTERM -----------------------------------------
+@pytest.mark.slow  # a second server to start
+def test_ddtree_server_gives_plain_greedy_text_and_exits_0_on_sigterm(model_dir, offline, tmp_path):
+    drafter = make_drafter(tmp_path / "drafter", model_dir, block_size=4)
+    srv = Server(str(model_dir), "--draft-model", str(drafter), "--spec", "ddtree", "--tree-budget", "8",
+                 "--max-num-seqs", "2")
+    try:
+        spec_client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        for prompt in ("the tree", "leaves fall"):
+            want = offline.generate(prompt, greedy(50, ignore_eos=True))[0].text
+            got = spec_client.completions.create(model=str(model_dir), prompt=prompt, max_tokens=50, temperature=0,
+                                                 extra_body={"ignore_eos": True})
+            assert got.choices[0].text == want
+        assert metric(srv, "treeflash_acceptance_length_count") > 0
+        want = offline.chat(CHAT, greedy(40))[0].text
+        got = spec_client.chat.completions.create(model=str(model_dir), messages=CHAT, max_tokens=40, temperature=0)
+        assert got.choices[0].message.content == want
+
+        # SIGTERM with a stream in flight: no new connections, the stream still finishes, exit status 0.
+        stream = spec_client.completions.create(model=str(model_dir), prompt="last", max_tokens=400, temperature=0,
+                                                stream=True, extra_body={"ignore_eos": True})
+        first = next(iter(stream))
+        srv.process.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        with pytest.raises(httpx.TransportError):
+            httpx.get(srv.url + "/health", timeout=2)
+        rest = list(stream)
+        assert rest[-1].choices[0].finish_reason == "length"
+        text = first.choices[0].text + "".join(c.choices[0].text for c in rest)
+        assert text == offline.generate("last", greedy(400, ignore_eos=True))[0].text
+    finally:
+        code = srv.stop()
+    assert code == 0, srv.output()
+
+
+def test_the_load_script_finds_no_errors_and_no_mismatches(server, model_dir, tmp_path):
+    """benchmarks/serve_load.py end to end at a tiny scale (its real run is on the embedded model)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import serve_load
+
+    out = tmp_path / "load.json"
+    report = serve_load.main(["--url", server.url, "--api-key", KEY, "--clients", "6", "--duration", "2",
+                              "--model", str(model_dir), "--out", str(out)])
+    assert json.loads(out.read_text())["summary"] == report["summary"]
+    s = report["summary"]
+    assert s["errors"] == 0 and report["mismatches"] == 0, (s["error_examples"], report["mismatch_examples"])
+    assert s["requests_finished"] >= 6 and s["ttft_ms"]["n"] == s["requests_finished"]
+
+
+def test_the_bad_input_script_gets_4xx_for_every_row(server):
+    """benchmarks/serve_bad_inputs.py (the README's table) against the test server."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import serve_bad_inputs
+
+    rows = serve_bad_inputs.main(["--url", server.url, "--api-key", KEY])
+    assert len(rows) > 30
+    for row in rows:
+        assert 400 <= row["status"] < 500 and row["message"] and row["next_good_request"] == 200, row

@@ -1,0 +1,72 @@
+"""Incremental detokenisation: the text of a growing token sequence without re-decoding all of it.
+
+Each new token costs two decodes of a short window of trailing tokens (the vLLM scheme of a prefix
+offset and a read offset): the window's text minus the text of its already-read part is the new
+text. The window starts one step back so that tokenizers whose decoding of a token depends on its
+left neighbour (a leading space, a merged byte sequence) see that neighbour. Text that ends in an
+incomplete UTF-8 character (decoded as U+FFFD) is held back until a later token completes it.
+"""
+
+from __future__ import annotations
+
+REPLACEMENT = "\ufffd"  # what a byte-level tokenizer decodes an incomplete UTF-8 sequence to
+
+
+class IncrementalDetokenizer:
+    """The generated text of one request, grown token by token. `text` is final up to its end."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.text = ""
+        self._prefix = 0  # the window starts here: earlier tokens are never decoded again
+        self._read = 0  # tokens whose text is already in `self.text`
+        self._peeked: tuple | None = None  # (token, position, what push would set) from `peek`
+
+    def push(self, token: int) -> str:
+        """Add one token; returns the text it completes ("" while a character is incomplete)."""
+        if self._peeked is not None and self._peeked[:2] == (token, len(self.ids)):
+            added, self._prefix, self._read = self._peeked[2:]
+            self.ids.append(token)
+        else:
+            self.ids.append(token)
+            added, self._prefix, self._read = self._next(final=False)
+        self._peeked = None
+        self.text += added
+        return added
+
+    def peek(self, token: int) -> str:
+        """The text `push(token)` would add, without adding it (the work is kept for that push)."""
+        self.ids.append(token)
+        try:
+            step = self._next(final=False)
+        finally:
+            self.ids.pop()
+        self._peeked = (token, len(self.ids), *step)
+        return step[0]
+
+    def flush(self) -> str:
+        """The sequence is over: release what was held back for an incomplete character."""
+        if self._read == len(self.ids):
+            return ""
+        added, self._prefix, self._read = self._next(final=True)
+        self.text += added
+        return added
+
+    def cut(self, at: int) -> None:
+        """Drop the text from character `at` on (a stop string ended the request there)."""
+        self.text = self.text[:at]
+
+    def _next(self, final: bool) -> tuple[str, int, int]:
+        """(new text, new prefix offset, new read offset) for the tokens in `self.ids`."""
+        window = self._decode(self.ids[self._prefix:])
+        if window.endswith(REPLACEMENT) and not final:
+            return "", self._prefix, self._read  # the last character is not complete yet: wait
+        done = self._decode(self.ids[self._prefix:self._read])
+        # NOTE: assumes decoding a window extends the decoding of its prefix, true of byte-level BPE,
+        # SentencePiece and character vocabularies; a tokenizer that rewrites earlier text on decode
+        # (space clean-up across the window edge) would shift the cut by that rewrite.
+        return window[len(done):], self._read, len(self.ids)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True) if ids else ""

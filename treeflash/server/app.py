@@ -1,0 +1,250 @@
+"""The HTTP routes: OpenAI's /v1/models, /v1/completions, /v1/chat/completions, plus /health, /metrics.
+
+Every answer other than 200 carries OpenAI's error body. Requests are validated completely before the
+engine sees them; a streamed call submits its requests when its stream starts and aborts them when
+the stream ends early (the client went away), so an abandoned request frees its slot at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException
+
+from treeflash.llm import LLM
+from treeflash.server import protocol as p
+from treeflash.server.engine_loop import EngineLoop, Event, RequestGroup, ShuttingDown
+from treeflash.server.errors import APIError, bad_request, from_validation
+from treeflash.server.frontend import Frontend, ServerConfig
+from treeflash.server.metrics import CONTENT_TYPE, ServerMetrics
+
+_FIELDS = {name for model in (p.CompletionRequest, p.ChatCompletionRequest, p.ChatMessage, p.TextPart, p.StreamOptions)
+           for name in model.model_fields}
+
+
+def build_app(llm: LLM, config: ServerConfig) -> FastAPI:
+    """The server's ASGI app; its lifespan starts and stops the engine loop."""
+    metrics = ServerMetrics(llm.max_num_seqs)
+    loop = EngineLoop(llm.engine, metrics)
+    frontend = Frontend(llm, config)
+    created = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        loop.start()
+        yield
+        # Reached after uvicorn stopped taking connections and the in-flight ones ended (or timed out).
+        await asyncio.to_thread(loop.stop)
+
+    app = FastAPI(title="treeflash", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.engine_loop, app.state.metrics = loop, metrics
+
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, error: APIError) -> JSONResponse:
+        return JSONResponse(error.body(), status_code=error.status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, error: HTTPException) -> JSONResponse:  # unknown route, wrong method
+        return JSONResponse(APIError(error.status_code, str(error.detail)).body(), status_code=error.status_code)
+
+    async def authenticate(request: Request) -> None:
+        if config.api_key is not None:
+            _check_key(request.headers.get("authorization"), config.api_key)
+
+    v1 = {"dependencies": [Depends(authenticate)]}
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not loop.alive or loop.closing:
+            return JSONResponse(APIError(503, "the engine is not running", type="server_error").body(), 503)
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def get_metrics() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/v1/models", **v1)
+    async def models() -> dict:
+        card = p.ModelCard(id=config.model_name, created=created, max_model_len=llm.max_model_len)
+        return p.ModelList(data=[card]).model_dump()
+
+    @app.post("/v1/completions", **v1)
+    async def completions(request: Request) -> Response:
+        body = await _parse(request, p.CompletionRequest)
+        requests = frontend.completion_requests(body)
+        chat = _Formatter(config.model_name, chat=False, n=body.n, num_choices=len(requests),
+                          include_usage=bool(body.stream_options and body.stream_options.include_usage))
+        return await _respond(request, loop, requests, chat, body.stream)
+
+    @app.post("/v1/chat/completions", **v1)
+    async def chat_completions(request: Request) -> Response:
+        body = await _parse(request, p.ChatCompletionRequest)
+        requests = frontend.chat_requests(body)
+        chat = _Formatter(config.model_name, chat=True, n=body.n, num_choices=len(requests),
+                          include_usage=bool(body.stream_options and body.stream_options.include_usage))
+        return await _respond(request, loop, requests, chat, body.stream)
+
+    return app
+
+
+def _check_key(header: str | None, key: str) -> None:
+    if not header or not header.startswith("Bearer "):
+        raise APIError(401, "missing API key: send the header 'Authorization: Bearer <key>'", code="invalid_api_key")
+    if not hmac.compare_digest(header[len("Bearer "):].strip().encode(), key.encode()):  # constant time
+        raise APIError(401, "incorrect API key", code="invalid_api_key")
+
+
+async def _parse(request: Request, model: type[BaseModel]):
+    raw = await request.body()
+    try:
+        data = json.loads(raw, parse_constant=_no_constant)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise bad_request(f"the body is not valid JSON: {e}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise bad_request("the body must be a JSON object", code="invalid_json")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise from_validation(e, _FIELDS) from None
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+async def _respond(request: Request, loop: EngineLoop, requests, fmt: _Formatter, stream: bool) -> Response:
+    if stream:
+        # Submitted when the stream starts: a client gone before that leaves nothing behind.
+        return StreamingResponse(_stream(loop, requests, fmt), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    group = _submit(loop, requests)
+    collect = asyncio.ensure_future(_collect(group, fmt))
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not collect.done():
+            return Response(status_code=499)  # nobody is there to read it
+        return JSONResponse(collect.result())
+    finally:
+        for task in (collect, gone):
+            task.cancel()
+        loop.abort(group)  # a no-op once every choice has finished
+
+
+def _submit(loop: EngineLoop, requests) -> RequestGroup:
+    try:
+        return loop.submit(requests)
+    except ShuttingDown as e:
+        raise APIError(503, str(e), type="server_error") from None
+
+
+async def _disconnected(request: Request) -> None:
+    # The body has been read, so the next message is the client's disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _collect(group: RequestGroup, fmt: _Formatter) -> dict:
+    texts, reasons = [""] * fmt.num_choices, [None] * fmt.num_choices
+    usage = fmt.new_usage()
+    try:
+        async for event in group.events():
+            texts[event.index] += event.text
+            if event.finish_reason is not None:
+                reasons[event.index] = event.finish_reason
+                fmt.count(usage, event)
+    except ShuttingDown as e:
+        raise APIError(503, str(e), type="server_error") from None
+    except Exception as e:  # noqa: BLE001 (the engine failed; the server goes on)
+        raise APIError(500, f"the engine failed on this request: {e}", type="server_error") from None
+    return fmt.final(texts, reasons, usage)
+
+
+async def _stream(loop: EngineLoop, requests, fmt: _Formatter) -> AsyncIterator[str]:
+    group = None
+    try:
+        group = _submit(loop, requests)
+        for index in range(fmt.num_choices) if fmt.chat else ():
+            yield fmt.sse(fmt.chunk(index, role=True))
+        usage = fmt.new_usage()
+        async for event in group.events():
+            if event.text:
+                yield fmt.sse(fmt.chunk(event.index, text=event.text))
+            if event.finish_reason is not None:
+                fmt.count(usage, event)
+                yield fmt.sse(fmt.chunk(event.index, finish_reason=event.finish_reason))
+        if fmt.include_usage:
+            yield fmt.sse(fmt.usage_chunk(usage))
+    except APIError as e:
+        yield fmt.sse(e.body())
+    except Exception as e:  # noqa: BLE001 (an engine failure or shutdown ends this stream with an error event)
+        yield fmt.sse(APIError(503 if isinstance(e, ShuttingDown) else 500, str(e), type="server_error").body())
+    finally:
+        if group is not None:
+            loop.abort(group)  # the client went away (or the stream failed): free the slots now
+    yield "data: [DONE]\n\n"
+
+
+class _Formatter:
+    """OpenAI response bodies and stream chunks for one call."""
+
+    def __init__(self, model: str, chat: bool, n: int, num_choices: int, include_usage: bool):
+        self.model, self.chat, self.n, self.num_choices = model, chat, n, num_choices
+        self.include_usage = include_usage
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+
+    def new_usage(self) -> dict:
+        return {"prompt_tokens": 0, "completion_tokens": 0}
+
+    def count(self, usage: dict, event: Event) -> None:
+        if event.index % self.n == 0:  # a prompt counts once, however many choices it has
+            usage["prompt_tokens"] += event.prompt_tokens
+        usage["completion_tokens"] += event.completion_tokens
+
+    def _usage(self, usage: dict) -> p.Usage:
+        return p.Usage(**usage, total_tokens=usage["prompt_tokens"] + usage["completion_tokens"])
+
+    def final(self, texts: list[str], reasons: list[str | None], usage: dict) -> dict:
+        if self.chat:
+            choices = [p.ChatChoice(index=i, message=p.AssistantMessage(content=t), finish_reason=r)
+                       for i, (t, r) in enumerate(zip(texts, reasons))]
+            body = p.ChatCompletion(id=self.id, created=self.created, model=self.model, choices=choices,
+                                    usage=self._usage(usage))
+        else:
+            choices = [p.CompletionChoice(index=i, text=t, finish_reason=r) for i, (t, r) in enumerate(zip(texts, reasons))]
+            body = p.Completion(id=self.id, created=self.created, model=self.model, choices=choices,
+                                usage=self._usage(usage))
+        return body.model_dump()
+
+    def chunk(self, index: int, text: str = "", role: bool = False, finish_reason: str | None = None) -> dict:
+        if self.chat:
+            delta = p.Delta(role="assistant", content="") if role else p.Delta(content=text) if text else p.Delta()
+            choice = p.ChatChunkChoice(index=index, delta=delta, logprobs=None, finish_reason=finish_reason)
+            body = p.ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[choice])
+        else:
+            choice = p.CompletionChoice(index=index, text=text, logprobs=None, finish_reason=finish_reason)
+            body = p.Completion(id=self.id, created=self.created, model=self.model, choices=[choice])
+        out = body.model_dump(exclude_none=True)
+        out["choices"][0].update(logprobs=None, finish_reason=finish_reason)
+        if self.include_usage:
+            out["usage"] = None  # OpenAI's convention: every chunk but the last has usage null
+        return out
+
+    def usage_chunk(self, usage: dict) -> dict:
+        cls = p.ChatCompletionChunk if self.chat else p.Completion
+        return cls(id=self.id, created=self.created, model=self.model, choices=[],
+                   usage=self._usage(usage)).model_dump()
+
+    @staticmethod
+    def sse(body: dict) -> str:
+        return f"data: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"

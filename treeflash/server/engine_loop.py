@@ -1,0 +1,222 @@
+"""The engine loop: ONE thread owns the engine and steps it while there is work.
+
+HTTP handlers (on the asyncio loop) never touch the engine. They hand it requests and aborts through
+a command queue; the engine thread applies commands between steps, so a request joins or leaves the
+running batch between two rounds. After each step the thread sends every request's new text (what
+can no longer change, see `Engine.text_delta`) to the asyncio queue of the HTTP call that owns it.
+A failure inside a step fails the requests in flight (their clients get an error) and the loop goes
+on serving; nothing a client sends reaches the engine unvalidated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from treeflash.engine import Engine, Request
+from treeflash.server.metrics import ServerMetrics
+
+log = logging.getLogger("treeflash.server")
+
+
+class ShuttingDown(RuntimeError):
+    """The server stopped taking requests."""
+
+
+@dataclass(frozen=True)
+class Event:
+    """New text for one choice of an HTTP call; the last event of a choice has its finish reason."""
+
+    index: int  # the choice, in the order the call's requests were submitted
+    text: str
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class RequestGroup:
+    """The engine requests of one HTTP call (its prompts x n choices) and the queue of their events."""
+
+    def __init__(self, requests: list[Request]):
+        self.requests = requests
+        self.queue: asyncio.Queue[Event | BaseException] = asyncio.Queue()
+        self.arrival = time.perf_counter()
+        self.open = set(range(len(requests)))
+
+    async def events(self) -> AsyncIterator[Event]:
+        """Events until every choice has finished; an engine failure is raised here."""
+        while self.open:
+            item = await self.queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            if item.finish_reason is not None:
+                self.open.discard(item.index)
+            yield item
+
+
+@dataclass
+class _Tracked:
+    """Engine-thread bookkeeping of one request."""
+
+    group: RequestGroup
+    index: int
+    sent: int = 0  # characters of text already sent
+    tokens: int = 0  # output tokens already seen
+    rounds: int = 0  # acceptance lengths already recorded
+    last_time: float = 0.0
+
+
+class EngineLoop:
+    def __init__(self, engine: Engine, metrics: ServerMetrics):
+        self.engine, self.metrics = engine, metrics
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._tracked: dict[int, _Tracked] = {}  # engine thread only
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self.closing = False
+
+    # --- the asyncio side ------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the engine thread; call from the asyncio loop that will consume the events."""
+        self._loop = asyncio.get_running_loop()
+        # A daemon: a forced exit (a second Ctrl-C) must not wait for a round to end.
+        self._thread = threading.Thread(target=self._run, name="treeflash-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def submit(self, requests: list[Request]) -> RequestGroup:
+        if self.closing or not self.alive:
+            raise ShuttingDown("the server is shutting down and takes no new requests")
+        group = RequestGroup(requests)
+        self._send("add", group)
+        return group
+
+    def abort(self, group: RequestGroup) -> None:
+        """End the group's unfinished requests now (the client went away); their slots are freed."""
+        if group.open:
+            self._send("abort", group)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Take no more requests, abort what is left and end the thread."""
+        self.closing = True
+        if self.alive:
+            self._send("stop", None)
+            self._thread.join(timeout)
+
+    def _send(self, kind: str, group: RequestGroup | None) -> None:
+        self._commands.put((kind, group))
+        self._wake.set()
+
+    # --- the engine thread -----------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            self._wake.clear()  # before reading commands: one sent after this wakes the wait below
+            if not self._apply_commands():
+                return
+            if self.engine.has_work():
+                self._step()
+            else:
+                self._wake.wait()
+
+    def _apply_commands(self) -> bool:
+        """Apply queued adds and aborts; False once told to stop."""
+        while True:
+            try:
+                kind, group = self._commands.get_nowait()
+            except queue.Empty:
+                return True
+            if kind == "add":
+                for index, request in enumerate(group.requests):
+                    self._tracked[request.id] = _Tracked(group, index)
+                    self.engine.add(request)
+            elif kind == "abort":
+                for request in group.requests:
+                    if request.id in self._tracked:
+                        self.engine.abort(request.id)
+                        self._forget(request, time.perf_counter())
+            else:
+                self._fail_all(ShuttingDown("the server shut down before this request finished"))
+                return False
+
+    def _step(self) -> None:
+        try:
+            updates = self.engine.step()
+        except Exception as error:  # a bug or an out-of-memory fails these requests, not the server
+            log.exception("engine step failed; failing the requests in flight")
+            self._fail_all(error)
+            return
+        now = time.perf_counter()
+        requests = list({id(u.request): u.request for u in updates}.values())  # each once, in order
+        in_round = sum(1 for r in requests if r.metrics.rounds > self._tracked[r.id].rounds)
+        if in_round:
+            self.metrics.batch_size.observe(in_round)
+        events = []
+        for request in requests:
+            tracked = self._tracked[request.id]
+            self._record_tokens(request, tracked, now)
+            text = self.engine.text_delta(request, tracked.sent)
+            tracked.sent += len(text)
+            if text or request.finished:
+                events.append((tracked.group, Event(tracked.index, text, request.finish_reason,
+                                                    len(request.prompt_ids), len(request.output_ids))))
+            if request.finished:
+                self._forget(request, now)
+        self._set_gauges()
+        self._deliver(events)
+
+    def _record_tokens(self, request: Request, tracked: _Tracked, now: float) -> None:
+        m, new = self.metrics, len(request.output_ids) - tracked.tokens
+        if tracked.tokens == 0 and new:
+            m.time_to_first_token.observe(now - tracked.group.arrival)
+            m.prompt_tokens.inc(len(request.prompt_ids))
+        elif new:
+            gap = (now - tracked.last_time) / new
+            for _ in range(new):
+                m.inter_token_latency.observe(gap)
+        m.generation_tokens.inc(new)
+        for accepted in request.metrics.acceptance_lengths[tracked.rounds:]:
+            m.acceptance_length.observe(accepted)
+        tracked.tokens, tracked.rounds, tracked.last_time = len(request.output_ids), request.metrics.rounds, now
+
+    def _forget(self, request: Request, now: float) -> None:
+        tracked = self._tracked.pop(request.id)
+        self.metrics.finished.labels(request.finish_reason or "abort").inc()
+        self.metrics.request_latency.observe(now - tracked.group.arrival)
+        self._set_gauges()
+
+    def _set_gauges(self) -> None:
+        slots = [r for r in self.engine.slots if r is not None]
+        running = sum(1 for r in slots if r.running)
+        self.metrics.running.set(running)
+        self.metrics.waiting.set(len(self.engine.waiting) + len(slots) - running)
+
+    def _fail_all(self, error: BaseException) -> None:
+        """Abort every request in flight and hand `error` to their HTTP calls."""
+        groups = {}
+        for request_id, tracked in list(self._tracked.items()):
+            self.engine.abort(request_id)
+            groups[id(tracked.group)] = tracked.group
+            self._forget(tracked.group.requests[tracked.index], time.perf_counter())
+        self._deliver([(group, error) for group in groups.values()])
+
+    def _deliver(self, events: list) -> None:
+        if not events or self._loop is None:
+            return
+
+        def put_all() -> None:
+            for group, event in events:
+                group.queue.put_nowait(event)
+
+        try:
+            self._loop.call_soon_threadsafe(put_all)  # one wake-up of the asyncio loop per step
+        except RuntimeError:
+            pass  # the asyncio loop has closed: nobody is listening any more

@@ -1,0 +1,152 @@
+"""From an OpenAI request body to validated engine requests (or the 4xx that says what is wrong).
+
+Runs on the asyncio thread with a tokenizer instance of its own: the engine thread decodes with the
+LLM's, and Hugging Face fast tokenizers must not be used from two threads at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from treeflash.checkpoint import load_tokenizer
+from treeflash.engine import Request
+from treeflash.llm import LLM
+from treeflash.sampling import SamplingParams
+from treeflash.server.errors import APIError, bad_request
+from treeflash.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+
+CONTEXT = "context_length_exceeded"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model_name: str  # the name clients must send as `model` (and /v1/models lists)
+    api_key: str | None = None  # when set, /v1/* needs `Authorization: Bearer <api_key>`
+    max_choices: int = 16  # prompts x n of one call, at most
+    shutdown_timeout: float = 30.0  # seconds in-flight requests get to finish on SIGINT/SIGTERM
+
+
+@dataclass(frozen=True)
+class Prompt:
+    ids: list[int]
+    text: str | None
+
+
+class Frontend:
+    def __init__(self, llm: LLM, config: ServerConfig):
+        self.llm, self.config = llm, config
+        self.tokenizer = load_tokenizer(llm.model_dir) if llm.tokenizer is not None else None
+
+    # --- the two endpoints -----------------------------------------------------------------------
+    def completion_requests(self, body: CompletionRequest) -> list[Request]:
+        """Engine requests for every prompt x n choices (choice index = prompt index x n + j)."""
+        self._check_common(body)
+        for name, value, neutral in (("echo", body.echo, False), ("suffix", body.suffix, None)):
+            if value not in (neutral, ""):
+                raise bad_request(f"{name} is not supported", param=name, code="unsupported")
+        if body.best_of not in (None, 1, body.n):
+            raise bad_request("best_of is not supported (use n)", param="best_of", code="unsupported")
+        prompts = self._completion_prompts(body.prompt)
+        return self._requests(body, prompts, body.max_tokens, default_max_tokens=16)
+
+    def chat_requests(self, body: ChatCompletionRequest) -> list[Request]:
+        self._check_common(body)
+        if body.tools:
+            raise bad_request("tools are not supported", param="tools", code="unsupported")
+        if body.response_format and body.response_format.get("type", "text") != "text":
+            raise bad_request("only response_format {'type': 'text'} is supported", param="response_format",
+                              code="unsupported")
+        tok = self._need_tokenizer("messages")
+        # OpenAI's "developer" role is its newer name for "system".
+        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+                    for m in body.messages]
+        try:
+            ids = self.llm.chat_token_ids(messages, tokenizer=tok)
+        except ValueError as e:  # no chat template
+            raise bad_request(str(e), param="messages") from None
+        except Exception as e:  # noqa: BLE001 (a template may raise anything: it is the model's code)
+            raise bad_request(f"the chat template refused these messages: {e}", param="messages") from None
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        return self._requests(body, [Prompt(ids, None)], max_tokens, default_max_tokens=None)
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.config.model_name:
+            raise APIError(404, f"the model {name!r} does not exist; this server serves {self.config.model_name!r}",
+                           param="model", code="model_not_found")
+
+    # --- shared checks ---------------------------------------------------------------------------
+    def _check_common(self, body: SamplingFields) -> None:
+        self.check_model(body.model)
+        if body.stream_options is not None and not body.stream:
+            raise bad_request("stream_options is only allowed with stream: true", param="stream_options")
+        if body.logprobs not in (None, False, 0) or body.top_logprobs not in (None, 0):
+            raise bad_request("logprobs are not supported", param="logprobs", code="unsupported")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(body, name) not in (None, 0):
+                raise bad_request(f"{name} is not supported (only 0)", param=name, code="unsupported")
+        if body.logit_bias:
+            raise bad_request("logit_bias is not supported", param="logit_bias", code="unsupported")
+
+    def _completion_prompts(self, prompt) -> list[Prompt]:
+        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+            prompt = [prompt]
+        if not prompt:
+            raise bad_request("prompt is empty", param="prompt")
+        out = []
+        for p in prompt:
+            if isinstance(p, str):
+                out.append(Prompt(self.llm.encode(p, tokenizer=self._need_tokenizer("prompt")), p))
+            else:
+                out.append(Prompt(list(p), None))
+        vocab = self.llm.config.vocab_size
+        for p in out:
+            if not p.ids:
+                raise bad_request("prompt is empty", param="prompt")
+            if not all(0 <= t < vocab for t in p.ids):
+                raise bad_request(f"prompt has token ids outside the vocabulary [0, {vocab})", param="prompt")
+        return out
+
+    def _requests(self, body: SamplingFields, prompts: list[Prompt], max_tokens: int | None,
+                  default_max_tokens: int | None) -> list[Request]:
+        choices = len(prompts) * body.n
+        if choices > self.config.max_choices:
+            raise bad_request(f"n x prompts is {choices}; at most {self.config.max_choices} choices per request",
+                              param="n")
+        limit = self.llm.max_model_len
+        params = []
+        for p in prompts:
+            room = limit - len(p.ids)
+            if room < 1:
+                raise bad_request(f"the prompt has {len(p.ids)} tokens; this model's context is {limit} tokens "
+                                  f"and at least one must be left to generate", param="messages"
+                                  if isinstance(body, ChatCompletionRequest) else "prompt", code=CONTEXT)
+            if max_tokens is not None and max_tokens > room:
+                raise bad_request(f"the prompt has {len(p.ids)} tokens and {max_tokens} more were asked for; "
+                                  f"this model's context is {limit} tokens", param="max_tokens", code=CONTEXT)
+            base = self._sampling(body, max_tokens or default_max_tokens or room)
+            for j in range(body.n):  # n choices = n requests; a seeded call gives choice j seed + j
+                params.append(base if body.seed is None else dataclasses.replace(base, seed=body.seed + j))
+        ids = [p.ids for p in prompts for _ in range(body.n)]
+        texts = [p.text for p in prompts for _ in range(body.n)]
+        try:
+            return self.llm.new_requests(ids, params, texts)
+        except ValueError as e:
+            raise bad_request(str(e)) from None
+
+    def _sampling(self, body: SamplingFields, max_tokens: int) -> SamplingParams:
+        try:
+            return SamplingParams(
+                temperature=1.0 if body.temperature is None else body.temperature,
+                top_p=1.0 if body.top_p is None else body.top_p,
+                top_k=-1 if body.top_k in (None, 0) else body.top_k,  # 0 = off, as vLLM
+                min_p=0.0 if body.min_p is None else body.min_p,
+                max_tokens=max_tokens, seed=body.seed, stop=body.stop, stop_token_ids=body.stop_token_ids,
+                ignore_eos=body.ignore_eos)
+        except ValueError as e:
+            raise bad_request(str(e), param=str(e).split(" ", 1)[0]) from None
+
+    def _need_tokenizer(self, param: str):
+        if self.tokenizer is None:
+            raise bad_request("this model has no tokenizer: send the prompt as token ids", param=param)
+        return self.tokenizer
