@@ -457,8 +457,8 @@ def duplicate_sibling(monkeypatch):
     """The root's second child carries the same token as its first child."""
     original = Speculator.build
 
-    def build(self, bonus, logprobs):
-        tree = original(self, bonus, logprobs)
+    def build(self, bonus, logprobs, budget=None):
+        tree = original(self, bonus, logprobs, budget)
         both = (tree.depths[:, 1] == 1) & (tree.depths[:, 2] == 1) & tree.valid[:, 2]
         tokens = tree.tokens.clone()
         tokens[:, 2] = torch.where(both, tokens[:, 1], tokens[:, 2])
