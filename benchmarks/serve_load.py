@@ -168,8 +168,12 @@ def percentiles(values: list[float], scale: float = 1000.0) -> dict:
 def check_offline(results: list[Result], model: str | None, max_num_seqs: int, spec: str = "none") -> list[dict]:
     """Run every answered request offline (plain decoding by default: a speculative server must give
     exactly its tokens); return the answers that differ."""
-    from treeflash import LLM, SamplingParams
+    import torch
 
+    from treeflash import LLM, SamplingParams
+    from treeflash.cli import default_threads
+
+    torch.set_num_threads(default_threads())  # all cores would spin against the server on a busy CPU
     answered = [r for r in results if r.error is None]
     jobs = sorted({r.job for r in answered}, key=lambda j: j.k)
     llm = LLM(model, max_num_seqs=max_num_seqs, spec=spec)
