@@ -106,15 +106,16 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 
 SERVE_DESCRIPTION = """\
-Serve MODEL (default: the embedded model) over HTTP: /v1/models, /v1/completions and
-/v1/chat/completions as OpenAI defines them (streamed or not), /health, and /metrics in the
-Prometheus text format. Requests join and leave the running batch between rounds; a client that
+Serve MODEL (default: the embedded SmolLM2 with its drafter) over HTTP: /v1/models,
+/v1/completions and /v1/chat/completions as OpenAI defines them (streamed or not), /health, and
+/metrics in the Prometheus text format. Requests join and leave the running batch between rounds; a client that
 goes away has its request aborted at once. SIGINT/SIGTERM: stop taking connections, let the
 requests in flight finish (up to --shutdown-timeout seconds, then cancel them), exit 0."""
 
 SERVE_EPILOG = """\
 examples:
-  treeflash serve                                   # the embedded model on http://127.0.0.1:8000/v1
+  treeflash serve                                   # the embedded pair on http://127.0.0.1:8000/v1
+  treeflash serve --spec none --max-num-seqs 32     # the embedded target alone (faster on a CPU)
   treeflash serve Qwen3-8B/ --draft-model Qwen3-8B-DFlash-b16/ --spec ddtree --max-num-seqs 32
   TREEFLASH_API_KEY=secret treeflash serve --host 0.0.0.0 --port 8080
 
@@ -146,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
                          description=SERVE_DESCRIPTION, epilog=SERVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     srv.add_argument("model", nargs="?", default=None,
-                     help="target: a Hugging Face directory or a .gguf file (default: the embedded model)")
+                     help="target: a Hugging Face directory or a .gguf file (default: the embedded SmolLM2-135M-Instruct, with its drafter unless --spec none)")
     _add_spec_args(srv)
     srv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     srv.add_argument("--port", type=int, default=8000, help="port (default 8000)")
