@@ -87,7 +87,8 @@ def test_a_dict_of_sampling_fields_is_a_sampling_params(llm):
     as_dict = llm.generate("abc", {"temperature": 0, "max_tokens": 5, "ignore_eos": True}, use_tqdm=False)
     as_params = llm.generate("abc", SamplingParams(temperature=0, max_tokens=5, ignore_eos=True), use_tqdm=False)
     assert as_dict[0].token_ids == as_params[0].token_ids and len(as_dict[0].token_ids) == 5
-    mixed = llm.generate(["abc", "abd"], [{"temperature": 0, "max_tokens": 2}, SamplingParams(max_tokens=3)],
+    mixed = llm.generate(["abc", "abd"], [{"temperature": 0, "max_tokens": 2, "ignore_eos": True},
+                                          SamplingParams(max_tokens=3, ignore_eos=True)],
                          use_tqdm=False)
     assert [len(o.token_ids) for o in mixed] == [2, 3]
 

@@ -68,6 +68,9 @@ class StepUpdate:
     new_token_ids: list[int]
 
 
+EAGER_AUTO_BUDGETS = AUTO_BUDGETS[:3]  # 16, 32, 64: a prefix, as BudgetChooser's columns require
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     max_num_seqs: int = 8  # slots: requests that run side by side
@@ -106,9 +109,10 @@ class Engine:
         profile = CostProfile.load(path) if path and path.is_file() else CostProfile(device)
         if profile.device != device:
             raise ValueError(f"{path}: a cost profile measured on {profile.device!r}, this is {device!r}")
-        # Eager CPU rounds are slow to measure at large budgets: measure three, interpolate the rest.
-        probes = AUTO_BUDGETS if self.runner.enabled else (16, 64, 256)
-        chooser = BudgetChooser(self.runner.time_round, profile, probes=probes)
+        # Eager (CPU) rounds cost in proportion to their nodes, so budgets past 64 never pay there, and
+        # measuring them at a large batch takes minutes: eagerly, only the first few are candidates.
+        budgets = AUTO_BUDGETS if self.runner.enabled else EAGER_AUTO_BUDGETS
+        chooser = BudgetChooser(self.runner.time_round, profile, budgets=budgets, probes=budgets)
         if path is not None:
             measure = chooser.measure
 
