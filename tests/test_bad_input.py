@@ -339,3 +339,17 @@ def test_python_dash_m_treeflash_runs_the_cli():
     assert result.returncode == 0 and result.stdout.strip() == __import__("treeflash").__version__
     result = run_python("-m", "treeflash", "generate", "x", "--device", "tpu")
     assert result.returncode == 1 and result.stderr.startswith("treeflash: error: device must be")
+
+
+# --- detokenize=False ---------------------------------------------------------------------------------
+def test_detokenize_false_gives_the_same_tokens_and_no_text(llm):
+    """Token ids only (what training data needs): the same tokens, no text, stop strings refused."""
+    kept = llm.generate(["abc", "hello"], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    bare = llm.generate(["abc", "hello"], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True,
+                                                         detokenize=False))
+    assert [o.token_ids for o in bare] == [o.token_ids for o in kept]
+    assert all(o.text == "" for o in bare) and all(o.text for o in kept)
+    with pytest.raises(ValueError, match="stop strings need detokenize=True"):
+        SamplingParams(stop=["x"], detokenize=False)
+    with pytest.raises(ValueError, match="detokenize must be a bool"):
+        SamplingParams(detokenize="no")

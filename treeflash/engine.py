@@ -290,7 +290,7 @@ class Engine:
         return True
 
     def _detok(self, request: Request) -> IncrementalDetokenizer | None:
-        if request.detok is None and self.tokenizer is not None:
+        if request.detok is None and self.tokenizer is not None and request.params.detokenize:
             request.detok = IncrementalDetokenizer(self.tokenizer)
         return request.detok
 

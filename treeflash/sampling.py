@@ -55,6 +55,9 @@ class SamplingParams:
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    # False: no text is made (RequestOutput.text is ""); token ids only, which saves a host-side
+    # decode per token when many requests run (training data). Stop strings need the text.
+    detokenize: bool = True
 
     def __post_init__(self) -> None:
         def number(name: str) -> float:
@@ -97,6 +100,10 @@ class SamplingParams:
             self.stop_token_ids = list(ids)
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        if not isinstance(self.detokenize, bool):
+            raise ValueError(f"detokenize must be a bool, got {self.detokenize!r}")
+        if self.stop and not self.detokenize:
+            raise ValueError("stop strings need detokenize=True (they are matched in the text)")
 
     @property
     def greedy(self) -> bool:

@@ -120,21 +120,31 @@ def generate_responses(llm, prompts: list[str], cache_dir: str | Path, modes: tu
     todo = [(i, m) for i, k in enumerate(keys) for m in modes if k not in done[m.name]]
     bar = tqdm(total=len(prompts) * len(modes), initial=len(prompts) * len(modes) - len(todo), desc="data",
                unit="resp", disable=None if progress is None else not progress)
+    skipped = 0
     for start in range(0, len(todo), batch_prompts):
         if deadline is not None and time.monotonic() > deadline:
             break
         batch = todo[start:start + batch_prompts]
-        params = [SamplingParams(temperature=m.temperature, top_p=m.top_p, top_k=m.top_k, max_tokens=max_new_tokens,
-                                 seed=_request_seed(seed, m.name, keys[i])) for i, m in batch]
         ids = [chat_prompt_ids(llm, prompts[i], max_prompt_tokens) for i, _ in batch]
-        outs = llm.generate(prompt_token_ids=ids, sampling_params=params, use_tqdm=False)
+        # A prompt the generator's context cannot hold with its response is skipped, not fatal: one odd
+        # prompt must not end a long run (the chat template's length is not known in advance).
+        fits = [len(p) + max_new_tokens <= llm.max_model_len for p in ids]
+        skipped += fits.count(False)
+        batch, ids = [b for b, ok in zip(batch, fits) if ok], [p for p, ok in zip(ids, fits) if ok]
+        # Token ids are all the data needs: no text (detokenize=False saves a decode per token).
+        params = [SamplingParams(temperature=m.temperature, top_p=m.top_p, top_k=m.top_k, max_tokens=max_new_tokens,
+                                 seed=_request_seed(seed, m.name, keys[i]), detokenize=False) for i, m in batch]
+        outs = llm.generate(prompt_token_ids=ids, sampling_params=params, use_tqdm=False) if batch else []
         for mode in modes:
             records = [{"key": keys[i], "prompt_ids": p, "response_ids": o.token_ids, "finish": o.finish_reason}
                        for (i, m), p, o in zip(batch, ids, outs) if m == mode]
             cache.append(mode.name, records)
             done[mode.name].update((r["key"], r) for r in records)
-        bar.update(len(batch))
+        bar.update(len(batch) + fits.count(False))
     bar.close()
+    if skipped:
+        print(f"treeflash train-drafter: skipped {skipped} requests whose prompt + {max_new_tokens} new tokens "
+              f"exceed the generator's context ({llm.max_model_len})")
     examples = []
     for mode in modes:
         for k in keys:

@@ -25,6 +25,7 @@ from treeflash.train.loop import Trainer
 from treeflash.train.prompts import load_prompts, split_prompts
 
 
+CHAT_TEMPLATE_ROOM = 256  # tokens a chat template may add around a cut prompt (system prompt, role markers)
 SAVE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -91,11 +92,16 @@ def train_drafter(opts: TrainDrafterOptions) -> dict:
     train_prompts, eval_prompts = split_prompts(prompts, opts.num_eval_prompts, opts.train.seed)
     train_prompts = train_prompts[:opts.num_prompts]
     modes = (GREEDY, SamplingMode("sampled", opts.sampled_temperature, opts.sampled_top_p))
-    gen = LLM(str(model_dir), device=device, dtype=dtype, max_num_seqs=opts.gen_batch_size, spec="none")
+    # The context holds a cut prompt, its chat template and the response: caches sized for that, not for
+    # the model's whole context (thousands of slots x 8k rows would not fit); no stage timing (it syncs).
+    limit = ModelConfig.from_dir(model_dir).max_position_embeddings
+    gen = LLM(str(model_dir), device=device, dtype=dtype, max_num_seqs=opts.gen_batch_size, spec="none",
+              max_model_len=min(limit, opts.max_prompt_tokens + CHAT_TEMPLATE_ROOM + opts.max_new_tokens),
+              time_stages=False)
     deadline = time.monotonic() + 60 * opts.data_minutes if opts.data_minutes else None
     started = time.monotonic()
     examples = generate_responses(gen, train_prompts, opts.data_dir or out / "data", modes, opts.max_new_tokens,
-                                  opts.max_prompt_tokens, opts.gen_batch_size * 2, opts.train.seed, deadline,
+                                  opts.max_prompt_tokens, opts.gen_batch_size * 4, opts.train.seed, deadline,
                                   opts.progress)
     eval_ids = [chat_prompt_ids(gen, p, opts.max_prompt_tokens) for p in eval_prompts]
     del gen
