@@ -101,11 +101,12 @@ def install_oracle(monkeypatch, known: dict[tuple[int, ...], list[int]], vocab: 
     the slot's own state (committed length, bonus), so a request's drafts do not depend on its batch.
     """
     sequences: dict[tuple[int, int], list[int]] = {}
-    original_prefill = Speculator.prefill
+    original_prefill = Speculator.prefill_many
 
-    def prefill(self, slot, prompt, *args, **kwargs):
-        sequences[(id(self), slot)] = known.get(tuple(prompt))
-        return original_prefill(self, slot, prompt, *args, **kwargs)
+    def prefill_many(self, pieces):
+        for piece in pieces:
+            sequences[(id(self), piece.slot)] = known.get(tuple(piece.prompt))
+        return original_prefill(self, pieces)
 
     def draft(self, state, sampling):
         depth = self.drafter.config.depth
@@ -126,7 +127,7 @@ def install_oracle(monkeypatch, known: dict[tuple[int, ...], list[int]], vocab: 
             out[s] = logits
         return torch.log_softmax(out / sampling.temperature[:, None, None], dim=-1)
 
-    monkeypatch.setattr(Speculator, "prefill", prefill)
+    monkeypatch.setattr(Speculator, "prefill_many", prefill_many)
     monkeypatch.setattr(Speculator, "draft", draft)
 
 

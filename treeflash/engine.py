@@ -8,9 +8,10 @@ string, max_tokens or the context limit. With tree_budget="auto" each round's bu
 the cost profile and the recent acceptance (treeflash/budget.py), using only what that sync read.
 `Engine.abort()` ends a request at once, waiting or running, and frees its slot.
 
-Prefill is interleaved with the rounds: a step prefills at most `prefill_chunk` prompt tokens (a long
-prompt takes several steps, a chunk per step), so a newcomer delays the running requests by at most
-one chunk. Text is detokenised incrementally as tokens arrive; `text_delta` hands out the part of it
+Prefill is interleaved with the rounds: a step prefills at most `prefill_tokens_per_step` prompt tokens
+(default: one chunk of `prefill_chunk`), so newcomers delay the running requests by at most that much.
+A long prompt is cut into chunks of `prefill_chunk` and takes a step per chunk; the pieces of one step
+(several requests' prompts or chunks) run through the target together, in a few padded forwards. Text is detokenised incrementally as tokens arrive; `text_delta` hands out the part of it
 that can no longer change (one implementation for `LLM.stream` and the server).
 """
 
@@ -26,7 +27,7 @@ import torch
 from treeflash.budget import AUTO_BUDGETS, BudgetChooser, CostProfile
 from treeflash.detokenize import IncrementalDetokenizer
 from treeflash.outputs import RequestMetrics, RequestOutput
-from treeflash.round import PREFILL_CHUNK, STAGES, SpecConfig, Speculator, rows_per_round
+from treeflash.round import PREFILL_CHUNK, STAGES, PrefillPiece, SpecConfig, Speculator, rows_per_round
 from treeflash.runner import GraphRunner
 from treeflash.sampling import SamplingParams
 from treeflash.tree_view import render_tree
@@ -81,7 +82,20 @@ class EngineConfig:
     cuda_graphs: bool = True  # replay rounds as CUDA graphs (CUDA only; the CPU always runs eagerly)
     attention: str | None = None  # "sdpa" or "flex" (treeflash/attention.py); None: the device's default
     budget_profile: str | None = None  # tree_budget="auto": a stored CostProfile (JSON) to load or write
-    prefill_chunk: int = PREFILL_CHUNK  # prompt tokens prefilled per step at most (whole chunks)
+    prefill_chunk: int = PREFILL_CHUNK  # a long prompt is prefilled in chunks of this many tokens, one per step
+    # Prompt tokens prefilled per step at most, over all requests (None: prefill_chunk). Larger admits
+    # many requests per step (throughput: filling hundreds of slots); smaller keeps rounds steady.
+    prefill_tokens_per_step: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("prefill_chunk", "prefill_tokens_per_step"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+    @property
+    def prefill_budget(self) -> int:
+        return self.prefill_chunk if self.prefill_tokens_per_step is None else self.prefill_tokens_per_step
 
 
 class Engine:
@@ -101,6 +115,7 @@ class Engine:
         self.slots: list[Request | None] = [None] * config.max_num_seqs
         self.seq_lens = [0] * len(self.slots)  # host copy, known after each round's one sync
         self.waiting: deque[Request] = deque()
+        self.started: list[Request] = []  # requests given a slot, in that order (some may be running now)
 
     def _budget_chooser(self, config: EngineConfig) -> BudgetChooser:
         sp = self.speculator
@@ -184,38 +199,53 @@ class Engine:
 
     # --- admission -------------------------------------------------------------------------------
     def _admit(self) -> list[StepUpdate]:
-        """Prefill up to `prefill_chunk` prompt tokens: the rest of a started prompt first, then newcomers.
+        """Prefill up to `prefill_budget` prompt tokens: the rest of started prompts first, then newcomers.
 
-        A prompt is cut into chunks at fixed offsets (multiples of prefill_chunk from its start), so its
-        numbers do not depend on what else is waiting. A slot mid-prefill is inactive: rounds leave its
-        committed rows alone (they write only past them, where the next chunk overwrites).
+        A prompt is cut into chunks at fixed offsets (multiples of prefill_chunk from its start), one
+        chunk per step, so its numbers do not depend on what else is waiting. A slot mid-prefill is
+        inactive: rounds leave its committed rows alone (they write only past them, where the next
+        chunk overwrites). The step's pieces run in a few batched forwards (`_forwards`).
         """
-        updates, spent = [], 0
+        pieces = self._plan_prefill()
+        updates = []
+        for group in _forwards(pieces):
+            clock = time.perf_counter()
+            logits = self.speculator.prefill_many([PrefillPiece(r.slot, r.prompt_ids, s, e) for r, s, e in group])
+            done = [i for i, (r, _, e) in enumerate(group) if e == len(r.prompt_ids)]
+            first = []
+            if done:
+                ready = [group[i][0] for i in done]
+                first = self.speculator.first_tokens(
+                    [r.slot for r in ready], [len(r.prompt_ids) for r in ready], [r.params for r in ready],
+                    [r.seed for r in ready], logits[done]).tolist()
+            elapsed = time.perf_counter() - clock  # each request waited for the whole forward
+            for request, _, end in group:
+                request.prefilled = self.seq_lens[request.slot] = end
+                request.metrics.prefill_seconds += elapsed
+            for i, token in zip(done, first):
+                request = group[i][0]
+                request.metrics.num_prompt_tokens = len(request.prompt_ids)
+                updates.append(StepUpdate(request, self._append(request, [token])))
+                self._retire_if_done(request)
+        return updates
+
+    def _plan_prefill(self) -> list[tuple[Request, int, int]]:
+        """This step's pieces (request, start, end): at most one chunk per request, prefill_budget tokens
+        in all (the first piece always goes, so a budget below the chunk still makes progress)."""
+        self.started = [r for r in self.started if r.slot is not None and not r.running]
+        started = iter(list(self.started))
+        pieces, spent = [], 0
         while True:
-            request = self._prefilling() or self._take_slot()
+            request = next(started, None) or self._take_slot()
             if request is None:
                 break
             start = request.prefilled
             end = min(len(request.prompt_ids), start + self.config.prefill_chunk)
-            if spent and spent + end - start > self.config.prefill_chunk:
-                break  # the next chunk waits for the next step
+            if spent and spent + end - start > self.config.prefill_budget:
+                break  # it waits for the next step (a newcomer keeps the slot it was given)
             spent += end - start
-            clock = time.perf_counter()
-            if end < len(request.prompt_ids):
-                self.speculator.prefill(request.slot, request.prompt_ids[:end], start=start, activate=False)
-            else:
-                first = self.speculator.admit(request.slot, request.prompt_ids, request.params, request.seed,
-                                              start=start)
-            request.prefilled = self.seq_lens[request.slot] = end
-            request.metrics.prefill_seconds += time.perf_counter() - clock
-            if request.running:
-                request.metrics.num_prompt_tokens = len(request.prompt_ids)
-                updates.append(StepUpdate(request, self._append(request, [int(first)])))
-                self._retire_if_done(request)
-        return updates
-
-    def _prefilling(self) -> Request | None:
-        return next((r for r in self.slots if r is not None and not r.running), None)
+            pieces.append((request, start, end))
+        return pieces
 
     def _take_slot(self) -> Request | None:
         """Give the first waiting request a free slot, with caches long enough for all it may need."""
@@ -227,6 +257,7 @@ class Engine:
         if need > self.speculator.capacity:  # doubling keeps regrowth (a copy of the caches) rare
             self.speculator.reserve(min(max(need, 2 * self.speculator.capacity), self.max_capacity))
         request.slot, self.slots[slot] = slot, request
+        self.started.append(request)
         return request
 
     def _retire_if_done(self, request: Request) -> None:
@@ -319,3 +350,16 @@ class Engine:
         return RequestOutput(request.id, request.prompt, request.prompt_ids, list(request.output_ids),
                              self.text_of(request), request.finish_reason or "length", request.metrics,
                              request.last_tree)
+
+
+def _forwards(pieces: list[tuple[Request, int, int]]) -> list[list[tuple[Request, int, int]]]:
+    """Group a step's pieces into forwards padded to their longest piece: longest first, a piece joins
+    the current forward if it is at least half as long as that forward's first, so padding is at most
+    half of each forward's rows. Each piece's numbers do not depend on its group (padding is inert)."""
+    groups: list[list[tuple[Request, int, int]]] = []
+    for piece in sorted(pieces, key=lambda p: p[2] - p[1], reverse=True):
+        if groups and 2 * (piece[2] - piece[1]) >= groups[-1][0][2] - groups[-1][0][1]:
+            groups[-1].append(piece)
+        else:
+            groups.append([piece])
+    return groups

@@ -46,6 +46,10 @@ class KVCache:
         """A one-slot view that writes through to this cache (for prefilling one request)."""
         return KVCache([k[index:index + 1] for k in self.keys], [v[index:index + 1] for v in self.values])
 
+    def select(self, slots: torch.Tensor, real: tuple[torch.Tensor, torch.Tensor] | None = None) -> "SlotSelection":
+        """Slots `slots` [B] of this cache as one batch (for prefilling several requests at once)."""
+        return SlotSelection(self, slots, real)
+
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor) -> None:
         # k, v: [B, Hkv, T, D]; rows: [B, T] cache row of each new token.
         index = rows[:, None, :, None].expand_as(k)
@@ -71,6 +75,39 @@ class KVCache:
             # Gather first: a row may be both read and written by this move.
             rows = cache.gather(2, src.expand(-1, cache.shape[1], -1, cache.shape[3]))
             cache.scatter_(2, dst.expand_as(rows), rows)
+
+
+@dataclass
+class SlotSelection:
+    """Any slots of a KVCache, in any order, as a batch: batch row b is slot `slots[b]`.
+
+    Writes scatter into the chosen slots; `extend` returns those slots' first kv_len rows, gathered
+    (a copy: the slots need not be contiguous). real: (batch index, token index) [N] each, of the new
+    tokens to store; a batch of pieces padded to one length stores only its real tokens, so a padded
+    token never lands in a row a slot uses, nor past the cache's end.
+    """
+
+    cache: KVCache
+    slots: torch.Tensor  # [B] long
+    real: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor) -> None:
+        # k, v: [B, Hkv, T, D]; rows: [B, T] cache row of each new token.
+        keys, values = self.cache.keys[layer], self.cache.values[layer]
+        if self.real is None:
+            slot = self.slots[:, None].expand_as(rows)
+            # Two advanced indices around a slice put their dims first: [B, T, Hkv, D].
+            keys[slot, :, rows] = k.transpose(1, 2)
+            values[slot, :, rows] = v.transpose(1, 2)
+            return
+        b, t = self.real
+        keys[self.slots[b], :, rows[b, t]] = k[b, :, t]  # [N, Hkv, D] on both sides
+        values[self.slots[b], :, rows[b, t]] = v[b, :, t]
+
+    def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor,
+               kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self.write(layer, k, v, rows)
+        return self.cache.keys[layer][self.slots, :, :kv_len], self.cache.values[layer][self.slots, :, :kv_len]
 
 
 @dataclass

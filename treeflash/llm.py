@@ -166,6 +166,10 @@ class LLM:
     attention: "flex" (FlexAttention, CUDA only) or "sdpa" (dense mask); default: flex on CUDA.
     budget_profile: a JSON file holding the auto budget's cost profile: loaded if present, else
     measured at first use and written there.
+    prefill_tokens_per_step: prompt tokens the engine prefills per step, over all waiting requests,
+    batched into few target forwards (default 512, one chunk: a newcomer delays running requests by
+    one chunk at most). For throughput (many short prompts, hundreds of slots) raise it, e.g. 32768,
+    to fill the slots in a few steps. A long prompt still goes in chunks of 512 tokens, one per step.
     """
 
     def __init__(self, model: str | Path | None = None, device: str | torch.device | None = None,
@@ -173,7 +177,7 @@ class LLM:
                  draft_model: str | Path | None = None, spec: str | None = None, tree_budget: int | str = "auto",
                  max_num_seqs: int = 8, time_stages: bool | None = None, record_trees: bool = False,
                  cuda_graphs: bool | None = None, attention: str | None = None, budget_profile: str | None = None,
-                 tensor_parallel_size: int = 1):
+                 tensor_parallel_size: int = 1, prefill_tokens_per_step: int | None = None):
         draft_model = default_draft_model(model, draft_model, spec)
         self.parallel = None  # the tensor-parallel group (workers), when tensor_parallel_size > 1
         self.spec = SpecConfig(method=spec or ("ddtree" if draft_model else "none"), tree_budget=tree_budget)
@@ -207,7 +211,7 @@ class LLM:
             max_num_seqs=max_num_seqs, max_model_len=self.max_model_len,
             time_stages=self.device.type == "cpu" if time_stages is None else time_stages,
             record_trees=record_trees, cuda_graphs=True if cuda_graphs is None else bool(cuda_graphs),
-            attention=attention, budget_profile=budget_profile,
+            attention=attention, budget_profile=budget_profile, prefill_tokens_per_step=prefill_tokens_per_step,
             # On CUDA every cache growth recaptures the graphs and recompiles attention kernels (seconds):
             # start with room for typical requests there; on the CPU grow from small, as memory is dearer.
             min_capacity=CUDA_MIN_CAPACITY if self.device.type == "cuda" else EngineConfig.min_capacity)

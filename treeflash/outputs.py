@@ -15,7 +15,7 @@ class RequestMetrics:
     num_prompt_tokens: int = 0
     num_generated_tokens: int = 0
     acceptance_lengths: list[int] = field(default_factory=list)  # tokens emitted per round (accepted drafts + 1)
-    prefill_seconds: float = 0.0
+    prefill_seconds: float = 0.0  # wall time of the prefill forwards this request took part in (batched)
     decode_seconds: float = 0.0  # wall time of the rounds this request took part in
     stage_seconds: dict[str, float] = field(default_factory=dict)  # per round stage, summed
 

@@ -113,6 +113,16 @@ class SamplingFlags:
         return SamplingFlags(st.all_greedy, st.use_top_k, st.use_top_p, st.use_min_p, top_k)
 
 
+@dataclass(frozen=True)
+class PrefillPiece:
+    """prompt[start:end] of the request in `slot`: what one prefill forward runs for that slot."""
+
+    slot: int
+    prompt: list[int]
+    start: int
+    end: int
+
+
 class Speculator:
     """Owns the target, the optional drafter, their caches and the per-slot state; runs prefill and rounds.
 
@@ -155,14 +165,21 @@ class Speculator:
     def set_sampling(self, slot: int, params: SamplingParams | None, seed: int = 0) -> SamplingTensors:
         """Write a request's sampling parameters into its slot's static row (None: the slot is free)
         and update the flags; returns the request's parameters as a one-row SamplingTensors."""
-        row = SamplingTensors.build([params or IDLE], [seed], self.device)
+        return self.set_sampling_many([slot], [params], [seed])
+
+    def set_sampling_many(self, slots: list[int], params: list[SamplingParams | None],
+                          seeds: list[int]) -> SamplingTensors:
+        """`set_sampling` for several slots at once (the flags are recomputed once); returns their rows."""
+        rows = SamplingTensors.build([p or IDLE for p in params], seeds, self.device)
+        index = torch.tensor(slots, dtype=torch.long, device=self.device)
         for f in dataclasses.fields(SamplingTensors):
-            value = getattr(row, f.name)
+            value = getattr(rows, f.name)
             if isinstance(value, torch.Tensor):
-                getattr(self.sampling_rows, f.name)[slot:slot + 1].copy_(value)
-        self.slot_params[slot] = params
+                getattr(self.sampling_rows, f.name).index_copy_(0, index, value)
+        for slot, p in zip(slots, params):
+            self.slot_params[slot] = p
         self.flags = SamplingFlags.of([p for p in self.slot_params if p is not None] or [IDLE])
-        return row
+        return rows
 
     def sampling(self, num_slots: int) -> SamplingTensors:
         """The static rows of slots [0, num_slots) with the running requests' flags (views, no copy)."""
@@ -173,6 +190,46 @@ class Speculator:
 
     # --- prefill ---------------------------------------------------------------------------------
     @torch.inference_mode()
+    def prefill_many(self, pieces: list[PrefillPiece]) -> torch.Tensor:
+        """Run several slots' prompt pieces into their caches in ONE forward; returns the logits after
+        each piece's last token [k, V].
+
+        Piece i is prompt[start:end] of its slot (distinct slots); rows [0, start) of the slot must
+        already hold prompt[:start]. The pieces are padded to one length T: token t of a piece sits at
+        position and cache row start + t and sees the slot's rows before it (a causal mask per slot).
+        Padded tokens are never stored (`SlotSelection.real`) and no real token sees them, so they
+        change nothing: their own outputs are garbage, and dropped. Each slot's committed length
+        becomes `end`; a slot is active once its whole prompt is in (until then rounds leave its
+        committed rows alone: they only write past them, where the next piece overwrites).
+        """
+        k, lengths = len(pieces), [p.end - p.start for p in pieces]
+        if k == 0 or min(lengths) < 1 or len({p.slot for p in pieces}) < k:
+            raise ValueError("prefill_many takes non-empty pieces of distinct slots")
+        t, kv_len = max(lengths), max(p.end for p in pieces)
+        dev = self.device
+        tokens = torch.tensor([p.prompt[p.start:p.end] + [0] * (t - n) for p, n in zip(pieces, lengths)], device=dev)
+        starts = torch.tensor([p.start for p in pieces], device=dev)
+        positions = starts[:, None] + torch.arange(t, device=dev)  # [k, T]; also the cache rows
+        n = torch.tensor(lengths, device=dev)
+        # Among the new tokens: causal, and only real tokens are visible (padding sees the real ones too,
+        # so no query row is all-masked).
+        causal = torch.ones(t, t, dtype=torch.bool, device=dev).tril()
+        new_mask = causal[None] & (torch.arange(t, device=dev)[None, None, :] < n[:, None, None])
+        _, mask = append_layout(starts, new_mask, kv_len)
+        real = None
+        if min(lengths) < t:  # (batch, token) of the real tokens, found on the host: prefill may synchronise
+            valid = torch.arange(t)[None, :] < torch.tensor(lengths)[:, None]
+            real = tuple(x.to(dev) for x in valid.nonzero(as_tuple=True))
+        slots = torch.tensor([p.slot for p in pieces], device=dev)
+        hidden, features = self.target(tokens, positions, self.cache.select(slots, real), positions, mask,
+                                       self.capture)
+        if self.drafter:
+            self.drafter.add_context(self.drafter.context_features(self.target, features), positions,
+                                     self.draft_cache.select(slots, real), positions)
+        self.state.seq_lens[slots] = torch.tensor([p.end for p in pieces], device=dev)
+        self.state.active[slots] = torch.tensor([p.end == len(p.prompt) for p in pieces], device=dev)
+        return self.target.logits(hidden[torch.arange(k, device=dev), n - 1])
+
     def prefill(self, slot: int, prompt: list[int], chunk: int = PREFILL_CHUNK, start: int = 0,
                 activate: bool = True) -> torch.Tensor:
         """Run prompt[start:] into `slot`'s caches, in chunks; returns the logits after its last token [V].
@@ -182,32 +239,28 @@ class Speculator:
         then leave its committed length alone (they only write rows past it, which the next chunk
         overwrites).
         """
-        cache, draft_cache = self.cache.slot(slot), self.draft_cache.slot(slot) if self.drafter else None
-        ids = torch.tensor(prompt, dtype=torch.long, device=self.device)[None]
-        # Prefill runs eagerly, one chunk at a time, with a dense mask over the rows written so far.
         for begin in range(start, len(prompt), chunk):
-            piece = ids[:, begin:begin + chunk]
-            n = piece.shape[1]
-            causal = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()[None]
-            seq = torch.tensor([begin], device=self.device)
-            rows, mask = append_layout(seq, causal, begin + n)
-            hidden, features = self.target(piece, rows, cache, rows, mask, self.capture)
-            if self.drafter:
-                self.drafter.add_context(self.drafter.context_features(self.target, features), rows, draft_cache, rows)
-        self.state.seq_lens[slot] = len(prompt)
+            logits = self.prefill_many([PrefillPiece(slot, prompt, begin, min(begin + chunk, len(prompt)))])
         self.state.active[slot] = activate
-        return self.target.logits(hidden[0, -1])
+        return logits[0]
+
+    def first_tokens(self, slots: list[int], prompt_lens: list[int], params: list[SamplingParams], seeds: list[int],
+                     logits: torch.Tensor) -> torch.Tensor:
+        """Start requests whose prompts are in: write their sampling rows and derive each first token
+        from the logits after its prompt [k, V]. The first token sits at position len(prompt), the
+        same counter key plain decoding uses; it becomes the slot's first root. Returns them [k]."""
+        rows = self.set_sampling_many(slots, params, seeds)
+        positions = torch.tensor(prompt_lens, device=self.device)[:, None]
+        first = derive(logits[:, None], rows, positions)[:, 0]
+        self.state.bonus[torch.tensor(slots, device=self.device)] = first
+        return first
 
     def admit(self, slot: int, prompt: list[int], params: SamplingParams, seed: int, start: int = 0) -> torch.Tensor:
         """Prefill `slot` with prompt[start:] (earlier rows already hold the rest), write its sampling row
-        and derive its first token (the first round's root). The first token sits at position
-        len(prompt), the same counter key plain decoding uses. Returns it as a [1] device tensor.
+        and derive its first token (the first round's root). Returns it as a [1] device tensor.
         """
         logits = self.prefill(slot, prompt, start=start)
-        row = self.set_sampling(slot, params, seed)
-        first = derive(logits[None, None], row, torch.full((1, 1), len(prompt), device=self.device))[0]
-        self.state.bonus[slot:slot + 1] = first
-        return first
+        return self.first_tokens([slot], [len(prompt)], [params], [seed], logits[None])
 
     def set_bonus(self, slot: int, token: int) -> None:
         self.state.bonus[slot] = token

@@ -64,10 +64,10 @@ def time_engine_rounds(target, drafter, spec: SpecConfig, batch: int, prompt: li
 
     A step is one round over every slot plus the engine's one host synchronisation (it reads the
     emitted tokens back), so this is the per-round cost a user sees, through whatever fast path the
-    engine takes (CUDA graphs, kernels). The first step admits the requests (one prefill each);
+    engine takes (CUDA graphs, kernels). The first step admits the requests (batched prefill forwards);
     `warmup` steps follow untimed (graph capture, allocator). The stage split comes from a second
     engine with the per-stage clock on, whose extra synchronisations would inflate the round times.
-    Returns the timing and the mean prefill seconds of one request.
+    Returns the timing and the mean prefill seconds of a request (the forwards it took part in).
     """
     device = target.embed_tokens.weight.device
     most_per_round = drafter.config.block_size if drafter is not None else 1  # accepted drafts + the bonus

@@ -1,0 +1,141 @@
+"""Batched prefill: several requests' prompt pieces in one target forward give what one-at-a-time prefill
+gives (first tokens, committed cache rows, greedy and seeded outputs), and padding stores nothing.
+
+Bitwise equality of the caches is not a property of a CPU: a float32 matmul over M rows and
+`scaled_dot_product_attention` over a longer key range round differently from the same rows alone (by
+about 1e-7), so cache rows and logits are compared to 1e-5 and tokens exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from treeflash import LLM, SamplingParams
+from treeflash.checkpoint import load_drafter, load_target
+from treeflash.engine import EngineConfig
+from treeflash.round import PrefillPiece, SpecConfig, Speculator
+from spec_helpers import make_drafter, make_target
+
+_g = torch.Generator().manual_seed(7)
+# Lengths 5..30 beside one of 45: with 8-token chunks the long one takes 6 steps among short newcomers.
+PROMPTS = [torch.randint(1, 62, (n,), generator=_g).tolist() for n in (5, 45, 12, 3, 30, 9, 1)]
+CHUNK = 8
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+    root = tmp_path_factory.mktemp("batched_prefill")
+    target = make_target(root / "target", vocab=64)
+    return target, make_drafter(root / "drafter", target, 4)
+
+
+def test_one_forward_over_several_slots_matches_one_slot_at_a_time(paths):
+    target = load_target(paths[0], "cpu", torch.float32)[0]
+    drafter = load_drafter(paths[1], "cpu", torch.float32)
+
+    def speculator():
+        sp = Speculator(target, drafter, SpecConfig("ddtree", 8), slots=8, capacity=96, time_stages=False)
+        sp.prefill_many([PrefillPiece(6, PROMPTS[1], 0, 16)])  # the long prompt's first two chunks are in
+        return sp
+
+    # Pieces of different lengths in scattered slots, one of them a later chunk (start 16).
+    pieces = [PrefillPiece(s, p, 16 if s == 6 else 0, len(p)) for s, p in zip((3, 6, 0, 7, 1), PROMPTS[:5])]
+    params = [SamplingParams(temperature=0), SamplingParams(temperature=1.0, seed=1), SamplingParams(temperature=0.7, top_k=5),
+              SamplingParams(temperature=0), SamplingParams(temperature=1.0, top_p=0.9)]
+    batched, alone = speculator(), speculator()
+    logits = batched.prefill_many(pieces)
+    reference = torch.stack([alone.prefill_many([p])[0] for p in pieces])
+    torch.testing.assert_close(logits, reference, rtol=0, atol=1e-5)
+
+    slots, lens = [p.slot for p in pieces], [len(p.prompt) for p in pieces]
+    first = batched.first_tokens(slots, lens, params, list(range(5)), logits)
+    first_alone = [alone.first_tokens([s], [n], [q], [i], reference[i:i + 1])
+                   for i, (s, n, q) in enumerate(zip(slots, lens, params))]
+    assert first.tolist() == torch.cat(first_alone).tolist()
+    assert batched.state.bonus.tolist() == alone.state.bonus.tolist()
+    assert batched.state.seq_lens.tolist() == alone.state.seq_lens.tolist()
+    assert batched.state.active.tolist() == alone.state.active.tolist()
+    for cache_a, cache_b in ((batched.cache, alone.cache), (batched.draft_cache, alone.draft_cache)):
+        for a, b in zip(cache_a.keys + cache_a.values, cache_b.keys + cache_b.values):
+            for slot, n in zip(slots, lens):
+                torch.testing.assert_close(a[slot, :, :n], b[slot, :, :n], rtol=0, atol=1e-5)
+                assert not a[slot, :, n:].any()  # padding wrote nothing past a slot's prompt
+            assert not a[[2, 4, 5]].any()  # nor into slots outside the batch
+
+
+def test_prefill_many_rejects_empty_or_repeated_slots(paths):
+    target = load_target(paths[0], "cpu", torch.float32)[0]
+    sp = Speculator(target, None, SpecConfig(), slots=2, capacity=32, time_stages=False)
+    with pytest.raises(ValueError):
+        sp.prefill_many([PrefillPiece(0, [1, 2], 0, 2), PrefillPiece(0, [3], 0, 1)])
+    with pytest.raises(ValueError):
+        sp.prefill_many([PrefillPiece(0, [1, 2], 2, 2)])
+
+
+def _llm(paths, spec: str, budget: int | None, slots: int = 8) -> LLM:
+    target, drafter = paths
+    llm = LLM(str(target), device="cpu", draft_model=str(drafter) if spec != "none" else None, spec=spec,
+              tree_budget=8, max_num_seqs=slots, prefill_tokens_per_step=budget)
+    llm.engine.config = dataclasses.replace(llm.engine.config, prefill_chunk=CHUNK)
+    return llm
+
+
+def _record_forwards(llm: LLM) -> list[list[tuple[int, int]]]:
+    forwards, original = [], llm.engine.speculator.prefill_many
+
+    def recording(pieces):
+        forwards.append([(p.start, p.end) for p in pieces])
+        return original(pieces)
+
+    llm.engine.speculator.prefill_many = recording
+    return forwards
+
+
+@pytest.mark.parametrize("spec", ["none", "dflash", "ddtree"])
+def test_batched_admission_gives_the_greedy_tokens_of_one_request_at_a_time(paths, spec):
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    plain = _llm(paths, "none", None, slots=1)  # one request at a time: no batching anywhere
+    solo = [o.token_ids for o in plain.generate(prompt_token_ids=PROMPTS, sampling_params=params)]
+
+    llm = _llm(paths, spec, budget=64)
+    forwards = _record_forwards(llm)
+    outs = llm.generate(prompt_token_ids=PROMPTS, sampling_params=params)
+    assert [o.token_ids for o in outs] == solo
+    assert max(len(f) for f in forwards) > 1  # pieces of several requests shared a forward
+    assert all(end - start <= CHUNK for f in forwards for start, end in f)  # the long prompts went in chunks
+    assert sum(end - start for f in forwards for start, end in f) == sum(map(len, PROMPTS))
+
+
+@pytest.mark.parametrize("spec", ["none", "ddtree"])
+def test_batched_admission_keeps_seeded_sampling(paths, spec):
+    params = [SamplingParams(temperature=1.0, top_p=0.95 if i % 2 else 1.0, max_tokens=10, seed=40 + i,
+                             ignore_eos=True) for i in range(len(PROMPTS))]
+    one_at_a_time = _llm(paths, spec, budget=None)  # the default budget: one chunk, one request per step
+    batched = _llm(paths, spec, budget=1000)
+    reference = [o.token_ids for o in one_at_a_time.generate(prompt_token_ids=PROMPTS, sampling_params=params)]
+    assert [o.token_ids for o in batched.generate(prompt_token_ids=PROMPTS, sampling_params=params)] == reference
+
+
+def test_a_step_prefills_at_most_its_token_budget(paths):
+    llm = _llm(paths, "none", budget=20, slots=4)
+    forwards = _record_forwards(llm)
+    engine = llm.engine
+    for request in llm._requests(None, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), PROMPTS):
+        engine.add(request)
+    steps = []
+    while engine.has_work():
+        forwards.clear()
+        engine.step()
+        steps.append(sum(end - start for f in forwards for start, end in f))
+    assert max(steps) <= 20 and steps[0] == 13  # 5 tokens and a chunk of 8; a third chunk of 8 would pass 20
+
+
+def test_the_prefill_budget_is_checked():
+    with pytest.raises(ValueError, match="prefill_tokens_per_step"):
+        EngineConfig(prefill_tokens_per_step=0)
+    with pytest.raises(ValueError, match="prefill_chunk"):
+        EngineConfig(prefill_chunk=True)
+    assert EngineConfig().prefill_budget == EngineConfig().prefill_chunk
