@@ -26,6 +26,9 @@ from treeflash.train.prompts import load_prompts, split_prompts
 
 
 CHAT_TEMPLATE_ROOM = 256  # tokens a chat template may add around a cut prompt (system prompt, role markers)
+# Prompt tokens the generator prefills per engine step: enough to fill hundreds of slots in a few
+# batched forwards, where one chunk per step would admit ~3 requests a step.
+GEN_PREFILL_TOKENS = 32768
 SAVE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -97,7 +100,7 @@ def train_drafter(opts: TrainDrafterOptions) -> dict:
     limit = ModelConfig.from_dir(model_dir).max_position_embeddings
     gen = LLM(str(model_dir), device=device, dtype=dtype, max_num_seqs=opts.gen_batch_size, spec="none",
               max_model_len=min(limit, opts.max_prompt_tokens + CHAT_TEMPLATE_ROOM + opts.max_new_tokens),
-              time_stages=False)
+              time_stages=False, prefill_tokens_per_step=GEN_PREFILL_TOKENS)
     deadline = time.monotonic() + 60 * opts.data_minutes if opts.data_minutes else None
     started = time.monotonic()
     examples = generate_responses(gen, train_prompts, opts.data_dir or out / "data", modes, opts.max_new_tokens,
