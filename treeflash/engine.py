@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from treeflash.attention import FLEX_DECODE_TOKENS
 from treeflash.budget import AUTO_BUDGETS, BudgetChooser, CostProfile
 from treeflash.detokenize import IncrementalDetokenizer
 from treeflash.outputs import RequestMetrics, RequestOutput
@@ -68,7 +69,7 @@ class StepUpdate:
     new_token_ids: list[int]
 
 
-EAGER_AUTO_BUDGETS = AUTO_BUDGETS[:3]  # 16, 32, 64: a prefix, as BudgetChooser's columns require
+EAGER_AUTO_BUDGETS = AUTO_BUDGETS[:5]  # 4..64: a prefix, as BudgetChooser's columns require
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,8 @@ class EngineConfig:
     attention: str | None = None  # "sdpa" or "flex" (treeflash/attention.py); None: the device's default
     budget_profile: str | None = None  # tree_budget="auto": a stored CostProfile (JSON) to load or write
     prefill_chunk: int = PREFILL_CHUNK  # prompt tokens prefilled per step at most (whole chunks)
+    compile_kernels: bool = True  # CUDA: fused projections + compiled pieces (models/kernels.py); False: eager
+    flex_decode_tokens: int = FLEX_DECODE_TOKENS  # FlexAttention's decoding kernel up to this many new tokens
 
 
 class Engine:
@@ -94,7 +97,9 @@ class Engine:
         self.max_capacity = config.max_model_len + self.round_rows + 1
         self.speculator = Speculator(target, drafter, spec, config.max_num_seqs,
                                      capacity=min(config.min_capacity, self.max_capacity),
-                                     time_stages=config.time_stages, attention=config.attention)
+                                     time_stages=config.time_stages, attention=config.attention,
+                                     flex_decode_tokens=config.flex_decode_tokens,
+                                     compile_kernels=config.compile_kernels)
         self.runner = GraphRunner(self.speculator, enabled=config.cuda_graphs, time_stages=config.time_stages)
         self.budget = self._budget_chooser(config) if spec.auto else None
         self.record_trees = config.record_trees
