@@ -99,7 +99,10 @@ class Kernels:
         if not self.compiled:
             return fn(*args)
         torch._dynamo.maybe_mark_dynamic(args[0], 0)
-        return _compiled(fn)(*args)
+        # A piece sees a few layouts (q and k heads, fused and drafter-context strides, N = 1): allow
+        # their recompiles rather than fall back to eager after dynamo's default limit of 8.
+        with torch._dynamo.config.patch(recompile_limit=64):
+            return _compiled(fn)(*args)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         # x: [..., D] -> [..., D]
