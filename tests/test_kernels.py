@@ -120,3 +120,23 @@ def test_compiled_pieces_match_eager_on_cuda():
         hw = torch.randn(16, device=dev)
         torch.testing.assert_close(COMPILED.norm_rotary(heads, hw, 1e-6, cos, sin),
                                    EAGER.norm_rotary(heads, hw, 1e-6, cos, sin))
+
+
+def test_stacked_cache_compacts_every_layer_like_per_layer_tensors():
+    from treeflash.kv_cache import KVCache
+
+    torch.manual_seed(0)
+    stacked = KVCache.allocate(3, 4, 2, 16, 8, torch.float32, "cpu")
+    for t in stacked.stacked:
+        t.copy_(torch.randn_like(t))
+    assert stacked.keys[1].data_ptr() == stacked.stacked[0][1].data_ptr()  # the layers are views
+    plain = KVCache([k.clone() for k in stacked.keys], [v.clone() for v in stacked.values])
+    start, keep = torch.tensor([2, 0, 5]), torch.tensor([[0, 3, 1], [0, 1, 2], [0, 4, 4]])
+    part = stacked.slots(0, 3)  # a round's prefix of the slots writes through
+    part.compact(start, keep)
+    plain_part = KVCache([k[:3] for k in plain.keys], [v[:3] for v in plain.values])
+    plain_part.compact(start, keep)
+    assert all(torch.equal(a, b) for a, b in zip(stacked.keys + stacked.values, plain.keys + plain.values))
+    grown = stacked.grown(32)
+    assert grown.stacked is not None and grown.capacity == 32
+    assert all(torch.equal(g[:, :, :16], k) for g, k in zip(grown.keys, stacked.keys))

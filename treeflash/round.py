@@ -317,7 +317,8 @@ class Speculator:
     def commit(self, accepted: Walk, features: torch.Tensor | None, state: SlotState, cache: KVCache,
                num_slots: int) -> None:
         """Keep the accepted path's KV rows, give the drafter their features, advance the slots."""
-        cache.compact(state.seq_lens, accepted.path)
+        if self.drafter is not None:  # a root-only tree (AR) keeps its one row where it is: nothing to move
+            cache.compact(state.seq_lens, accepted.path)
         if self.drafter is not None:
             path_features = features.gather(1, accepted.path[:, :, None].expand(-1, -1, features.shape[-1]))
             rows = state.seq_lens[:, None] + torch.arange(accepted.path.shape[1], device=self.device)
@@ -328,7 +329,7 @@ class Speculator:
 
 
 def _prefix(cache: KVCache, slots: int) -> KVCache:
-    return KVCache([k[:slots] for k in cache.keys], [v[:slots] for v in cache.values])
+    return cache.slots(0, slots)
 
 
 class StageClock:
