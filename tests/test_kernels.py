@@ -24,6 +24,7 @@ def pair(tmp_path_factory):
     return target, make_drafter(root / "drafter", target, 8)
 
 
+@torch.inference_mode()  # the fused projections serve inference (autograd takes the separate ones)
 def forward(model, tokens):
     t = tokens.shape[1]
     causal = torch.ones(1, t, t, dtype=torch.bool).tril()
@@ -58,9 +59,11 @@ def test_fused_projections_keep_parameters_and_outputs(pair):
     assert [n for n, _ in drafter.named_parameters()] == names
     features = torch.randn(1, 4, drafter.fc.in_features)
     positions = torch.arange(4)[None]
-    fused_kv = drafter.context_kv(features, positions)  # k and v through one GEMM over the fused rows
-    use_fast_path(drafter, fused=False)
-    for (k1, v1), (k2, v2) in zip(fused_kv, drafter.context_kv(features, positions)):
+    with torch.inference_mode():
+        fused_kv = drafter.context_kv(features, positions)  # k and v through one GEMM over the fused rows
+        use_fast_path(drafter, fused=False)
+        plain_kv = drafter.context_kv(features, positions)
+    for (k1, v1), (k2, v2) in zip(fused_kv, plain_kv):
         torch.testing.assert_close(k1, k2, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(v1, v2, rtol=1e-5, atol=1e-6)
 

@@ -16,6 +16,9 @@ parameters views of it, so names, shapes and values of `named_parameters()` stay
 tensor-parallel slices and training see no difference) and no memory is duplicated. It works on a
 tensor-parallel rank's slices as they are (a rank's q/k/v are its own heads).
 
+The fused tensors carry no gradient: with autograd on (training), the forward takes the separate
+projections (the views, which do), so a fused model still trains.
+
 `use_fast_path(model, fused, kernels)` switches both, and can switch back (the fused weights stay; only
 the forward's choice changes), so one process can time both paths on the same weights.
 """
@@ -165,9 +168,9 @@ def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
     start = 0
     for lin in linears:
         stop = start + lin.out_features
-        lin.weight = nn.Parameter(weight[start:stop], requires_grad=False)
+        lin.weight = nn.Parameter(weight[start:stop], requires_grad=lin.weight.requires_grad)
         if bias is not None:
-            lin.bias = nn.Parameter(bias[start:stop], requires_grad=False)
+            lin.bias = nn.Parameter(bias[start:stop], requires_grad=lin.bias.requires_grad)
         start = stop
     return weight, bias
 

@@ -37,7 +37,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.use_fused:
+        if self.use_fused and not torch.is_grad_enabled():  # fused weights carry no gradient
             gate, up = F.linear(x, *self.gate_up).chunk(2, dim=-1)  # one GEMM, gate then up
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)

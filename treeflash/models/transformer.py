@@ -48,7 +48,7 @@ class Attention(nn.Module):
 
     def project_kv(self, x, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys (normed, rotated) and values of x: [B, T, hidden] -> two [B, Hkv, T, D]."""
-        if self.use_fused:
+        if self.use_fused and not torch.is_grad_enabled():  # fused weights carry no gradient
             weight, bias = self.qkv
             q_rows = self.num_heads * self.head_dim  # k and v are the fused weight's last rows: one GEMM
             k, v = F.linear(x, weight[q_rows:], None if bias is None else bias[q_rows:]).chunk(2, dim=-1)
@@ -58,7 +58,7 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, cache: KVCache | PrefixKV, layer: int, rows, mask):
         # x: [B, T, hidden]; rows: [B, T] (cache rows; unused with a PrefixKV); mask: [B, T, L]
-        if self.use_fused:
+        if self.use_fused and not torch.is_grad_enabled():  # fused weights carry no gradient
             q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
             q, k, v = F.linear(x, *self.qkv).split([q_width, kv_width, kv_width], dim=-1)
         else:
