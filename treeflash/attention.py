@@ -36,7 +36,8 @@ BACKENDS = ("sdpa", "flex")
 FLEX_BLOCK = 128  # rows per FlexAttention block (its default sparse block size)
 # New tokens per slot up to which FlexAttention's decoding kernel runs (see the module docstring). 1: only
 # the one-token AR step. Why: in benchmarks/h200-qwen3-8b (H200, torch 2.11) a 17-token tree (68 packed
-# rows, decoding kernel) verified 5-8x slower than a 65-token one (general kernel) at batch 8 and 32.
+# rows, decoding kernel) verified 2.5-2.8x slower than a 65-token one (general kernel) at batch 8 and 32,
+# and 5-8x slower than the 16-token chain (64 packed rows, also the decoding kernel).
 # `treeflash bench --synthetic ... --variants compiled/1,compiled/32` times both choices side by side.
 FLEX_DECODE_TOKENS = 1
 
