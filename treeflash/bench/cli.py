@@ -31,7 +31,7 @@ examples:
   treeflash bench --random-drafter --baselines hf,dflash-ref,ddtree-ref --ddtree-ref ./ddtree-ref/ \\
       --methods none,dflash,ddtree:64 --num-prompts 4
   treeflash bench --synthetic qwen3-8b --batch-sizes 1,8,32 --budgets 16,64,256 --context 1024
-  treeflash bench --synthetic qwen3-8b --variants compiled/1,eager/32 \
+  treeflash bench --synthetic qwen3-8b --variants compiled/1,eager/32 \\
       --batch-methods '1=none,ddtree:64 32=none,ddtree:4,ddtree:16,ddtree:auto'
   treeflash bench --replot bench/results.json"""
 
