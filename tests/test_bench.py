@@ -250,6 +250,24 @@ def test_synthetic_run_times_every_combination_and_writes_json_and_plots(tmp_pat
     assert (tmp_path / "synthetic_tiny_rounds.png").is_file() and (tmp_path / "synthetic_tiny_stages.png").is_file()
 
 
+def test_synthetic_variants_per_batch_methods_and_auto(tmp_path, monkeypatch):
+    monkeypatch.setitem(SHAPES, "tiny", Shape("tiny", TINY, mask_token_id=5, drafter_layers=1, block_size=4))
+    out = tmp_path / "v.json"
+    assert bench("--synthetic", "tiny", "--context", "16", "--drafter-layers", "1", "--block-size", "4",
+                 "--batch-methods", "1=none,ddtree:4 2=none,ddtree:4,ddtree:8,ddtree:auto",
+                 "--variants", "compiled/1,eager/32", "--rounds", "2", "--stage-rounds", "0", "--out", str(out)) == 0
+    result = json.loads(out.read_text())
+    assert not result["errors"]
+    runs = [(r["batch"], r["method"], r["variant"]) for r in result["rows"]]
+    assert runs == [(b, m, v) for b, ms in ((1, ("none", "ddtree:4")), (2, ("none", "ddtree:4", "ddtree:8", "ddtree:auto")))
+                    for m in ms for v in ("compiled/1", "eager/32")]
+    auto = [r for r in result["rows"] if r["method"] == "ddtree:auto"]
+    assert all(r["auto_budget"] in (4, 8, 16, 32, 64) and r["x_ar"] > 0 for r in auto)
+    table = (tmp_path / "v.txt").read_text()
+    assert "kernel variants side by side" in table and "eager/32" in table
+    assert bench("--synthetic", "tiny", "--batch-methods", "2=none,ddtree:auto", "--out", str(out)) != 0
+
+
 def test_synthetic_skips_what_would_not_fit(tmp_path, monkeypatch):
     monkeypatch.setitem(SHAPES, "tiny", Shape("tiny", TINY, mask_token_id=5, drafter_layers=1, block_size=4))
     out = tmp_path / "s.json"

@@ -10,6 +10,12 @@ their slot plus the new rows their own mask allows. Two representations of that 
   length are skipped, so a round costs what the slot's context costs, not what the cache could hold.
   It runs through a Triton kernel compiled by `torch.compile` (CUDA only; never needed on the CPU).
 
+FlexAttention has two kernels: a decoding kernel that packs the query rows of one KV head's query heads
+(T x groups) into one block and reads each KV row once for all of them, and the general kernel (one
+query head's rows per block). Which one a block of T new tokens uses is `flex_decode_tokens`: the
+decoding kernel for T <= it and at most FLEX_DECODE_ROWS packed rows, the general one past either.
+FLEX_DECODE_TOKENS is the default; the synthetic benchmark times others (`--flex-decode-tokens`).
+
 Both are built from device tensors alone (no host synchronisation) with shapes fixed by the cache
 capacity, so a round can be captured in a CUDA graph once and replayed at any context length.
 Which backend the GPU uses was chosen by measurement: benchmarks/attention/README.md.
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +34,26 @@ from treeflash.kv_cache import append_layout
 
 BACKENDS = ("sdpa", "flex")
 FLEX_BLOCK = 128  # rows per FlexAttention block (its default sparse block size)
+# When FlexAttention's decoding kernel runs (see the module docstring): for at most FLEX_DECODE_TOKENS
+# new tokens per slot AND at most FLEX_DECODE_ROWS packed rows (tokens x query heads per KV head).
+# Measured in benchmarks/h200-qwen3-8b-kernels (H200, torch 2.11, 4 query heads per KV head): packed
+# rows 4 (AR step), 20, 36 (trees of 5 and 9 nodes) and 64 (the 16-token draft block) are fastest on the
+# decoding kernel; at 68 rows (a 17-node tree) it is 5-6.5x slower than the general kernel at batch 8
+# and 32. `treeflash bench --synthetic ... --variants compiled/1,compiled/16` times the choices.
+FLEX_DECODE_TOKENS = 16
+FLEX_DECODE_ROWS = 64
+
+
+@dataclass(frozen=True)
+class FlexMask:
+    """A round's FlexAttention mask and the kernel choice that goes with it."""
+
+    block_mask: object  # torch.nn.attention.flex_attention.BlockMask
+    decode_kernel: bool  # run FlexAttention's decoding kernel (when its packed rows fit)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.block_mask.shape
 
 
 def default_backend(device: torch.device | str) -> str:
@@ -42,17 +69,19 @@ def check_backend(backend: str, device: torch.device | str) -> str:
     return backend
 
 
-def round_layout(seq_lens: torch.Tensor, new_mask: torch.Tensor, kv_len: int, backend: str):
+def round_layout(seq_lens: torch.Tensor, new_mask: torch.Tensor, kv_len: int, backend: str,
+                 flex_decode_tokens: int = FLEX_DECODE_TOKENS):
     """Cache rows of T new tokens and their visibility over cache rows [0, kv_len).
 
     seq_lens: [B] committed rows; new_mask: [B, T, T] visibility among the new tokens.
     Returns rows [B, T] and a mask for `attend`: a bool tensor [B, T, kv_len] ("sdpa") or a
-    BlockMask ("flex"); both have `.shape[-1] == kv_len`.
+    FlexMask ("flex"; its kernel chosen by `flex_decode_tokens`); both have `.shape[-1] == kv_len`.
     """
     if backend == "sdpa":
         return append_layout(seq_lens, new_mask, kv_len)
-    rows = seq_lens[:, None] + torch.arange(new_mask.shape[1], device=new_mask.device)
-    return rows, block_mask(seq_lens, new_mask, kv_len)
+    t = new_mask.shape[1]
+    rows = seq_lens[:, None] + torch.arange(t, device=new_mask.device)
+    return rows, FlexMask(block_mask(seq_lens, new_mask, kv_len), decode_kernel=t <= flex_decode_tokens)
 
 
 def block_mask(seq_lens: torch.Tensor, new_mask: torch.Tensor, kv_len: int):
@@ -102,17 +131,17 @@ def _compiled_flex():
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
-    """q: [B, H, T, D]; k, v: [B, Hkv, L, D]; mask: [B, T, L] bool (True = visible) or a BlockMask
+    """q: [B, H, T, D]; k, v: [B, Hkv, L, D]; mask: [B, T, L] bool (True = visible) or a FlexMask
     over the same rows -> [B, T, H*D]."""
     b, h, t, d = q.shape
-    if not isinstance(mask, torch.Tensor):
-        # FlexAttention's decoding kernel packs the query rows of one KV head (t x groups) into one
-        # block of at most FLEX_BLOCK rows; past that it has no valid configuration (torch 2.11), so
-        # larger trees take the general kernel.
-        options = {"FORCE_USE_FLEX_ATTENTION": True} if t * (h // k.shape[1]) > FLEX_BLOCK else None
+    if isinstance(mask, FlexMask):
+        # The decoding kernel packs the query rows of one KV head (t x groups) into one block; past
+        # FLEX_DECODE_ROWS it turns slow (measured), past FLEX_BLOCK it has no valid configuration.
+        decode = mask.decode_kernel and t * (h // k.shape[1]) <= FLEX_DECODE_ROWS
+        options = None if decode else {"FORCE_USE_FLEX_ATTENTION": True}
         # Shapes here are few (batch bucket x new tokens x capacity): let each get its own kernel.
         with torch._dynamo.config.patch(recompile_limit=256, accumulated_recompile_limit=4096):
-            out = _compiled_flex()(q, k, v, block_mask=mask, enable_gqa=True, kernel_options=options)
+            out = _compiled_flex()(q, k, v, block_mask=mask.block_mask, enable_gqa=True, kernel_options=options)
         return out.transpose(1, 2).flatten(2)
     kv_heads, length = k.shape[1], k.shape[2]
     groups = h // kv_heads

@@ -34,7 +34,10 @@ from typing import Callable
 
 import torch
 
-AUTO_BUDGETS = (16, 32, 64, 128, 256, 512)
+# 4 and 8 are for large batches: at batch 32 a budget-16 round already verifies 32 x 17 tokens, past the
+# point where the target's forward stops being weight-bound, so the smallest trees are the ones that can
+# stay near the AR step there.
+AUTO_BUDGETS = (4, 8, 16, 32, 64, 128, 256, 512)
 
 
 def expected_drafts(tree, budgets: torch.Tensor) -> torch.Tensor:

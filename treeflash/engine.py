@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from treeflash.attention import FLEX_DECODE_TOKENS
 from treeflash.budget import AUTO_BUDGETS, BudgetChooser, CostProfile
 from treeflash.detokenize import IncrementalDetokenizer
 from treeflash.outputs import RequestMetrics, RequestOutput
@@ -69,7 +70,7 @@ class StepUpdate:
     new_token_ids: list[int]
 
 
-EAGER_AUTO_BUDGETS = AUTO_BUDGETS[:3]  # 16, 32, 64: a prefix, as BudgetChooser's columns require
+EAGER_AUTO_BUDGETS = AUTO_BUDGETS[:5]  # 4..64: a prefix, as BudgetChooser's columns require
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,8 @@ class EngineConfig:
     # Prompt tokens prefilled per step at most, over all requests (None: prefill_chunk). Larger admits
     # many requests per step (throughput: filling hundreds of slots); smaller keeps rounds steady.
     prefill_tokens_per_step: int | None = None
+    compile_kernels: bool = True  # CUDA: fused projections + compiled pieces (models/kernels.py); False: eager
+    flex_decode_tokens: int = FLEX_DECODE_TOKENS  # FlexAttention's decoding kernel up to this many new tokens
 
     def __post_init__(self) -> None:
         for name in ("prefill_chunk", "prefill_tokens_per_step"):
@@ -108,7 +111,9 @@ class Engine:
         self.max_capacity = config.max_model_len + self.round_rows + 1
         self.speculator = Speculator(target, drafter, spec, config.max_num_seqs,
                                      capacity=min(config.min_capacity, self.max_capacity),
-                                     time_stages=config.time_stages, attention=config.attention)
+                                     time_stages=config.time_stages, attention=config.attention,
+                                     flex_decode_tokens=config.flex_decode_tokens,
+                                     compile_kernels=config.compile_kernels)
         self.runner = GraphRunner(self.speculator, enabled=config.cuda_graphs, time_stages=config.time_stages)
         self.budget = self._budget_chooser(config) if spec.auto else None
         self.record_trees = config.record_trees

@@ -19,15 +19,20 @@ import torch
 class KVCache:
     keys: list[torch.Tensor]  # per layer: [slots, kv_heads, capacity, head_dim]
     values: list[torch.Tensor]
+    # keys and values of every layer as one tensor each, [layers, slots, kv_heads, capacity, head_dim],
+    # whose views the per-layer lists are (`allocate`): `compact` then moves every layer's rows in one
+    # gather and one scatter instead of two kernels per layer. None: per-layer tensors only.
+    stacked: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @staticmethod
     def allocate(num_layers: int, slots: int, kv_heads: int, capacity: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str) -> "KVCache":
-        shape = (slots, kv_heads, capacity, head_dim)
-        return KVCache(
-            keys=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)],
-            values=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)],
-        )
+        shape = (num_layers, slots, kv_heads, capacity, head_dim)
+        return KVCache._of(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+
+    @staticmethod
+    def _of(keys: torch.Tensor, values: torch.Tensor) -> "KVCache":
+        return KVCache(list(keys.unbind(0)), list(values.unbind(0)), (keys, values))
 
     @property
     def capacity(self) -> int:
@@ -35,16 +40,24 @@ class KVCache:
 
     def grown(self, capacity: int) -> "KVCache":
         """A copy with room for `capacity` rows per slot; the rows written so far come along."""
-        def grow(t: torch.Tensor) -> torch.Tensor:
-            new = t.new_zeros(*t.shape[:2], capacity, t.shape[3])
-            new[:, :, :t.shape[2]] = t
+        def grow(t: torch.Tensor) -> torch.Tensor:  # [..., rows, head_dim]
+            new = t.new_zeros(*t.shape[:-2], capacity, t.shape[-1])
+            new[..., :t.shape[-2], :] = t
             return new
 
+        if self.stacked is not None:
+            return KVCache._of(*(grow(t) for t in self.stacked))
         return KVCache([grow(k) for k in self.keys], [grow(v) for v in self.values])
+
+    def slots(self, start: int, stop: int) -> "KVCache":
+        """A view of slots [start, stop) that writes through to this cache."""
+        if self.stacked is not None:
+            return KVCache._of(*(t[:, start:stop] for t in self.stacked))
+        return KVCache([k[start:stop] for k in self.keys], [v[start:stop] for v in self.values])
 
     def slot(self, index: int) -> "KVCache":
         """A one-slot view that writes through to this cache (for prefilling one request)."""
-        return KVCache([k[index:index + 1] for k in self.keys], [v[index:index + 1] for v in self.values])
+        return self.slots(index, index + 1)
 
     def select(self, slots: torch.Tensor, real: tuple[torch.Tensor, torch.Tensor] | None = None) -> "SlotSelection":
         """Slots `slots` [B] of this cache as one batch (for prefilling several requests at once)."""
@@ -71,10 +84,12 @@ class KVCache:
         """
         src = (start[:, None] + keep)[:, None, :, None]
         dst = (start[:, None] + torch.arange(keep.shape[1], device=keep.device))[:, None, :, None]
-        for cache in (*self.keys, *self.values):
+        if self.stacked is not None:  # every layer at once: the same rows move in each
+            src, dst = src[None], dst[None]
+        for cache in self.stacked or (*self.keys, *self.values):
             # Gather first: a row may be both read and written by this move.
-            rows = cache.gather(2, src.expand(-1, cache.shape[1], -1, cache.shape[3]))
-            cache.scatter_(2, dst.expand_as(rows), rows)
+            rows = cache.gather(-2, src.expand(*cache.shape[:-2], -1, cache.shape[-1]))
+            cache.scatter_(-2, dst.expand_as(rows), rows)
 
 
 @dataclass

@@ -164,6 +164,9 @@ class LLM:
     cuda_graphs: replay rounds as CUDA graphs (default True on CUDA; ignored on the CPU). Graphs are
     captured at first use of each (batch bucket, method/budget, sampling flags), with a line on stderr.
     attention: "flex" (FlexAttention, CUDA only) or "sdpa" (dense mask); default: flex on CUDA.
+    compile_kernels: on CUDA (default True; ignored on the CPU), fuse the q/k/v and gate/up projections
+    and run norms, rotary, silu*mul and residual sums through torch.compile (treeflash/models/kernels.py);
+    False keeps the eager model code (like vLLM's enforce_eager, with CUDA graphs still on).
     budget_profile: a JSON file holding the auto budget's cost profile: loaded if present, else
     measured at first use and written there.
     prefill_tokens_per_step: prompt tokens the engine prefills per step, over all waiting requests,
@@ -177,7 +180,8 @@ class LLM:
                  draft_model: str | Path | None = None, spec: str | None = None, tree_budget: int | str = "auto",
                  max_num_seqs: int = 8, time_stages: bool | None = None, record_trees: bool = False,
                  cuda_graphs: bool | None = None, attention: str | None = None, budget_profile: str | None = None,
-                 tensor_parallel_size: int = 1, prefill_tokens_per_step: int | None = None):
+                 tensor_parallel_size: int = 1, prefill_tokens_per_step: int | None = None,
+                 compile_kernels: bool = True):
         draft_model = default_draft_model(model, draft_model, spec)
         self.parallel = None  # the tensor-parallel group (workers), when tensor_parallel_size > 1
         self.spec = SpecConfig(method=spec or ("ddtree" if draft_model else "none"), tree_budget=tree_budget)
@@ -212,6 +216,7 @@ class LLM:
             time_stages=self.device.type == "cpu" if time_stages is None else time_stages,
             record_trees=record_trees, cuda_graphs=True if cuda_graphs is None else bool(cuda_graphs),
             attention=attention, budget_profile=budget_profile, prefill_tokens_per_step=prefill_tokens_per_step,
+            compile_kernels=bool(compile_kernels),
             # On CUDA every cache growth recaptures the graphs and recompiles attention kernels (seconds):
             # start with room for typical requests there; on the CPU grow from small, as memory is dearer.
             min_capacity=CUDA_MIN_CAPACITY if self.device.type == "cuda" else EngineConfig.min_capacity)

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 
 import torch
 
-from treeflash.attention import FLEX_BLOCK, check_backend, default_backend, round_layout
+from treeflash.attention import FLEX_BLOCK, FLEX_DECODE_TOKENS, check_backend, default_backend, round_layout
 from treeflash.budget import AUTO_BUDGETS, expected_drafts
 from treeflash.kv_cache import KVCache, append_layout
 from treeflash.models.dflash import DFlashDrafter
+from treeflash.models.kernels import COMPILED, EAGER, use_fast_path
 from treeflash.models.transformer import Transformer
 from treeflash.sampling import SamplingParams, SamplingTensors, derive
 from treeflash.tree import DraftTree, Walk, ancestor_mask, build_tree, root_only, walk
@@ -127,15 +128,27 @@ class Speculator:
     """Owns the target, the optional drafter, their caches and the per-slot state; runs prefill and rounds.
 
     attention: "sdpa" or "flex" (treeflash/attention.py); default: the device's measured choice.
+    flex_decode_tokens: new tokens up to which FlexAttention uses its decoding kernel (attention.py).
+    compile_kernels: on CUDA, fused q/k/v and gate/up projections and torch.compile'd norm, rotary,
+    silu*mul and residual pieces (treeflash/models/kernels.py) for the models' forwards; False: the
+    eager model code, as on the CPU (which never compiles: the flag is ignored there).
     """
 
     def __init__(self, target: Transformer, drafter: DFlashDrafter | None, spec: SpecConfig,
-                 slots: int, capacity: int, time_stages: bool = True, attention: str | None = None):
+                 slots: int, capacity: int, time_stages: bool = True, attention: str | None = None,
+                 flex_decode_tokens: int = FLEX_DECODE_TOKENS, compile_kernels: bool = True):
         if spec.method != "none" and drafter is None:
             raise ValueError(f"spec={spec.method!r} needs a draft model")
         self.target, self.drafter, self.spec = target, drafter if spec.method != "none" else None, spec
         self.device = target.embed_tokens.weight.device
         self.attention = check_backend(attention or default_backend(self.device), self.device)
+        self.flex_decode_tokens = flex_decode_tokens
+        if self.device.type == "cuda":
+            # The models are switched as a whole (shared with any other speculator on them): the last
+            # one built decides their eager forwards; captured graphs keep what they recorded.
+            for model in (target, self.drafter):
+                if model is not None:
+                    use_fast_path(model, compile_kernels, COMPILED if compile_kernels else EAGER)
         self.capacity = self._rounded(capacity)
         self.cache = target.new_cache(slots, self.capacity)
         self.draft_cache = self.drafter.new_cache(slots, self.capacity) if self.drafter else None
@@ -159,7 +172,7 @@ class Speculator:
 
     def layout(self, seq_lens: torch.Tensor, new_mask: torch.Tensor) -> tuple[torch.Tensor, object]:
         """Rows and attention mask of new tokens over the whole cache (see treeflash/attention.py)."""
-        return round_layout(seq_lens, new_mask, self.capacity, self.attention)
+        return round_layout(seq_lens, new_mask, self.capacity, self.attention, self.flex_decode_tokens)
 
     # --- sampling rows ---------------------------------------------------------------------------
     def set_sampling(self, slot: int, params: SamplingParams | None, seed: int = 0) -> SamplingTensors:
@@ -332,8 +345,11 @@ class Speculator:
             return None
         cache = _prefix(self.draft_cache, state.bonus.shape[0])
         logits = self.drafter.draft(self.target, state.bonus, state.seq_lens, cache, self.layout)
-        # Rank drafts by the drafter's guess of each request's *tempered* distribution.
-        return torch.log_softmax(logits / sampling.temperature[:, None, None], dim=-1)
+        # Rank drafts by the drafter's guess of each request's *tempered* distribution. All-greedy
+        # batches (host-known, part of a graph's key) have temperature 1.0 on every row: x / 1.0 is x.
+        if not sampling.all_greedy:
+            logits = logits / sampling.temperature[:, None, None]
+        return torch.log_softmax(logits, dim=-1)
 
     def build(self, bonus: torch.Tensor, logprobs: torch.Tensor | None, budget: int | None = None) -> DraftTree:
         if logprobs is None:
@@ -354,7 +370,8 @@ class Speculator:
     def commit(self, accepted: Walk, features: torch.Tensor | None, state: SlotState, cache: KVCache,
                num_slots: int) -> None:
         """Keep the accepted path's KV rows, give the drafter their features, advance the slots."""
-        cache.compact(state.seq_lens, accepted.path)
+        if self.drafter is not None:  # a root-only tree (AR) keeps its one row where it is: nothing to move
+            cache.compact(state.seq_lens, accepted.path)
         if self.drafter is not None:
             path_features = features.gather(1, accepted.path[:, :, None].expand(-1, -1, features.shape[-1]))
             rows = state.seq_lens[:, None] + torch.arange(accepted.path.shape[1], device=self.device)
@@ -365,7 +382,7 @@ class Speculator:
 
 
 def _prefix(cache: KVCache, slots: int) -> KVCache:
-    return KVCache([k[:slots] for k in cache.keys], [v[:slots] for v in cache.values])
+    return cache.slots(0, slots)
 
 
 class StageClock:

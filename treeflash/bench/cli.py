@@ -31,6 +31,8 @@ examples:
   treeflash bench --random-drafter --baselines hf,dflash-ref,ddtree-ref --ddtree-ref ./ddtree-ref/ \\
       --methods none,dflash,ddtree:64 --num-prompts 4
   treeflash bench --synthetic qwen3-8b --batch-sizes 1,8,32 --budgets 16,64,256 --context 1024
+  treeflash bench --synthetic qwen3-8b --variants compiled/1,eager/32 \\
+      --batch-methods '1=none,ddtree:64 32=none,ddtree:4,ddtree:16,ddtree:auto'
   treeflash bench --replot bench/results.json"""
 
 
@@ -103,6 +105,18 @@ def add_parser(sub) -> argparse.ArgumentParser:
     s.add_argument("--rounds", type=int, default=10, help="timed rounds per combination (default 10)")
     s.add_argument("--max-logits-gib", type=float, default=24.0,
                    help="skip combinations whose full-vocabulary logits exceed this (default 24)")
+    s.add_argument("--stage-rounds", type=int, default=3,
+                   help="rounds of the separate per-stage timing pass per combination, 0 = none (default 3)")
+    s.add_argument("--batch-methods", default=None, metavar="GROUPS",
+                   help="methods per batch size instead of --batch-sizes x --methods: space-separated "
+                        "BATCHES=METHODS groups, e.g. '1=none,ddtree:64 8,32=none,ddtree:4,ddtree:16,ddtree:auto' "
+                        "(ddtree:auto uses the fixed budgets listed before it as its cost profile)")
+    s.add_argument("--variants", default=None, metavar="LIST",
+                   help="engine kernels to compare on the same weights, comma-separated KERNELS/N: KERNELS "
+                        "'compiled' (fused projections + torch.compile'd pieces, the CUDA default) or 'eager' "
+                        "(compile_kernels=False); N: new tokens up to which FlexAttention's decoding kernel "
+                        "runs (flex_decode_tokens). Default: the engine's defaults only "
+                        "(e.g. compiled/1,compiled/32,eager/32)")
     return p
 
 
@@ -139,13 +153,16 @@ def main(args, argv: list[str] | None = None) -> int:
 
 def _run(args, command: str, progress) -> dict:
     if args.synthetic:
-        from treeflash.bench.synthetic import SyntheticConfig, run_synthetic
+        from treeflash.bench.synthetic import DEFAULT_VARIANT, SyntheticConfig, run_synthetic
 
         methods = args.methods or ",".join(["none", "dflash"] + [f"ddtree:{b}" for b in args.budgets])
+        variants = tuple(v for v in (args.variants or DEFAULT_VARIANT).split(",") if v.strip())
         cfg = SyntheticConfig(shape=args.synthetic, device=args.device, dtype=args.dtype, context=args.context,
                               batch_sizes=args.batch_sizes, methods=methods, rounds=args.rounds,
-                              temperature=args.temperature, drafter_layers=args.drafter_layers,
-                              block_size=args.block_size, seed=args.seed, max_logits_gib=args.max_logits_gib)
+                              stage_rounds=args.stage_rounds, temperature=args.temperature,
+                              drafter_layers=args.drafter_layers, block_size=args.block_size, seed=args.seed,
+                              max_logits_gib=args.max_logits_gib, variants=variants,
+                              batch_methods=args.batch_methods)
         return run_synthetic(cfg, command, log=_log, progress=progress)
     from treeflash.bench.run import BenchConfig, run_bench
 

@@ -131,7 +131,11 @@ def _baselines(result: dict, path: Path) -> Path:
 
 # --- synthetic ---------------------------------------------------------------------------------------
 def plot_synthetic(result: dict, out_dir: str | Path) -> list[Path]:
+    """The first kernel variant's rows (the others are compared in the table)."""
     out_dir = Path(out_dir)
+    rows = result["rows"]
+    first = rows[0].get("variant") if rows else None
+    result = {**result, "rows": [r for r in rows if r.get("variant") == first]}
     paths = [_synthetic_rounds(result, out_dir / f"synthetic_{result['shape']}_rounds.png")]
     first = min((r["batch"] for r in result["rows"]), default=None)
     if first is not None:
@@ -149,7 +153,8 @@ def _synthetic_rounds(result: dict, path: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(8, 5))
     for i, batch in enumerate(sorted({r["batch"] for r in rows})):
         color = f"C{i % 10}"
-        trees = sorted((r for r in rows if r["batch"] == batch and r["spec"] == "ddtree"), key=lambda r: r["budget"])
+        trees = sorted((r for r in rows if r["batch"] == batch and r["spec"] == "ddtree" and isinstance(r["budget"], int)),
+                       key=lambda r: r["budget"])
         if trees:
             ax.plot([r["budget"] for r in trees], [r["round_ms"] for r in trees], "o-", color=color,
                     label=f"ddtree, batch {batch}")

@@ -5,14 +5,26 @@ For every batch size, our autoregressive step, the DFlash chain and DDTree at ea
 caches holding `context` committed rows; each round is timed, and split by stage in a separate pass.
 The floor is the target's weight bytes over the copy bandwidth measured in the same run: a decode
 step cannot beat reading every weight once.
+
+Variants (`--variants KERNELS/N,...`) time the same combinations with other engine kernels on the same
+weights, in one run: KERNELS "compiled" (fused projections + compiled pieces, the CUDA default) or
+"eager" (compile_kernels=False), N the new tokens up to which FlexAttention's decoding kernel runs
+(flex_decode_tokens). Each (batch, method) runs every variant in turn, so a run cut short still has
+whole comparisons. `ddtree:auto` runs the engine's budget chooser on a cost profile made of the fixed
+budgets measured before it (same variant and batch), so it probes nothing; with random weights the
+drafter is never confident and auto settles on the cheapest budget: its row shows that round's cost.
+The stage split (a separate pass) is timed for the first variant only.
 """
 
 from __future__ import annotations
 
 import gc
+import json
 import sys
+import tempfile
 import traceback
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -22,7 +34,50 @@ from treeflash.bench.shapes import (build_drafter, build_target, drafter_config,
                                     weight_bytes)
 from treeflash.bench.report import environment
 from treeflash.bench.timing import copy_bandwidth, time_engine_rounds
+from treeflash.attention import FLEX_DECODE_TOKENS
 from treeflash.sampling import SamplingParams
+
+KERNELS = ("compiled", "eager")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """Engine kernels a synthetic row ran with, written KERNELS/N (e.g. compiled/1, eager/32)."""
+
+    label: str
+    compile_kernels: bool
+    flex_decode_tokens: int
+
+    @staticmethod
+    def parse(text: str) -> "Variant":
+        kernels, _, tokens = text.strip().partition("/")
+        if kernels not in KERNELS or not tokens.isdigit():
+            raise ValueError(f"variant {text!r}: expected KERNELS/N with KERNELS one of {KERNELS} and N the "
+                             f"new tokens up to which FlexAttention's decoding kernel runs (e.g. compiled/1)")
+        return Variant(f"{kernels}/{int(tokens)}", kernels == "compiled", int(tokens))
+
+    def engine_options(self) -> dict:
+        return {"compile_kernels": self.compile_kernels, "flex_decode_tokens": self.flex_decode_tokens}
+
+
+DEFAULT_VARIANT = f"compiled/{FLEX_DECODE_TOKENS}"
+
+
+def parse_batch_methods(text: str) -> list[tuple[int, str]]:
+    """"1=none,ddtree:64 8,32=none,ddtree:4" -> [(1, "none,ddtree:64"), (8, ...), (32, ...)]: methods per batch."""
+    out = []
+    for group in text.split():
+        batches, eq, methods = group.partition("=")
+        if not eq or not methods:
+            raise ValueError(f"--batch-methods group {group!r}: expected BATCHES=METHODS, e.g. 8,32=none,ddtree:4")
+        parse_methods(methods)
+        for b in batches.split(","):
+            if not b.isdigit() or int(b) < 1:
+                raise ValueError(f"--batch-methods group {group!r}: batch sizes must be positive integers")
+            out.append((int(b), methods))
+    if not out:
+        raise ValueError("--batch-methods is empty")
+    return out
 
 
 @dataclass(frozen=True)
@@ -41,6 +96,14 @@ class SyntheticConfig:
     block_size: int | None = None
     seed: int = 0
     max_logits_gib: float = 24.0  # skip combinations whose full-vocabulary logits would exceed this
+    variants: tuple[str, ...] = (DEFAULT_VARIANT,)  # engine kernels to compare (Variant.parse)
+    batch_methods: str | None = None  # "1=none,ddtree:64 8,32=none,ddtree:4": overrides batch_sizes x methods
+
+    def combos(self) -> list[tuple[int, str]]:
+        """(batch size, methods) in run order."""
+        if self.batch_methods:
+            return parse_batch_methods(self.batch_methods)
+        return [(b, self.methods) for b in self.batch_sizes]
 
     def __post_init__(self) -> None:
         shape(self.shape)
@@ -50,8 +113,19 @@ class SyntheticConfig:
             raise ValueError(f"batch sizes must be positive integers, got {self.batch_sizes}")
         if self.rounds < 1:
             raise ValueError(f"--rounds must be at least 1, got {self.rounds}")
-        if any(m.budget == "auto" for m in parse_methods(self.methods)):
-            raise ValueError("ddtree:auto is for real runs; --synthetic times fixed budgets")
+        if self.stage_rounds < 0:
+            raise ValueError(f"--stage-rounds must be at least 0, got {self.stage_rounds}")
+        if not self.variants:
+            raise ValueError("--variants is empty")
+        for v in self.variants:
+            Variant.parse(v)
+        for _, methods in self.combos():
+            fixed = False
+            for m in parse_methods(methods):
+                fixed |= m.spec == "ddtree" and m.budget != "auto"
+                if m.budget == "auto" and not fixed:
+                    raise ValueError("ddtree:auto needs fixed ddtree budgets before it in the same list: "
+                                     "its cost profile is made of their measured rounds")
 
 
 def _logits_gib(batch: int, nodes: int, vocab: int) -> float:
@@ -71,7 +145,9 @@ def run_synthetic(cfg: SyntheticConfig, command: str | None = None, log=print, p
     tcfg = target_config(s)
     dcfg = drafter_config(tcfg, cfg.drafter_layers or s.drafter_layers, cfg.block_size or s.block_size,
                           s.mask_token_id)
-    methods = parse_methods(cfg.methods)
+    combos = [(b, m) for b, methods in cfg.combos() for m in parse_methods(methods)]
+    methods = [m for _, m in combos]
+    variants = [Variant.parse(v) for v in cfg.variants]
     longest = cfg.context + 1 + max(max(1 + m.nodes(dcfg.depth), dcfg.block_size) for m in methods)
     if longest > tcfg.max_position_embeddings:
         raise ValueError(f"--context {cfg.context} plus a round exceeds the shape's "
@@ -115,49 +191,75 @@ def run_synthetic(cfg: SyntheticConfig, command: str | None = None, log=print, p
     gen = torch.Generator().manual_seed(cfg.seed)
     prompt = torch.randint(0, tcfg.vocab_size, (cfg.context,), generator=gen).tolist()
     rows, skipped, errors = [], [], []
-    combos = [(b, m) for b in cfg.batch_sizes for m in methods]
-    bar = tqdm(combos, desc=f"synthetic {cfg.shape}", unit="combo", file=sys.stderr, dynamic_ncols=True)
-    for batch, method in bar:
-        bar.set_postfix_str(f"batch {batch} {method.label}")
+    runs = [(b, m, v) for b, m in combos for v in variants]
+    profiles = tempfile.TemporaryDirectory(prefix="treeflash-profiles-")  # ddtree:auto's cost profiles
+    bar = tqdm(runs, desc=f"synthetic {cfg.shape}", unit="combo", file=sys.stderr, dynamic_ncols=True)
+    for batch, method, variant in bar:
+        where = {"batch": batch, "method": method.label, "variant": variant.label}
+        bar.set_postfix_str(f"batch {batch} {method.label} {variant.label}")
         if progress is not None:
             progress(snapshot(complete=False))  # what is measured so far survives a run cut short
         nodes = 1 + method.nodes(dcfg.depth)
         need = _logits_gib(batch, nodes if method.spec == "none" else max(nodes, dcfg.block_size), tcfg.vocab_size)
         if need > cfg.max_logits_gib:
-            skipped.append({"batch": batch, "method": method.label,
-                            "reason": f"full-vocabulary logits need {need:.1f} GiB > --max-logits-gib {cfg.max_logits_gib}"})
+            skipped.append({**where, "reason": f"full-vocabulary logits need {need:.1f} GiB > --max-logits-gib "
+                                               f"{cfg.max_logits_gib}"})
             continue
+        options = variant.engine_options()
+        if method.budget == "auto":
+            options["budget_profile"] = _auto_profile(rows, batch, variant, device, Path(profiles.name))
         try:
-            timing, prefill_s = _time_one(target, drafter, method, batch, prompt, cfg, device)
+            # The stage split (a second engine, its own prefill and capture) only for the first variant.
+            stage_rounds = cfg.stage_rounds if variant == variants[0] else 0
+            timing, prefill_s = _time_one(target, drafter, method, batch, prompt, cfg, stage_rounds, options)
         except torch.OutOfMemoryError:
-            skipped.append({"batch": batch, "method": method.label, "reason": "out of device memory"})
+            skipped.append({**where, "reason": "out of device memory"})
             continue
         except Exception as e:  # noqa: BLE001 - keep the other combinations' results
-            errors.append({"batch": batch, "method": method.label, "error": f"{type(e).__name__}: {e}"})
-            log(f"  batch {batch} {method.label} FAILED:\n{traceback.format_exc()}")
+            errors.append({**where, "error": f"{type(e).__name__}: {e}"})
+            log(f"  batch {batch} {method.label} {variant.label} FAILED:\n{traceback.format_exc()}")
             continue
         finally:
             _free(device)
-        rows.append({"batch": batch, "method": method.label, "spec": method.spec, "budget": method.budget,
+        rows.append({**where, "spec": method.spec, "budget": method.budget,
                      "nodes": nodes, "round_ms": timing.median_ms, "round_ms_p10": timing.quantile_ms(0.1),
                      "round_ms_p90": timing.quantile_ms(0.9), "round_ms_all": timing.round_ms,
-                     "stage_ms": timing.stage_ms, "prefill_ms": 1e3 * prefill_s})
+                     "stage_ms": timing.stage_ms, "prefill_ms": 1e3 * prefill_s, "setup_s": timing.setup_s,
+                     "auto_budget": timing.auto_budget})
+        chosen = f", auto chose {timing.auto_budget}" if timing.auto_budget else ""
+        log(f"  batch {batch} {method.label} [{variant.label}]: {timing.median_ms:.3f} ms per round "
+            f"(setup incl. compile + capture {timing.setup_s:.1f} s{chosen})")
         _add_ratios(rows, floor_ms)
     bar.close()
+    profiles.cleanup()
     return snapshot(complete=True)
 
 
-def _time_one(target, drafter, method, batch, prompt, cfg: SyntheticConfig, device):
+def _auto_profile(rows: list[dict], batch: int, variant: Variant, device: torch.device, folder: Path) -> str:
+    """A CostProfile file of the fixed ddtree rounds measured so far at this batch and variant."""
+    seconds = {r["budget"]: r["round_ms"] / 1e3 for r in rows
+               if r["batch"] == batch and r["variant"] == variant.label and r["spec"] == "ddtree"
+               and isinstance(r["budget"], int)}
+    if not seconds:
+        raise ValueError(f"ddtree:auto at batch {batch} [{variant.label}]: no fixed budget measured before it")
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    path = folder / f"b{batch}-{variant.label.replace('/', '-')}.json"
+    path.write_text(json.dumps({"device": name, "seconds": {str(batch): {str(b): c for b, c in seconds.items()}}}))
+    return str(path)
+
+
+def _time_one(target, drafter, method, batch, prompt, cfg: SyntheticConfig, stage_rounds: int, options: dict):
     params = SamplingParams(temperature=cfg.temperature, max_tokens=1 << 20, ignore_eos=True)
     return time_engine_rounds(target, drafter if method.spec != "none" else None, method.spec_config(), batch,
-                              prompt, params, cfg.rounds, cfg.warmup, cfg.stage_rounds, seed=cfg.seed)
+                              prompt, params, cfg.rounds, cfg.warmup, stage_rounds, seed=cfg.seed, **options)
 
 
 def _add_ratios(rows: list[dict], floor_ms: float) -> None:
-    ar = {r["batch"]: r["round_ms"] for r in rows if r["spec"] == "none"}
+    ar = {(r["batch"], r.get("variant")): r["round_ms"] for r in rows if r["spec"] == "none"}
     for r in rows:
+        key = (r["batch"], r.get("variant"))
         r["x_floor"] = r["round_ms"] / floor_ms if floor_ms > 0 else None
-        r["x_ar"] = r["round_ms"] / ar[r["batch"]] if r["batch"] in ar else None
+        r["x_ar"] = r["round_ms"] / ar[key] if key in ar else None
         total = sum(r["stage_ms"].values())
         overhead = sum(v for k, v in r["stage_ms"].items() if k in ("tree", "derive_walk", "commit"))
         r["tree_derive_walk_commit_share"] = overhead / total if total > 0 else None
@@ -173,19 +275,46 @@ def format_synthetic(result: dict) -> str:
     """The result as a text table, one block per batch size."""
     lines = [f"{result['shape']} ({result['environment']['dtype']}, {result['environment']['device']}, context {result['config']['context']}): weight-read floor "
              f"{result['floor_ms']:.3f} ms (copy bandwidth {result['copy_bandwidth_bytes_per_s'] / 1e9:.0f} GB/s)"]
-    header = f"{'batch':>5} {'method':<12} {'round ms':>9} {'x AR':>6} {'x floor':>8}  " + \
-             " ".join(f"{s:>11}" for s in ("draft", "tree", "verify", "derive_walk", "commit"))
+    rows = result["rows"]
+    variants = list(dict.fromkeys(r.get("variant", DEFAULT_VARIANT) for r in rows))
+    show_variant = len(variants) > 1 or any(r.get("variant", DEFAULT_VARIANT) != DEFAULT_VARIANT for r in rows)
+    header = f"{'batch':>5} {'method':<14} " + (f"{'kernels':<12} " if show_variant else "") + \
+        f"{'round ms':>9} {'x AR':>6} {'x floor':>8}  " + \
+        " ".join(f"{s:>11}" for s in ("draft", "tree", "verify", "derive_walk", "commit"))
     lines.append(header)
-    for r in result["rows"]:
-        stages = " ".join(f"{r['stage_ms'].get(s, 0.0):>11.3f}" for s in ("draft", "tree", "verify", "derive_walk", "commit"))
+    for r in rows:
+        stages = " ".join(f"{r['stage_ms'][s]:>11.3f}" if s in r["stage_ms"] else f"{'-':>11}"
+                          for s in ("draft", "tree", "verify", "derive_walk", "commit"))
         x_ar = f"{r['x_ar']:.2f}" if r["x_ar"] is not None else "-"
-        lines.append(f"{r['batch']:>5} {r['method']:<12} {r['round_ms']:>9.3f} {x_ar:>6} {r['x_floor']:>8.1f}  {stages}")
+        method = r["method"] + (f"={r['auto_budget']}" if r.get("auto_budget") else "")
+        variant = f"{r.get('variant', DEFAULT_VARIANT):<12} " if show_variant else ""
+        lines.append(f"{r['batch']:>5} {method:<14} {variant}{r['round_ms']:>9.3f} {x_ar:>6} {r['x_floor']:>8.1f}  {stages}")
+    if len(variants) > 1:
+        lines += _variant_pivot(rows, variants)
     for s in result["skipped"]:
-        lines.append(f"  skipped batch {s['batch']} {s['method']}: {s['reason']}")
+        lines.append(f"  skipped batch {s['batch']} {s['method']} {s.get('variant', '')}: {s['reason']}")
     for e in result.get("errors", []):
-        lines.append(f"  ERROR batch {e['batch']} {e['method']}: {e['error']}")
-    lines.append("  (stage columns: ms per round, from a separate pass with a synchronised clock per stage)")
+        lines.append(f"  ERROR batch {e['batch']} {e['method']} {e.get('variant', '')}: {e['error']}")
+    lines.append("  (stage columns: ms per round, from a separate pass with a synchronised clock per stage;"
+                 " ddtree:auto=B: the budget auto chose)")
     return "\n".join(lines)
+
+
+def _variant_pivot(rows: list[dict], variants: list[str]) -> list[str]:
+    """ms per round side by side per variant, and each variant over the first one."""
+    first = variants[0]
+    lines = ["", f"kernel variants side by side: ms per round (and / {first})",
+             f"{'batch':>5} {'method':<12} " + " ".join(f"{v:>22}" for v in variants)]
+    by = {(r["batch"], r["method"], r.get("variant")): r["round_ms"] for r in rows}
+    for batch, method in dict.fromkeys((r["batch"], r["method"]) for r in rows):
+        base = by.get((batch, method, first))
+        cells = []
+        for v in variants:
+            ms = by.get((batch, method, v))
+            ratio = f" ({ms / base:.2f}x)" if ms is not None and base else ""
+            cells.append(f"{'-' if ms is None else f'{ms:.3f}'}{ratio}".rjust(22))
+        lines.append(f"{batch:>5} {method:<12} " + " ".join(cells))
+    return lines
 
 
 

@@ -48,6 +48,8 @@ def copy_bandwidth(device: torch.device, nbytes: int | None = None, repeats: int
 class RoundTiming:
     round_ms: list[float]  # each timed step, without the per-stage clock
     stage_ms: dict[str, float] = field(default_factory=dict)  # mean per round, from a separate timed pass
+    setup_s: float = 0.0  # admission + warm-up steps of the timed engine (compiles, graph captures)
+    auto_budget: int | None = None  # tree_budget="auto": the budget chosen after the timed rounds
 
     @property
     def median_ms(self) -> float:
@@ -59,7 +61,8 @@ class RoundTiming:
 
 
 def time_engine_rounds(target, drafter, spec: SpecConfig, batch: int, prompt: list[int], params: SamplingParams,
-                       rounds: int, warmup: int = 2, stage_rounds: int = 3, seed: int = 0) -> tuple[RoundTiming, float]:
+                       rounds: int, warmup: int = 2, stage_rounds: int = 3, seed: int = 0,
+                       **engine_options) -> tuple[RoundTiming, float]:
     """Wall time of `Engine.step()` with `batch` requests running, each with len(prompt) committed rows.
 
     A step is one round over every slot plus the engine's one host synchronisation (it reads the
@@ -67,15 +70,20 @@ def time_engine_rounds(target, drafter, spec: SpecConfig, batch: int, prompt: li
     engine takes (CUDA graphs, kernels). The first step admits the requests (batched prefill forwards);
     `warmup` steps follow untimed (graph capture, allocator). The stage split comes from a second
     engine with the per-stage clock on, whose extra synchronisations would inflate the round times.
-    Returns the timing and the mean prefill seconds of a request (the forwards it took part in).
+    `engine_options`: further EngineConfig fields (compile_kernels, flex_decode_tokens, ...).
+    Returns the timing (with `setup_s`: admission + warm-up, i.e. compiles and graph captures) and the
+    mean prefill seconds of a request (the forwards it took part in).
     """
     device = target.embed_tokens.weight.device
     most_per_round = drafter.config.block_size if drafter is not None else 1  # accepted drafts + the bonus
     # Steps per engine: admission (first token + a round), warm-up, timed; never let a request finish.
     new_tokens = (4 + warmup + max(rounds, stage_rounds)) * most_per_round
-    engine, prefill = _filled_engine(target, drafter, spec, batch, prompt, params, new_tokens, seed, time_stages=False)
+    begin = time.perf_counter()
+    engine, prefill = _filled_engine(target, drafter, spec, batch, prompt, params, new_tokens, seed, False, engine_options)
     for _ in range(warmup):
         _step(engine, batch)
+    sync(device)
+    setup_s = time.perf_counter() - begin
     times = []
     for _ in range(rounds):
         sync(device)
@@ -83,10 +91,11 @@ def time_engine_rounds(target, drafter, spec: SpecConfig, batch: int, prompt: li
         _step(engine, batch)
         sync(device)
         times.append(1e3 * (time.perf_counter() - start))
+    auto = engine.budget.choose(engine.runner.bucket(batch)) if engine.budget is not None else None
     del engine
-    timing = RoundTiming(times)
+    timing = RoundTiming(times, setup_s=setup_s, auto_budget=auto)
     if stage_rounds:
-        engine, _ = _filled_engine(target, drafter, spec, batch, prompt, params, new_tokens, seed, time_stages=True)
+        engine, _ = _filled_engine(target, drafter, spec, batch, prompt, params, new_tokens, seed, True, engine_options)
         _step(engine, batch)  # warm-up (on a GPU: the capture of the per-stage graphs)
         first = engine.slots[0].metrics
         before = dict(first.stage_seconds)
@@ -98,17 +107,22 @@ def time_engine_rounds(target, drafter, spec: SpecConfig, batch: int, prompt: li
     return timing, prefill
 
 
-def _filled_engine(target, drafter, spec, batch, prompt, params, new_tokens, seed, time_stages):
+def _filled_engine(target, drafter, spec, batch, prompt, params, new_tokens, seed, time_stages, options=None):
     """An engine whose `batch` slots all hold a request with `prompt` prefilled (and its first round run)."""
     max_len = len(prompt) + new_tokens
     engine = Engine(target, drafter, spec, None, EngineConfig(
         max_num_seqs=batch, max_model_len=max_len, time_stages=time_stages,
-        min_capacity=max_len + rows_per_round(spec, drafter) + 1))  # no cache growth while timing
+        min_capacity=max_len + rows_per_round(spec, drafter) + 1,  # no cache growth while timing
+        # Every prompt in the first step: the engine otherwise prefills one chunk per step, and the
+        # timed steps would carry the prefill of the slots admitted last.
+        prefill_chunk=max(1, batch * len(prompt)), **(options or {})))
     requests = [Request(id=i, prompt=None, prompt_ids=list(prompt), params=params, seed=seed + i,
                         stop_ids=frozenset(), max_new_tokens=new_tokens) for i in range(batch)]
     for r in requests:
         engine.add(r)
     _step(engine, batch)  # admits every request (prefill + first token), then runs one round
+    if not all(r.running for r in requests):
+        raise RuntimeError("the benchmark's engine did not prefill every prompt in its first step")
     return engine, sum(r.metrics.prefill_seconds for r in requests) / batch
 
 

@@ -179,7 +179,9 @@ class DFlashDrafter(nn.Module):
         cfg = self.config
         block = first.new_full((*first.shape, cfg.block_size), cfg.mask_token_id)
         block[..., 0] = first
-        return target.embed_tokens(block) * cfg.input_embedding_scale
+        embedded = target.embed_tokens(block)
+        # x * 1.0 is x: skip the pass (a kernel per round on the GPU) for the usual scale.
+        return embedded if cfg.input_embedding_scale == 1.0 else embedded * cfg.input_embedding_scale
 
     def context_kv(self, features: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per layer, the K/V of context tokens: features [B, C, K*H] at positions [B, C] -> [B, Hkv, C, D] each.
@@ -223,7 +225,9 @@ class DFlashDrafter(nn.Module):
 
     def logits(self, hidden: torch.Tensor, output_weight: torch.Tensor) -> torch.Tensor:
         """The target's lm_head over drafter hidden states [..., H] -> float32 logits [..., V]."""
-        logits = F.linear(hidden, output_weight).float() * self.config.output_multiplier
+        logits = F.linear(hidden, output_weight).float()
+        if self.config.output_multiplier != 1.0:  # x * 1.0 is x: no pass over [..., V] for nothing
+            logits = logits * self.config.output_multiplier
         cap = self.config.final_logit_softcapping
         return torch.tanh(logits / cap) * cap if cap else logits
 

@@ -10,23 +10,26 @@ from torch import nn
 
 from treeflash.attention import attend  # noqa: F401  (the model code's attention: treeflash/attention.py)
 from treeflash.config import RopeConfig
+from treeflash.models.kernels import EAGER, Kernels, apply_rotary  # noqa: F401  (apply_rotary: re-exported)
 
 
 class RMSNorm(nn.Module):
+    kernels: Kernels = EAGER  # the pieces the forward calls (models/kernels.py: use_fast_path)
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 and cast back before the weight, as the HF checkpoints were trained.
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return self.kernels.rms_norm(x, self.weight, self.eps)
 
 
 class MLP(nn.Module):
+    kernels: Kernels = EAGER
+    gate_up: tuple[torch.Tensor, torch.Tensor | None] | None = None  # fused weight, bias (models/kernels.py)
+    use_fused: bool = False
+
     def __init__(self, hidden: int, intermediate: int, bias: bool = False):
         super().__init__()
         self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
@@ -34,7 +37,11 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.use_fused and not torch.is_grad_enabled():  # fused weights carry no gradient
+            gate, up = F.linear(x, *self.gate_up).chunk(2, dim=-1)  # one GEMM, gate then up
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(self.kernels.silu_mul(gate, up))
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
@@ -59,19 +66,12 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
 class Rotary(nn.Module):
     """Rotary embedding for arbitrary per-token positions (tree nodes share positions with siblings)."""
 
+    kernels: Kernels = EAGER
+
     def __init__(self, rope: RopeConfig, head_dim: int):
         super().__init__()
         self.register_buffer("inv_freq", rope_inv_freq(rope, head_dim), persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        # positions: [B, T] -> cos, sin: [B, 1, T, head_dim]
-        freqs = positions.float()[..., None] * self.inv_freq.float()
-        emb = torch.cat([freqs, freqs], dim=-1)
-        return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: [B, H, T, D]; the "rotate half" convention of the HF checkpoints.
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+        # positions: [B, T] -> cos, sin: [B, T, head_dim]
+        return self.kernels.rotary_tables(positions, self.inv_freq, dtype)

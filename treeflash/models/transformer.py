@@ -13,10 +13,15 @@ from torch import nn
 
 from treeflash.config import ModelConfig
 from treeflash.kv_cache import KVCache, PrefixKV
-from treeflash.models.layers import MLP, RMSNorm, Rotary, apply_rotary, attend
+from treeflash.models.kernels import EAGER, Kernels
+from treeflash.models.layers import MLP, RMSNorm, Rotary, attend
 
 
 class Attention(nn.Module):
+    kernels: Kernels = EAGER  # the pieces the forward calls (models/kernels.py: use_fast_path)
+    qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None  # fused weight, bias (models/kernels.py)
+    use_fused: bool = False
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -30,28 +35,43 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
+    def _norm_rotary(self, x, norm: RMSNorm | None, cos, sin) -> torch.Tensor:
+        # x: [B, T, H * D] -> [B, H, T, D], per-head normed (Qwen3) and rotated
+        b, t, _ = x.shape
+        x = x.view(b, t, -1, self.head_dim)
+        return self.kernels.norm_rotary(x, None if norm is None else norm.weight,
+                                        0.0 if norm is None else norm.eps, cos, sin)
+
+    def _kv(self, x, k, v, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+        b, t, _ = x.shape
+        return self._norm_rotary(k, self.k_norm, cos, sin), v.view(b, t, -1, self.head_dim).transpose(1, 2)
+
     def project_kv(self, x, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys (normed, rotated) and values of x: [B, T, hidden] -> two [B, Hkv, T, D]."""
-        b, t, _ = x.shape
-        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
-        if self.k_norm is not None:
-            k = self.k_norm(k)
-        return apply_rotary(k.transpose(1, 2), cos, sin), v.transpose(1, 2)
+        if self.use_fused and not torch.is_grad_enabled():  # fused weights carry no gradient
+            weight, bias = self.qkv
+            q_rows = self.num_heads * self.head_dim  # k and v are the fused weight's last rows: one GEMM
+            k, v = F.linear(x, weight[q_rows:], None if bias is None else bias[q_rows:]).chunk(2, dim=-1)
+        else:
+            k, v = self.k_proj(x), self.v_proj(x)
+        return self._kv(x, k, v, cos, sin)
 
     def forward(self, x, cos, sin, cache: KVCache | PrefixKV, layer: int, rows, mask):
         # x: [B, T, hidden]; rows: [B, T] (cache rows; unused with a PrefixKV); mask: [B, T, L]
-        b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)
-        if self.q_norm is not None:
-            q = self.q_norm(q)
-        q = apply_rotary(q.transpose(1, 2), cos, sin)
-        k, v = self.project_kv(x, cos, sin)
+        if self.use_fused and not torch.is_grad_enabled():  # fused weights carry no gradient
+            q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+            q, k, v = F.linear(x, *self.qkv).split([q_width, kv_width, kv_width], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = self._norm_rotary(q, self.q_norm, cos, sin)
+        k, v = self._kv(x, k, v, cos, sin)
         keys, values = cache.extend(layer, k, v, rows, mask.shape[-1])
         return self.o_proj(attend(q, keys, values, mask))
 
 
 class DecoderLayer(nn.Module):
+    kernels: Kernels = EAGER
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.self_attn = Attention(cfg)
@@ -60,8 +80,11 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x, cos, sin, cache, layer, rows, mask):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, rows, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        # x: [B, T, hidden]. The first residual sum and the second norm are one piece (one kernel compiled).
+        attn = self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, rows, mask)
+        norm = self.post_attention_layernorm
+        x, h = self.kernels.add_rms_norm(x, attn, norm.weight, norm.eps)
+        return x + self.mlp(h)
 
 
 class Transformer(nn.Module):

@@ -1,0 +1,145 @@
+"""The GPU fast path's model-side pieces (treeflash/models/kernels.py) checked on the CPU: fused q/k/v and
+gate/up projections keep HF's parameters and the model's outputs, speculative decoding stays greedy-identical
+through them, and the FlexAttention kernel choice is what `flex_decode_tokens` says. The compiled pieces
+need CUDA: their check against the eager ones runs only where a GPU is."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from treeflash import LLM, SamplingParams
+from treeflash.attention import FLEX_DECODE_TOKENS, FlexMask, round_layout
+from treeflash.checkpoint import load_drafter, load_target
+from treeflash.kv_cache import PrefixKV
+from treeflash.models.dflash import save_drafter
+from treeflash.models.kernels import COMPILED, EAGER, use_fast_path
+from spec_helpers import make_drafter, make_target
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("kernels")
+    target = make_target(root / "target", vocab=64, layers=2)
+    return target, make_drafter(root / "drafter", target, 8)
+
+
+@torch.inference_mode()  # the fused projections serve inference (autograd takes the separate ones)
+def forward(model, tokens):
+    t = tokens.shape[1]
+    causal = torch.ones(1, t, t, dtype=torch.bool).tril()
+    positions = torch.arange(t)[None]
+    hidden, captured = model(tokens, positions, PrefixKV(), None, causal, (0, 1))
+    return model.logits(hidden), captured
+
+
+def test_fused_projections_keep_parameters_and_outputs(pair):
+    target_dir, drafter_dir = pair
+    model, _ = load_target(target_dir, "cpu", torch.float32)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    tokens = torch.tensor([[3, 5, 7, 11, 2, 9]])
+    logits, captured = forward(model, tokens)
+    use_fast_path(model, fused=True)
+    use_fast_path(model, fused=True)  # idempotent
+    after = dict(model.named_parameters())
+    assert list(after) == list(before)  # HF's names, in order; nothing added
+    assert all(torch.equal(after[n], before[n]) for n in before)
+    attn = model.layers[0].self_attn
+    assert attn.use_fused and attn.q_proj.weight.data_ptr() == attn.qkv[0].data_ptr()  # views: no copy
+    fused_logits, fused_captured = forward(model, tokens)
+    torch.testing.assert_close(fused_logits, logits, rtol=1e-5, atol=1e-5)
+    for a, b in zip(fused_captured, captured):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    use_fast_path(model, fused=False)  # back to separate projections: the very same numbers as before
+    assert torch.equal(forward(model, tokens)[0], logits)
+
+    drafter = load_drafter(drafter_dir, "cpu", torch.float32)
+    names = [n for n, _ in drafter.named_parameters()]
+    use_fast_path(drafter, fused=True)
+    assert [n for n, _ in drafter.named_parameters()] == names
+    features = torch.randn(1, 4, drafter.fc.in_features)
+    positions = torch.arange(4)[None]
+    with torch.inference_mode():
+        fused_kv = drafter.context_kv(features, positions)  # k and v through one GEMM over the fused rows
+        use_fast_path(drafter, fused=False)
+        plain_kv = drafter.context_kv(features, positions)
+    for (k1, v1), (k2, v2) in zip(fused_kv, plain_kv):
+        torch.testing.assert_close(k1, k2, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(v1, v2, rtol=1e-5, atol=1e-6)
+
+
+def test_a_fused_drafter_saves_the_checkpoint_it_was_loaded_from(pair, tmp_path):
+    _, drafter_dir = pair
+    drafter = load_drafter(drafter_dir, "cpu", torch.float32)
+    use_fast_path(drafter, fused=True)
+    again = load_drafter(save_drafter(drafter, tmp_path / "again"), "cpu", torch.float32)
+    original = dict(load_drafter(drafter_dir, "cpu", torch.float32).named_parameters())
+    assert all(torch.equal(p, original[n]) for n, p in again.named_parameters())
+
+
+@pytest.mark.parametrize("spec,budget", [("ddtree", 8), ("dflash", 64)])
+def test_speculation_through_fused_projections_is_greedy_identical(pair, spec, budget):
+    target_dir, drafter_dir = pair
+    prompts = [[3, 5, 7, 11], [2, 4, 6], [9, 8, 7, 6, 5]]
+    greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    plain = LLM(str(target_dir), device="cpu", spec="none", max_num_seqs=3)
+    use_fast_path(plain.model, fused=True)
+    llm = LLM(str(target_dir), device="cpu", draft_model=str(drafter_dir), spec=spec, tree_budget=budget,
+              max_num_seqs=3)
+    use_fast_path(llm.model, fused=True)
+    use_fast_path(llm.drafter, fused=True)
+    want = [o.token_ids for o in plain.generate(prompt_token_ids=prompts, sampling_params=greedy)]
+    assert [o.token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=greedy)] == want
+
+
+def test_flex_kernel_choice_follows_flex_decode_tokens():
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    seq = torch.tensor([130, 7])
+    for t, limit, decode in [(1, FLEX_DECODE_TOKENS, True), (17, 1, False), (17, 32, True), (5, 4, False)]:
+        new = torch.ones(2, t, t, dtype=torch.bool).tril()
+        rows, mask = round_layout(seq, new, 512, "flex", flex_decode_tokens=limit)
+        assert isinstance(mask, FlexMask) and mask.decode_kernel is decode
+        assert mask.shape[-1] == 512 and torch.equal(rows[:, 0], seq)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled pieces need CUDA (Inductor/Triton)")
+def test_compiled_pieces_match_eager_on_cuda():
+    torch.manual_seed(0)
+    dev = "cuda"
+    for n in (1, 5, 37):  # N = 1 is specialised; later counts share one dynamic graph
+        x, delta = torch.randn(2, n, 64, device=dev), torch.randn(2, n, 64, device=dev)
+        w = torch.randn(64, device=dev)
+        torch.testing.assert_close(COMPILED.rms_norm(x, w, 1e-6), EAGER.rms_norm(x, w, 1e-6))
+        for a, b in zip(COMPILED.add_rms_norm(x, delta, w, 1e-6), EAGER.add_rms_norm(x, delta, w, 1e-6)):
+            torch.testing.assert_close(a, b)
+        gate, up = torch.randn(2, n, 128, device=dev).chunk(2, -1)
+        torch.testing.assert_close(COMPILED.silu_mul(gate, up), EAGER.silu_mul(gate, up))
+        positions = torch.arange(n, device=dev)[None].expand(2, n)
+        inv_freq = 1.0 / (1e4 ** (torch.arange(0, 16, 2, device=dev).float() / 16))
+        cos, sin = COMPILED.rotary_tables(positions, inv_freq, torch.float32)
+        ref = EAGER.rotary_tables(positions, inv_freq, torch.float32)
+        torch.testing.assert_close((cos, sin), ref)
+        heads = torch.randn(2, n, 4, 16, device=dev)
+        hw = torch.randn(16, device=dev)
+        torch.testing.assert_close(COMPILED.norm_rotary(heads, hw, 1e-6, cos, sin),
+                                   EAGER.norm_rotary(heads, hw, 1e-6, cos, sin))
+
+
+def test_stacked_cache_compacts_every_layer_like_per_layer_tensors():
+    from treeflash.kv_cache import KVCache
+
+    torch.manual_seed(0)
+    stacked = KVCache.allocate(3, 4, 2, 16, 8, torch.float32, "cpu")
+    for t in stacked.stacked:
+        t.copy_(torch.randn_like(t))
+    assert stacked.keys[1].data_ptr() == stacked.stacked[0][1].data_ptr()  # the layers are views
+    plain = KVCache([k.clone() for k in stacked.keys], [v.clone() for v in stacked.values])
+    start, keep = torch.tensor([2, 0, 5]), torch.tensor([[0, 3, 1], [0, 1, 2], [0, 4, 4]])
+    part = stacked.slots(0, 3)  # a round's prefix of the slots writes through
+    part.compact(start, keep)
+    plain_part = KVCache([k[:3] for k in plain.keys], [v[:3] for v in plain.values])
+    plain_part.compact(start, keep)
+    assert all(torch.equal(a, b) for a, b in zip(stacked.keys + stacked.values, plain.keys + plain.values))
+    grown = stacked.grown(32)
+    assert grown.stacked is not None and grown.capacity == 32
+    assert all(torch.equal(g[:, :, :16], k) for g, k in zip(grown.keys, stacked.keys))

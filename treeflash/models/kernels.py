@@ -1,0 +1,190 @@
+"""The decoder's small elementwise pieces as pure functions, eager or compiled, and the fused projections.
+
+Inside a CUDA graph a round costs what its kernels cost, and most of a decoder layer's kernels are tiny:
+RMSNorm written out is six (cast, square, mean, add, rsqrt, scale) plus the weight, rotary is five, the
+MLP's silu and product two, the residuals one each. `Kernels` names these pieces once; the model code
+calls them through `module.kernels`, so the eager CPU path and the compiled GPU path are the same code:
+
+- `EAGER`: the functions as written (the CPU, tests, `compile_kernels=False`);
+- `COMPILED`: the same functions through `torch.compile` (Inductor fuses each into one or two Triton
+  kernels). CUDA only; compiled lazily at first call, over rows with the row count dynamic, so each
+  piece compiles about twice per process (N = 1 and N >= 2) whatever the batch sizes and budgets.
+
+`fuse_projections` is the other half: q/k/v and gate/up become one GEMM each (one weight read, one
+launch). It lays the checkpoint's weights out side by side in one tensor and makes the original
+parameters views of it, so names, shapes and values of `named_parameters()` stay HF's (checkpoints,
+tensor-parallel slices and training see no difference) and no memory is duplicated. It works on a
+tensor-parallel rank's slices as they are (a rank's q/k/v are its own heads).
+
+The fused tensors carry no gradient: with autograd on (training), the forward takes the separate
+projections (the views, which do), so a fused model still trains.
+
+`use_fast_path(model, fused, kernels)` switches both, and can switch back (the fused weights stay; only
+the forward's choice changes), so one process can time both paths on the same weights.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+# --- the pieces, over rows: x [N, ...], N = tokens of the batch (a reshape of [B, T, ...], no copy) ----------
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # x: [..., D]. Normalise in float32 and cast back before the weight, as the HF checkpoints were trained.
+    dtype = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual sum x + delta (rounded to x's dtype, as eagerly) and its norm: one kernel compiled."""
+    x = x + delta
+    return x, rms_norm(x, weight, eps)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: [..., D] with cos, sin broadcasting to it; the "rotate half" convention of the HF checkpoints.
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def norm_rotary(x: torch.Tensor, weight: torch.Tensor | None, eps: float, cos: torch.Tensor,
+                sin: torch.Tensor) -> torch.Tensor:
+    # x: [N, H, D]; cos, sin: [N, 1, D]. Per-head norm (Qwen3; weight None: none), then rotary.
+    if weight is not None:
+        x = rms_norm(x, weight, eps)
+    return apply_rotary(x, cos, sin)
+
+
+def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    # positions: [N] -> cos, sin: [N, head_dim]
+    freqs = positions.float()[..., None] * inv_freq.float()
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    # gate, up: [N, I] (with fused projections, two halves of one GEMM's output)
+    return F.silu(gate) * up
+
+
+@functools.cache
+def _compiled(fn: Callable) -> Callable:
+    # One compiled wrapper per piece and process, compiled at its first call. dynamic=None plus the
+    # row axis marked dynamic (`Kernels._call`): one graph for every token count N >= 2 (and one for
+    # N = 1, which dynamo always specialises), while the hidden and head widths stay constants, so
+    # the reductions over them are specialised. Each piece is its own code object, so the hidden-width
+    # norm and the head-width norm never make each other's widths dynamic.
+    return torch.compile(fn, dynamic=None, fullgraph=True)
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The pieces a decoder's modules call (`module.kernels`), on [B, T, ...] tensors.
+
+    Each reshapes its input to rows (a view) and runs the row function above, eagerly or compiled;
+    the values are the same either way up to the compiled kernels' rounding (float32 inside).
+    """
+
+    compiled: bool = False
+
+    def _call(self, fn: Callable, *args):
+        if not self.compiled:
+            return fn(*args)
+        torch._dynamo.maybe_mark_dynamic(args[0], 0)
+        # A piece sees a few layouts (q and k heads, fused and drafter-context strides, N = 1): allow
+        # their recompiles rather than fall back to eager after dynamo's default limit of 8.
+        with torch._dynamo.config.patch(recompile_limit=64):
+            return _compiled(fn)(*args)
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        # x: [..., D] -> [..., D]
+        return self._call(rms_norm, x.reshape(-1, x.shape[-1]), weight, eps).view(x.shape)
+
+    def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        # x, delta: [..., D] -> (x + delta, its norm), both [..., D]
+        d = x.shape[-1]
+        total, normed = self._call(add_rms_norm, x.reshape(-1, d), delta.reshape(-1, d), weight, eps)
+        return total.view(x.shape), normed.view(x.shape)
+
+    def norm_rotary(self, x: torch.Tensor, weight: torch.Tensor | None, eps: float, cos: torch.Tensor,
+                    sin: torch.Tensor) -> torch.Tensor:
+        # x: [B, T, H, D]; cos, sin: [B, T, D] -> [B, H, T, D] (a transposed view)
+        b, t, h, d = x.shape
+        cos, sin = (c.expand(b, t, d).reshape(b * t, 1, d) for c in (cos, sin))
+        out = self._call(norm_rotary, x.reshape(b * t, h, d), weight, eps, cos, sin)
+        return out.view(b, t, h, d).transpose(1, 2)
+
+    def rotary_tables(self, positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        # positions: [B, T] -> cos, sin: [B, T, head_dim]
+        cos, sin = self._call(rotary_tables, positions.reshape(-1), inv_freq, dtype)
+        return cos.view(*positions.shape, -1), sin.view(*positions.shape, -1)
+
+    def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        # gate, up: [..., I] -> [..., I]
+        width = gate.shape[-1]
+        return self._call(silu_mul, gate.reshape(-1, width), up.reshape(-1, width)).view(gate.shape)
+
+
+EAGER = Kernels(compiled=False)
+COMPILED = Kernels(compiled=True)  # CUDA only (Inductor's Triton kernels); nothing compiles until called
+
+
+def fuse_projections(model: nn.Module) -> None:
+    """Give every attention one q/k/v weight and every MLP one gate/up weight (see the module docstring).
+
+    Idempotent. The original parameters become views of the fused tensors: same names, shapes, values.
+    """
+    from treeflash.models.layers import MLP
+    from treeflash.models.transformer import Attention
+
+    for module in model.modules():
+        if isinstance(module, Attention) and module.qkv is None:
+            module.qkv = _fuse([module.q_proj, module.k_proj, module.v_proj])
+        elif isinstance(module, MLP) and module.gate_up is None:
+            module.gate_up = _fuse([module.gate_proj, module.up_proj])
+
+
+def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(weight, bias) of one projection over the concatenated outputs of `linears`, whose parameters
+    become views of them. Plain tensors, not parameters: `named_parameters()` keeps HF's names only."""
+    weight = torch.cat([lin.weight.detach() for lin in linears])
+    has_bias = [lin.bias is not None for lin in linears]
+    if any(has_bias) and not all(has_bias):
+        raise ValueError("cannot fuse projections where only some have a bias")
+    bias = torch.cat([lin.bias.detach() for lin in linears]) if all(has_bias) else None
+    start = 0
+    for lin in linears:
+        stop = start + lin.out_features
+        lin.weight = nn.Parameter(weight[start:stop], requires_grad=lin.weight.requires_grad)
+        if bias is not None:
+            lin.bias = nn.Parameter(bias[start:stop], requires_grad=lin.bias.requires_grad)
+        start = stop
+    return weight, bias
+
+
+def use_fast_path(model: nn.Module, fused: bool, kernels: Kernels = EAGER) -> None:
+    """Which projections (fused: one GEMM for q/k/v and for gate/up) and which pieces the model's
+    forward uses. Switching back is allowed: the fused weights stay, only the forward's choice changes.
+
+    The compiled pieces need CUDA (Inductor's Triton kernels; the CPU never compiles); fusing works anywhere.
+    """
+    if fused:
+        fuse_projections(model)
+    for module in model.modules():
+        if isinstance(getattr(module, "kernels", None), Kernels):
+            module.kernels = kernels
+        if hasattr(module, "use_fused"):
+            module.use_fused = fused
