@@ -94,13 +94,13 @@ def _graph_rank(rank: int, size: int, target: str, port: int, results) -> None:
     from treeflash.checkpoint import load_target
     from treeflash.kv_cache import append_layout
     from treeflash.models.parallel import Communicator, Shard
-    from treeflash.parallel.rank import NCCL_ENV, WorkerPlan, connect
+    from treeflash.parallel.rank import NCCL_ENV, CheckpointTarget, WorkerPlan, connect
 
     os.environ.update(NCCL_ENV)
     device = torch.device("cuda", rank)
     torch.cuda.set_device(device)
     store = dist.TCPStore("127.0.0.1", port, size, is_master=rank == 0, wait_for_workers=False)
-    plan = WorkerPlan(Path(target), "cuda:0", torch.bfloat16, size, port, 1)
+    plan = WorkerPlan(CheckpointTarget(Path(target)), "cuda:0", torch.bfloat16, size, port, 1)
     comm = Communicator()
     model, _ = load_target(Path(target), device, torch.bfloat16, Shard(rank, size, comm))
     connect(comm, plan, rank, store)

@@ -59,7 +59,8 @@ class RoundTiming:
 
 
 def time_engine_rounds(target, drafter, spec: SpecConfig, batch: int, prompt: list[int], params: SamplingParams,
-                       rounds: int, warmup: int = 2, stage_rounds: int = 3, seed: int = 0) -> tuple[RoundTiming, float]:
+                       rounds: int, warmup: int = 2, stage_rounds: int = 3, seed: int = 0,
+                       make_engine=Engine) -> tuple[RoundTiming, float]:
     """Wall time of `Engine.step()` with `batch` requests running, each with len(prompt) committed rows.
 
     A step is one round over every slot plus the engine's one host synchronisation (it reads the
@@ -67,13 +68,17 @@ def time_engine_rounds(target, drafter, spec: SpecConfig, batch: int, prompt: li
     engine takes (CUDA graphs, kernels). The first step admits the requests (one prefill each);
     `warmup` steps follow untimed (graph capture, allocator). The stage split comes from a second
     engine with the per-stage clock on, whose extra synchronisations would inflate the round times.
+    make_engine: builds each engine from (target, drafter, spec, tokenizer, EngineConfig); a
+    tensor-parallel group's builds every rank's and returns rank 0's, whose clock is read (the ranks run
+    in lockstep).
     Returns the timing and the mean prefill seconds of one request.
     """
     device = target.embed_tokens.weight.device
     most_per_round = drafter.config.block_size if drafter is not None else 1  # accepted drafts + the bonus
     # Steps per engine: admission (first token + a round), warm-up, timed; never let a request finish.
     new_tokens = (4 + warmup + max(rounds, stage_rounds)) * most_per_round
-    engine, prefill = _filled_engine(target, drafter, spec, batch, prompt, params, new_tokens, seed, time_stages=False)
+    engine, prefill = _filled_engine(make_engine, target, drafter, spec, batch, prompt, params, new_tokens, seed,
+                                       time_stages=False)
     for _ in range(warmup):
         _step(engine, batch)
     times = []
@@ -86,7 +91,8 @@ def time_engine_rounds(target, drafter, spec: SpecConfig, batch: int, prompt: li
     del engine
     timing = RoundTiming(times)
     if stage_rounds:
-        engine, _ = _filled_engine(target, drafter, spec, batch, prompt, params, new_tokens, seed, time_stages=True)
+        engine, _ = _filled_engine(make_engine, target, drafter, spec, batch, prompt, params, new_tokens, seed,
+                                   time_stages=True)
         _step(engine, batch)  # warm-up (on a GPU: the capture of the per-stage graphs)
         first = engine.slots[0].metrics
         before = dict(first.stage_seconds)
@@ -98,10 +104,10 @@ def time_engine_rounds(target, drafter, spec: SpecConfig, batch: int, prompt: li
     return timing, prefill
 
 
-def _filled_engine(target, drafter, spec, batch, prompt, params, new_tokens, seed, time_stages):
+def _filled_engine(make_engine, target, drafter, spec, batch, prompt, params, new_tokens, seed, time_stages):
     """An engine whose `batch` slots all hold a request with `prompt` prefilled (and its first round run)."""
     max_len = len(prompt) + new_tokens
-    engine = Engine(target, drafter, spec, None, EngineConfig(
+    engine = make_engine(target, drafter, spec, None, EngineConfig(
         max_num_seqs=batch, max_model_len=max_len, time_stages=time_stages,
         min_capacity=max_len + rows_per_round(spec, drafter) + 1))  # no cache growth while timing
     requests = [Request(id=i, prompt=None, prompt_ids=list(prompt), params=params, seed=seed + i,
