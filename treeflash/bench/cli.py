@@ -17,7 +17,9 @@ Benchmark treeflash. Three modes:
                   --baselines on the same weights and prompts.
   --synthetic     random weights at a real shape, built on the device (no checkpoint): per-round time by
                   stage at each batch size and budget, against our AR step and the weight-read floor
-                  (weight bytes / copy bandwidth measured in the same run).
+                  (weight bytes / copy bandwidth measured in the same run). With --tensor-parallel-size N
+                  each rank builds only its shard, rounds run through the tensor-parallel engine, and
+                  the one-device AR step of the same shape is timed first in the same run (the ratio).
   --replot FILE   redraw the table and plots of a stored result.
 
 Writes the result as JSON (--out, with the command, git commit, date, device, versions and per-prompt
@@ -33,6 +35,7 @@ examples:
   treeflash bench --synthetic qwen3-8b --batch-sizes 1,8,32 --budgets 16,64,256 --context 1024
   treeflash bench --synthetic qwen3-8b --variants compiled/1,eager/32 \\
       --batch-methods '1=none,ddtree:64 32=none,ddtree:4,ddtree:16,ddtree:auto'
+  treeflash bench --synthetic qwen3-8b --tensor-parallel-size 2 --batch-sizes 1,8 --budgets 16,64
   treeflash bench --replot bench/results.json"""
 
 
@@ -66,6 +69,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     m.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     m.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bfloat16 on cuda, float32 on cpu)")
     m.add_argument("--max-model-len", type=int, default=None, help="context limit in tokens (default: the model's)")
+    m.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                   help="split the target over N GPUs (NCCL) or N CPU processes (gloo), as LLM does (default 1); "
+                        "with --synthetic the one-device AR step is timed too, for the ratio")
 
     r = p.add_argument_group("workload")
     r.add_argument("--dataset", default="humaneval", help="humaneval, mtbench or FILE.jsonl (default humaneval)")
@@ -162,7 +168,8 @@ def _run(args, command: str, progress) -> dict:
                               stage_rounds=args.stage_rounds, temperature=args.temperature,
                               drafter_layers=args.drafter_layers, block_size=args.block_size, seed=args.seed,
                               max_logits_gib=args.max_logits_gib, variants=variants,
-                              batch_methods=args.batch_methods)
+                              batch_methods=args.batch_methods,
+                              tensor_parallel_size=args.tensor_parallel_size)
         return run_synthetic(cfg, command, log=_log, progress=progress)
     from treeflash.bench.run import BenchConfig, run_bench
 
@@ -173,7 +180,8 @@ def _run(args, command: str, progress) -> dict:
                       device=args.device, dtype=args.dtype, max_model_len=args.max_model_len, seed=args.seed,
                       ignore_eos=args.ignore_eos, warmup=args.warmup, stage_prompts=args.stage_prompts,
                       baselines=args.baselines, baseline_prompts=args.baseline_prompts, ddtree_ref=args.ddtree_ref,
-                      ref_budget=args.ref_budget, hf_compile=not args.hf_no_compile)
+                      ref_budget=args.ref_budget, hf_compile=not args.hf_no_compile,
+                      tensor_parallel_size=args.tensor_parallel_size)
     return run_bench(cfg, command, log=_log, progress=progress)
 
 

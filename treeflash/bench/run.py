@@ -54,6 +54,7 @@ class BenchConfig:
     ddtree_ref: str | None = None
     ref_budget: int | None = None  # ddtree-ref's budget (default: the first ddtree:B of the methods, else 64)
     hf_compile: bool = True  # transformers compiles its static-cache decode step on CUDA unless this is off
+    tensor_parallel_size: int = 1  # each method's LLM splits the target over this many ranks
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "batch_size", "drafter_layers"):
@@ -67,6 +68,8 @@ class BenchConfig:
             raise ValueError("--warmup and --stage-prompts must be >= 0")
         parse_methods(self.method_list)
         parse_baselines(self.baselines)
+        if self.tensor_parallel_size != 1 and self.baselines:
+            raise ValueError("--baselines run on one device: drop them or --tensor-parallel-size")
 
     @property
     def has_drafter(self) -> bool:
@@ -174,7 +177,7 @@ def _make_llm(cfg: BenchConfig, method: Method, drafter_dir, device, dtype, skip
     try:
         return LLM(cfg.model, device=device, dtype=dtype, max_model_len=cfg.max_model_len,
                    draft_model=drafter_dir if method.spec != "none" else None, max_num_seqs=cfg.batch_size,
-                   time_stages=time_stages, **method.llm_kwargs())
+                   time_stages=time_stages, tensor_parallel_size=cfg.tensor_parallel_size, **method.llm_kwargs())
     except ValueError as e:
         if method.budget != "auto":
             raise

@@ -134,10 +134,14 @@ def _materialize(module, rope, head_dim, device, dtype, std, seed):
 
 
 def build_target(c: ModelConfig, device: str | torch.device, dtype: torch.dtype, seed: int = 0,
-                 std: float = 0.02) -> Transformer:
-    """A target decoder with random weights (normal(0, std), norms 1), allocated once, on the device."""
+                 std: float = 0.02, shard=None) -> Transformer:
+    """A target decoder with random weights (normal(0, std), norms 1), allocated once, on the device.
+
+    shard: a tensor-parallel rank (`models/parallel.py: Shard`): only the rank's decoder is built. Every
+    rank draws from the same seed in the same order, so the replicated weights (embedding, norms, head)
+    are the same on every rank, as the ranks' lockstep needs."""
     with torch.device("meta"):
-        model = Transformer(c)
+        model = Transformer(c) if shard is None else shard.build(c)
     return _materialize(model, c.rope, c.head_dim, device, dtype, std, seed)
 
 

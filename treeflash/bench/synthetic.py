@@ -14,6 +14,13 @@ whole comparisons. `ddtree:auto` runs the engine's budget chooser on a cost prof
 budgets measured before it (same variant and batch), so it probes nothing; with random weights the
 drafter is never confident and auto settles on the cheapest budget: its row shows that round's cost.
 The stage split (a separate pass) is timed for the first variant only.
+
+With `tensor_parallel_size` N > 1 the target is split over N ranks by the same machinery as
+`LLM(tensor_parallel_size=N)` (treeflash/parallel/): rank 0 is this process, the workers are started
+by `TensorParallel`, each rank builds only its shard with random weights (`SyntheticTarget`), and
+every round runs through the mirrored engine, its runner and CUDA graphs, as in serving. Rank 0's
+clock is read (the ranks are in lockstep). First, in the same run, the whole target on rank 0's
+device times the one-device AR step at each batch size, so the AR ratio comes from one run.
 """
 
 from __future__ import annotations
@@ -35,6 +42,9 @@ from treeflash.bench.shapes import (build_drafter, build_target, drafter_config,
 from treeflash.bench.report import environment
 from treeflash.bench.timing import copy_bandwidth, time_engine_rounds
 from treeflash.attention import FLEX_DECODE_TOKENS
+from treeflash.config import ModelConfig
+from treeflash.engine import Engine
+from treeflash.models.dflash import DrafterConfig
 from treeflash.sampling import SamplingParams
 
 KERNELS = ("compiled", "eager")
@@ -97,6 +107,7 @@ class SyntheticConfig:
     seed: int = 0
     max_logits_gib: float = 24.0  # skip combinations whose full-vocabulary logits would exceed this
     variants: tuple[str, ...] = (DEFAULT_VARIANT,)  # engine kernels to compare (Variant.parse)
+    tensor_parallel_size: int = 1  # ranks the target is split over (one GPU each, or CPU processes)
     batch_methods: str | None = None  # "1=none,ddtree:64 8,32=none,ddtree:4": overrides batch_sizes x methods
 
     def combos(self) -> list[tuple[int, str]]:
@@ -126,6 +137,30 @@ class SyntheticConfig:
                 if m.budget == "auto" and not fixed:
                     raise ValueError("ddtree:auto needs fixed ddtree budgets before it in the same list: "
                                      "its cost profile is made of their measured rounds")
+        if isinstance(self.tensor_parallel_size, bool) or not isinstance(self.tensor_parallel_size, int) \
+                or self.tensor_parallel_size < 1:
+            raise ValueError(f"--tensor-parallel-size must be a positive integer, got {self.tensor_parallel_size!r}")
+
+
+@dataclass(frozen=True)
+class SyntheticTarget:
+    """A tensor-parallel target source (see parallel/rank.py: CheckpointTarget) with random weights at a
+    shape: each rank builds only its shard; the drafter is replicated, the same on every rank (same seed)."""
+
+    target: ModelConfig
+    drafter_config: DrafterConfig | None
+    seed: int = 0
+
+    def load(self, device: torch.device, dtype: torch.dtype, shard):
+        return build_target(self.target, device, dtype, seed=self.seed, shard=shard), self.target
+
+    def tokenizer(self):
+        return None
+
+    def drafter(self, draft_model: str | None, device: torch.device, dtype: torch.dtype):
+        if self.drafter_config is None:
+            return None
+        return build_drafter(self.drafter_config, device, dtype, seed=self.seed + 1)
 
 
 def _logits_gib(batch: int, nodes: int, vocab: int) -> float:
@@ -147,19 +182,53 @@ def run_synthetic(cfg: SyntheticConfig, command: str | None = None, log=print, p
                           s.mask_token_id)
     combos = [(b, m) for b, methods in cfg.combos() for m in parse_methods(methods)]
     methods = [m for _, m in combos]
-    variants = [Variant.parse(v) for v in cfg.variants]
     longest = cfg.context + 1 + max(max(1 + m.nodes(dcfg.depth), dcfg.block_size) for m in methods)
     if longest > tcfg.max_position_embeddings:
         raise ValueError(f"--context {cfg.context} plus a round exceeds the shape's "
                          f"{tcfg.max_position_embeddings} positions")
 
-    log(f"building {cfg.shape} (random {str(dtype).removeprefix('torch.')} weights) on {device} ...")
-    target = build_target(tcfg, device, dtype, seed=cfg.seed)
-    drafter = build_drafter(dcfg, device, dtype, seed=cfg.seed + 1) if any(m.spec != "none" for m in methods) else None
+    tp = cfg.tensor_parallel_size
+    gen = torch.Generator().manual_seed(cfg.seed)
+    prompt = torch.randint(0, tcfg.vocab_size, (cfg.context,), generator=gen).tolist()
+    one_device_ar: list[dict] = []
+    if tp > 1:
+        from treeflash.models.parallel import check_shardable
+
+        check_shardable(tcfg, tp)  # before anything is built
+        one_device_ar = _one_device_ar(tcfg, cfg, device, dtype, prompt, log)
+
+    needs_drafter = any(m.spec != "none" for m in methods)
+    group, make_engine = None, Engine
+    if tp == 1:
+        log(f"building {cfg.shape} (random {str(dtype).removeprefix('torch.')} weights) on {device} ...")
+        target = build_target(tcfg, device, dtype, seed=cfg.seed)
+        drafter = build_drafter(dcfg, device, dtype, seed=cfg.seed + 1) if needs_drafter else None
+    else:
+        from treeflash.parallel import TensorParallel
+
+        log(f"building {cfg.shape} (random {str(dtype).removeprefix('torch.')} weights) split over {tp} ranks "
+            f"from {device} ...")
+        source = SyntheticTarget(tcfg, dcfg if needs_drafter else None, cfg.seed)
+        group = TensorParallel(tp, source, device, dtype)
+        target = group.model  # rank 0's shard
+        drafter = source.drafter(None, device, dtype)
+
+        def make_engine(target, drafter, spec, tokenizer, config):
+            return group.engine(drafter, None, spec, tokenizer, config)
+    try:
+        return _run_rows(cfg, s, tcfg, dcfg, methods, target, drafter, make_engine, group, one_device_ar, prompt,
+                         device, dtype, command, log, progress)
+    finally:
+        if group is not None:
+            group.close()
+
+
+def _run_rows(cfg, s, tcfg, dcfg, methods, target, drafter, make_engine, group, one_device_ar, prompt, device,
+              dtype, command, log, progress) -> dict:
     bandwidth = copy_bandwidth(device)
     target_bytes = weight_bytes(target)
     drafter_bytes = weight_bytes(drafter) if drafter is not None else 0
-    floor_ms = 1e3 * target_bytes / bandwidth
+    floor_ms = 1e3 * target_bytes / bandwidth  # with tensor parallelism: rank 0's shard
     log(f"  target {target_bytes / 1e9:.2f} GB, drafter {drafter_bytes / 1e9:.2f} GB, copy bandwidth "
         f"{bandwidth / 1e9:.1f} GB/s -> weight-read floor {floor_ms:.3f} ms per step")
 
@@ -177,7 +246,18 @@ def run_synthetic(cfg: SyntheticConfig, command: str | None = None, log=print, p
                                                      "weight_bytes": drafter_bytes},
             "copy_bandwidth_bytes_per_s": bandwidth,
             "floor_ms": floor_ms,
-            "floor_note": "target weight bytes / measured device-to-device copy bandwidth (read + write counted)",
+            "floor_note": "target weight bytes / measured device-to-device copy bandwidth (read + write counted)"
+                          + ("; tensor parallel: rank 0's shard, the replicated embedding and head counted whole"
+                             if group is not None else ""),
+            "tensor_parallel": None if group is None else {
+                "size": cfg.tensor_parallel_size,
+                "devices": [str(group.plan.device_of(r)) for r in range(cfg.tensor_parallel_size)],
+                "target_note": "target.parameters and weight_bytes are rank 0's shard's",
+                "one_device_ar": one_device_ar,
+                "goals": _goals(rows, one_device_ar),
+                "note": "rows: rank 0's clock over the mirrored tensor-parallel engine; one_device_ar: the whole "
+                        "target on rank 0's device, same shape, weights, context and rounds, timed first in this run",
+            },
             "timing_note": "round_ms: wall time of Engine.step() with every slot running a request (one round and its "
                            "host synchronisation), median over --rounds steps after warm-up; stage_ms: a separate "
                            "engine with the per-stage clock on",
@@ -188,15 +268,20 @@ def run_synthetic(cfg: SyntheticConfig, command: str | None = None, log=print, p
         }
         return result
 
-    gen = torch.Generator().manual_seed(cfg.seed)
-    prompt = torch.randint(0, tcfg.vocab_size, (cfg.context,), generator=gen).tolist()
     rows, skipped, errors = [], [], []
+    combos = [(b, m) for b, listed in cfg.combos() for m in parse_methods(listed)]
+    variants = [Variant.parse(v) for v in cfg.variants]
     runs = [(b, m, v) for b, m in combos for v in variants]
     profiles = tempfile.TemporaryDirectory(prefix="treeflash-profiles-")  # ddtree:auto's cost profiles
     bar = tqdm(runs, desc=f"synthetic {cfg.shape}", unit="combo", file=sys.stderr, dynamic_ncols=True)
     for batch, method, variant in bar:
         where = {"batch": batch, "method": method.label, "variant": variant.label}
         bar.set_postfix_str(f"batch {batch} {method.label} {variant.label}")
+        if group is not None and group.failure is not None:
+            # A rank that stopped mid-round left the others out of step: the group is shut down and
+            # nothing further can run on it (the failure is in "errors").
+            skipped.append({**where, "reason": "the tensor-parallel group stopped"})
+            continue
         if progress is not None:
             progress(snapshot(complete=False))  # what is measured so far survives a run cut short
         nodes = 1 + method.nodes(dcfg.depth)
@@ -211,7 +296,8 @@ def run_synthetic(cfg: SyntheticConfig, command: str | None = None, log=print, p
         try:
             # The stage split (a second engine, its own prefill and capture) only for the first variant.
             stage_rounds = cfg.stage_rounds if variant == variants[0] else 0
-            timing, prefill_s = _time_one(target, drafter, method, batch, prompt, cfg, stage_rounds, options)
+            timing, prefill_s = _time_one(target, drafter, method, batch, prompt, cfg, stage_rounds, options,
+                                          make_engine)
         except torch.OutOfMemoryError:
             skipped.append({**where, "reason": "out of device memory"})
             continue
@@ -232,6 +318,8 @@ def run_synthetic(cfg: SyntheticConfig, command: str | None = None, log=print, p
         _add_ratios(rows, floor_ms)
     bar.close()
     profiles.cleanup()
+    if group is not None and group.failure is not None:
+        errors.append({"batch": None, "method": None, "error": f"TensorParallelError: {group.failure}"})
     return snapshot(complete=True)
 
 
@@ -248,10 +336,52 @@ def _auto_profile(rows: list[dict], batch: int, variant: Variant, device: torch.
     return str(path)
 
 
-def _time_one(target, drafter, method, batch, prompt, cfg: SyntheticConfig, stage_rounds: int, options: dict):
+def _time_one(target, drafter, method, batch, prompt, cfg: SyntheticConfig, stage_rounds: int, options: dict,
+              make_engine=Engine):
     params = SamplingParams(temperature=cfg.temperature, max_tokens=1 << 20, ignore_eos=True)
     return time_engine_rounds(target, drafter if method.spec != "none" else None, method.spec_config(), batch,
-                              prompt, params, cfg.rounds, cfg.warmup, stage_rounds, seed=cfg.seed, **options)
+                              prompt, params, cfg.rounds, cfg.warmup, stage_rounds, seed=cfg.seed,
+                              make_engine=make_engine, **options)
+
+
+def _one_device_ar(tcfg, cfg: SyntheticConfig, device, dtype, prompt, log) -> list[dict]:
+    """The AR step of the whole target on rank 0's device at each batch size (the tensor-parallel
+    comparison's denominator), built, timed and freed before the group starts."""
+    log(f"building {cfg.shape} whole on {device} for the one-device AR step ...")
+    target = build_target(tcfg, device, dtype, seed=cfg.seed)
+    none = parse_methods("none")[0]
+    out = []
+    try:
+        for batch in sorted({b for b, _ in cfg.combos()}):
+            try:
+                timing, _ = _time_one(target, None, none, batch, prompt, cfg, 0, {})
+            except torch.OutOfMemoryError:
+                out.append({"batch": batch, "round_ms": None, "reason": "out of device memory"})
+                continue
+            finally:
+                _free(device)
+            out.append({"batch": batch, "round_ms": timing.median_ms, "round_ms_p10": timing.quantile_ms(0.1),
+                        "round_ms_p90": timing.quantile_ms(0.9), "round_ms_all": timing.round_ms})
+            log(f"  one-device AR step, batch {batch}: {timing.median_ms:.3f} ms")
+    finally:
+        del target
+        _free(device)
+    return out
+
+
+def _goals(rows: list[dict], one_device_ar: list[dict]) -> list[dict]:
+    """Per batch size: the tensor-parallel AR step against one device's, and DDTree:64 against the former
+    (issue 11's goals: <= 0.65 and <= 1.4)."""
+    single = {r["batch"]: r["round_ms"] for r in one_device_ar}
+    out = []
+    for batch in sorted({r["batch"] for r in rows}):
+        ar = next((r["round_ms"] for r in rows if r["batch"] == batch and r["spec"] == "none"), None)
+        tree = next((r["round_ms"] for r in rows if r["batch"] == batch and r["method"] == "ddtree:64"), None)
+        one = single.get(batch)
+        out.append({"batch": batch, "tp_ar_ms": ar, "one_device_ar_ms": one,
+                    "ar_ratio": ar / one if ar is not None and one else None,
+                    "ddtree64_ms": tree, "ddtree64_x_tp_ar": tree / ar if tree is not None and ar else None})
+    return out
 
 
 def _add_ratios(rows: list[dict], floor_ms: float) -> None:
@@ -295,6 +425,20 @@ def format_synthetic(result: dict) -> str:
         lines.append(f"  skipped batch {s['batch']} {s['method']} {s.get('variant', '')}: {s['reason']}")
     for e in result.get("errors", []):
         lines.append(f"  ERROR batch {e['batch']} {e['method']} {e.get('variant', '')}: {e['error']}")
+    tp = result.get("tensor_parallel")
+    if tp:
+        lines.append(f"  tensor parallel over {tp['size']} ranks (rank 0's clock); goals: AR ratio <= 0.65, "
+                     f"ddtree:64 <= 1.4x the TP AR step")
+        for g in tp["goals"]:
+            def ms(v):
+                return "-" if v is None else f"{v:.3f}"
+
+            def x(v):
+                return "-" if v is None else f"{v:.2f}"
+
+            lines.append(f"  batch {g['batch']}: AR step {ms(g['tp_ar_ms'])} ms vs one device "
+                         f"{ms(g['one_device_ar_ms'])} ms -> ratio {x(g['ar_ratio'])}; ddtree:64 "
+                         f"{ms(g['ddtree64_ms'])} ms = {x(g['ddtree64_x_tp_ar'])}x the TP AR step")
     lines.append("  (stage columns: ms per round, from a separate pass with a synchronised clock per stage;"
                  " ddtree:auto=B: the budget auto chose)")
     return "\n".join(lines)

@@ -62,7 +62,7 @@ class RoundTiming:
 
 def time_engine_rounds(target, drafter, spec: SpecConfig, batch: int, prompt: list[int], params: SamplingParams,
                        rounds: int, warmup: int = 2, stage_rounds: int = 3, seed: int = 0,
-                       **engine_options) -> tuple[RoundTiming, float]:
+                       make_engine=Engine, **engine_options) -> tuple[RoundTiming, float]:
     """Wall time of `Engine.step()` with `batch` requests running, each with len(prompt) committed rows.
 
     A step is one round over every slot plus the engine's one host synchronisation (it reads the
@@ -70,7 +70,9 @@ def time_engine_rounds(target, drafter, spec: SpecConfig, batch: int, prompt: li
     engine takes (CUDA graphs, kernels). The first step admits the requests (batched prefill forwards);
     `warmup` steps follow untimed (graph capture, allocator). The stage split comes from a second
     engine with the per-stage clock on, whose extra synchronisations would inflate the round times.
-    `engine_options`: further EngineConfig fields (compile_kernels, flex_decode_tokens, ...).
+    make_engine: builds each engine from (target, drafter, spec, tokenizer, EngineConfig); a
+    tensor-parallel group's builds every rank's and returns rank 0's, whose clock is read (the ranks run
+    in lockstep). `engine_options`: further EngineConfig fields (compile_kernels, flex_decode_tokens, ...).
     Returns the timing (with `setup_s`: admission + warm-up, i.e. compiles and graph captures) and the
     mean prefill seconds of a request (the forwards it took part in).
     """
@@ -79,7 +81,8 @@ def time_engine_rounds(target, drafter, spec: SpecConfig, batch: int, prompt: li
     # Steps per engine: admission (first token + a round), warm-up, timed; never let a request finish.
     new_tokens = (4 + warmup + max(rounds, stage_rounds)) * most_per_round
     begin = time.perf_counter()
-    engine, prefill = _filled_engine(target, drafter, spec, batch, prompt, params, new_tokens, seed, False, engine_options)
+    engine, prefill = _filled_engine(make_engine, target, drafter, spec, batch, prompt, params, new_tokens, seed,
+                                     False, engine_options)
     for _ in range(warmup):
         _step(engine, batch)
     sync(device)
@@ -95,7 +98,8 @@ def time_engine_rounds(target, drafter, spec: SpecConfig, batch: int, prompt: li
     del engine
     timing = RoundTiming(times, setup_s=setup_s, auto_budget=auto)
     if stage_rounds:
-        engine, _ = _filled_engine(target, drafter, spec, batch, prompt, params, new_tokens, seed, True, engine_options)
+        engine, _ = _filled_engine(make_engine, target, drafter, spec, batch, prompt, params, new_tokens, seed,
+                                   True, engine_options)
         _step(engine, batch)  # warm-up (on a GPU: the capture of the per-stage graphs)
         first = engine.slots[0].metrics
         before = dict(first.stage_seconds)
@@ -107,10 +111,11 @@ def time_engine_rounds(target, drafter, spec: SpecConfig, batch: int, prompt: li
     return timing, prefill
 
 
-def _filled_engine(target, drafter, spec, batch, prompt, params, new_tokens, seed, time_stages, options=None):
+def _filled_engine(make_engine, target, drafter, spec, batch, prompt, params, new_tokens, seed, time_stages,
+                   options=None):
     """An engine whose `batch` slots all hold a request with `prompt` prefilled (and its first round run)."""
     max_len = len(prompt) + new_tokens
-    engine = Engine(target, drafter, spec, None, EngineConfig(
+    engine = make_engine(target, drafter, spec, None, EngineConfig(
         max_num_seqs=batch, max_model_len=max_len, time_stages=time_stages,
         min_capacity=max_len + rows_per_round(spec, drafter) + 1,  # no cache growth while timing
         # Every prompt in the first step: the engine otherwise prefills one chunk per step, and the

@@ -2,7 +2,11 @@
 
 SPMD. Every rank holds its shard of the target (`models/parallel.py`), a whole copy of the drafter and an
 identical `Engine`. Rank 0's engine (`MirroredEngine`) sends every call that changes engine state (add,
-abort, step) to the workers through a pipe, in order, and each worker applies it to its own engine. All
+abort, step) to the workers through a pipe, in order, and each worker applies it to its own engine.
+`TensorParallel.engine` sends a build the same way; a later one replaces every rank's engine (the
+benchmark builds one per configuration on the same shards). The target comes from a source object
+every rank builds from: a checkpoint (`CheckpointTarget`, each rank reading only its slices) or random
+weights at a shape (`bench/synthetic.py: SyntheticTarget`). All
 ranks therefore run the same round on the same inputs; the all-reduces inside the target give every rank
 the same logits, so derive, walk and commit decide the same everywhere and the engines stay in lockstep
 with no communication beyond the all-reduces. Greedy and seeded sampling are deterministic by design

@@ -16,7 +16,8 @@ import torch
 from treeflash.engine import EngineConfig
 from treeflash.models.parallel import Communicator, Shard
 from treeflash.parallel.mirror import MirroredEngine
-from treeflash.parallel.rank import NCCL_ENV, STARTUP_TIMEOUT_S, EnginePlan, WorkerPlan, connect
+from treeflash.parallel.rank import (NCCL_ENV, STARTUP_TIMEOUT_S, CheckpointTarget, EnginePlan, WorkerPlan,
+                                    connect)
 from treeflash.parallel.worker import main as worker_main
 from treeflash.round import SpecConfig
 
@@ -28,15 +29,14 @@ class TensorParallelError(RuntimeError):
 class TensorParallel:
     """Rank 0's side of a tensor-parallel group: starts the workers, loads rank 0's shard, watches them.
 
-    `TensorParallel(size, model_dir, device, dtype)` starts N-1 workers that load their shards while rank 0
+    `TensorParallel(size, source, device, dtype)` starts N-1 workers that load their shards while rank 0
     loads its own (`.model`, `.config`); `.engine(...)` then builds every rank's engine and returns rank 0's.
+    source: where the target comes from (`CheckpointTarget(model_dir)`, or a directory path for short).
     """
 
-    def __init__(self, size: int, model_dir: Path, device: torch.device, dtype: torch.dtype):
+    def __init__(self, size: int, source, device: torch.device, dtype: torch.dtype):
         import torch.distributed as dist
         import torch.multiprocessing as mp
-
-        from treeflash.checkpoint import load_target
 
         if not dist.is_available():
             raise ValueError("tensor_parallel_size > 1 needs a torch build with torch.distributed")
@@ -54,7 +54,9 @@ class TensorParallel:
         self._monitor: threading.Thread | None = None
         self._store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, wait_for_workers=False,
                                     timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S))
-        self.plan = WorkerPlan(Path(model_dir), str(device), dtype, size, self._store.port, torch.get_num_threads())
+        if isinstance(source, (str, Path)):
+            source = CheckpointTarget(Path(source))
+        self.plan = WorkerPlan(source, str(device), dtype, size, self._store.port, torch.get_num_threads())
         ctx = mp.get_context("spawn")
         self._procs, self._cmds, self._status = [], [], []
         atexit.register(self.close)
@@ -72,7 +74,7 @@ class TensorParallel:
                 self._status.append(status_recv)
             self.comm = Communicator()
             # Rank 0 loads its shard while the workers load theirs.
-            self.model, self.config = load_target(self.plan.model_dir, device, dtype, Shard(0, size, self.comm))
+            self.model, self.config = source.load(device, dtype, Shard(0, size, self.comm))
             self._await("loaded")
         except BaseException:
             self.close()
@@ -85,9 +87,17 @@ class TensorParallel:
 
     def engine(self, drafter, draft_model: str | Path | None, spec: SpecConfig, tokenizer,
                config: EngineConfig) -> "MirroredEngine":
-        """Build every rank's engine (workers load the drafter from `draft_model`); returns rank 0's."""
+        """Build every rank's engine (workers get the drafter from the source and `draft_model`); returns
+        rank 0's. A later call builds a new engine on every rank in place of the last one (a benchmark's
+        next configuration); drop the previous rank-0 engine first, as the workers drop theirs."""
+        plan = EnginePlan(None if draft_model is None else str(draft_model), spec, config)
+        if self._monitor is not None:
+            # The group is connected and watched: building involves no collective, so no handshake;
+            # a worker that fails to build reports through the monitor, and the next step raises it.
+            self._send(("build", plan))
+            return MirroredEngine(self, self.model, drafter, spec, tokenizer, config)
         try:
-            self._send(("build", EnginePlan(None if draft_model is None else str(draft_model), spec, config)))
+            self._send(("build", plan))
             connect(self.comm, self.plan, 0, self._store)
             engine = MirroredEngine(self, self.model, drafter, spec, tokenizer, config)
             self._await("ready")

@@ -1,5 +1,5 @@
-"""What every rank of a tensor-parallel group does alike: the plans rank 0 sends its workers, and joining
-the group (NCCL between GPUs, gloo on CPU)."""
+"""What every rank of a tensor-parallel group does alike: where the target comes from, the plans rank 0
+sends its workers, and joining the group (NCCL between GPUs, gloo on CPU)."""
 
 from __future__ import annotations
 
@@ -21,10 +21,38 @@ STARTUP_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True)
+class CheckpointTarget:
+    """A target read from a checkpoint directory: each rank reads only its slice of every weight.
+
+    A target source is any picklable object with these three methods (`bench/synthetic.py` has one that
+    builds random weights at a real shape instead); every rank, rank 0 included, builds from the same one.
+    """
+
+    model_dir: Path
+
+    def load(self, device: torch.device, dtype: torch.dtype, shard):
+        """(the rank's decoder, the whole model's ModelConfig)"""
+        from treeflash.checkpoint import load_target
+
+        return load_target(self.model_dir, device, dtype, shard)
+
+    def tokenizer(self):
+        from treeflash.checkpoint import load_tokenizer
+
+        return load_tokenizer(self.model_dir)
+
+    def drafter(self, draft_model: str | None, device: torch.device, dtype: torch.dtype):
+        """The replicated drafter (None without one)."""
+        from treeflash.checkpoint import load_drafter
+
+        return None if draft_model is None else load_drafter(draft_model, device, dtype)
+
+
+@dataclass(frozen=True)
 class WorkerPlan:
     """What a worker needs to load its shard (sent when it is started)."""
 
-    model_dir: Path
+    source: CheckpointTarget  # or another target source (see CheckpointTarget)
     device: str  # "cpu" or "cuda:<rank 0's index>"; rank r uses cuda:<index + r>
     dtype: torch.dtype
     size: int

@@ -1,9 +1,10 @@
-"""A tensor-parallel worker process (rank 1..N-1): load the shard, build the engine, then apply rank 0's
-commands (add, abort, step) in order until told to close."""
+"""A tensor-parallel worker process (rank 1..N-1): load the shard, then apply rank 0's commands (build an
+engine, add, abort, step) in order until told to close."""
 
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import signal
 import sys
@@ -26,9 +27,11 @@ def main(rank: int, plan: WorkerPlan, cmds, status) -> None:
             os.environ.update(NCCL_ENV)
             torch.cuda.set_device(plan.device_of(rank))
         torch.set_num_threads(plan.threads)
-        engine = _build_worker(rank, plan, cmds, status)
-        if engine is None:
-            return
+        comm = Communicator()
+        device = plan.device_of(rank)
+        target, _ = plan.source.load(device, plan.dtype, Shard(rank, plan.size, comm))
+        status.send("loaded")
+        engine, builder = None, None
         while True:
             op, *args = cmds.recv()
             if op == "step":
@@ -37,6 +40,15 @@ def main(rank: int, plan: WorkerPlan, cmds, status) -> None:
                 engine.add(args[0])
             elif op == "abort":
                 engine.abort(args[0])
+            elif op == "build":
+                engine = None  # free the last engine's caches and graphs before the next one takes memory
+                if builder is None:  # the first build joins the group
+                    builder = _Builder(rank, plan, comm, target)
+                    engine = builder.engine(args[0])
+                    status.send("ready")
+                else:
+                    _free(device)
+                    engine = builder.engine(args[0])
             elif op == "close":
                 return
             else:
@@ -51,31 +63,37 @@ def main(rank: int, plan: WorkerPlan, cmds, status) -> None:
         sys.exit(1)
 
 
-def _build_worker(rank: int, plan: WorkerPlan, cmds, status) -> Engine | None:
-    """The worker's half of `TensorParallel.__init__` and `.engine` (same steps, same order)."""
-    import torch.distributed as dist
+class _Builder:
+    """The worker's half of `TensorParallel.engine` (same steps, same order): joins the group once, then
+    builds an engine per plan from this rank's shard."""
 
-    from treeflash.checkpoint import load_drafter, load_target, load_tokenizer
+    def __init__(self, rank: int, plan: WorkerPlan, comm: Communicator, target):
+        import torch.distributed as dist
 
-    comm = Communicator()
-    device = plan.device_of(rank)
-    target, _ = load_target(plan.model_dir, device, plan.dtype, Shard(rank, plan.size, comm))
-    status.send("loaded")
-    op, *args = cmds.recv()
-    if op == "close":
-        return None
-    engine_plan: EnginePlan = args[0]
-    store = dist.TCPStore("127.0.0.1", plan.store_port, plan.size, is_master=False,
-                          timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S))
-    connect(comm, plan, rank, store)
-    # NOTE: the same drafter, tokenizer (stop strings) and engine settings as rank 0's LLM, so every
-    # decision the engine takes is the same on every rank.
-    drafter = None
-    if engine_plan.draft_model is not None and engine_plan.spec.method != "none":
-        drafter = load_drafter(engine_plan.draft_model, device, plan.dtype)
-    engine = Engine(target, drafter, engine_plan.spec, load_tokenizer(plan.model_dir), engine_plan.config)
-    status.send("ready")
-    return engine
+        self.rank, self.plan, self.target = rank, plan, target
+        self.device = plan.device_of(rank)
+        store = dist.TCPStore("127.0.0.1", plan.store_port, plan.size, is_master=False,
+                              timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S))
+        connect(comm, plan, rank, store)
+        self.tokenizer = plan.source.tokenizer()
+        self.drafters: dict[str | None, object] = {}
+
+    def engine(self, engine_plan: EnginePlan) -> Engine:
+        # NOTE: the same drafter, tokenizer (stop strings) and engine settings as rank 0's, so every
+        # decision the engine takes is the same on every rank.
+        drafter = None
+        if engine_plan.spec.method != "none":
+            key = engine_plan.draft_model
+            if key not in self.drafters:
+                self.drafters[key] = self.plan.source.drafter(key, self.device, self.plan.dtype)
+            drafter = self.drafters[key]
+        return Engine(self.target, drafter, engine_plan.spec, self.tokenizer, engine_plan.config)
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _exit_with_parent() -> None:
