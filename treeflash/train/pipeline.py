@@ -59,6 +59,14 @@ def init_drafter(cfg: DrafterConfig, std: float, seed: int, target: Transformer)
     return drafter.to(target.embed_tokens.weight.device)
 
 
+def _release_cached_memory(device: torch.device) -> None:
+    import gc
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 class _Log:
     def __init__(self, path: Path):
         self.path, self.start = path, time.monotonic()
@@ -108,6 +116,7 @@ def train_drafter(opts: TrainDrafterOptions) -> dict:
                                   opts.progress)
     eval_ids = [chat_prompt_ids(gen, p, opts.max_prompt_tokens) for p in eval_prompts]
     del gen
+    _release_cached_memory(device)
     tokens = sum(len(e.response_ids) for e in examples)
     log(f"data: {len(examples)} responses ({tokens} tokens) from {len(train_prompts)} prompts x {len(modes)} modes, "
         f"{time.monotonic() - started:.0f} s; {len(eval_ids)} held-out prompts")
@@ -136,6 +145,10 @@ def train_drafter(opts: TrainDrafterOptions) -> dict:
                             max_num_seqs=opts.eval_batch_size)
 
     def evaluate(temperatures=(0.0,)) -> dict:
+        # The probe may capture new CUDA graphs (a temperature not seen before), whose private memory pools
+        # cannot use blocks the caching allocator keeps for training: hand those back first (on the H200 a
+        # final evaluation ran out of memory with 126 GiB reserved but unallocated).
+        _release_cached_memory(device)
         t0 = time.monotonic()
         result = {"step": trainer.step, **probe.measure(drafter, temperatures)}
         log("eval " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in result.items())
