@@ -139,3 +139,37 @@ def test_the_prefill_budget_is_checked():
     with pytest.raises(ValueError, match="prefill_chunk"):
         EngineConfig(prefill_chunk=True)
     assert EngineConfig().prefill_budget == EngineConfig().prefill_chunk
+
+
+def test_admitting_in_batches_waits_for_free_slots_and_keeps_the_tokens(paths):
+    # Staggered lengths: requests end at different steps, as real responses end at EOS.
+    prompts = PROMPTS * 3
+    params = [SamplingParams(temperature=0.0 if i % 2 else 1.0, top_p=0.9, max_tokens=3 + (5 * i) % 11, seed=i,
+                             ignore_eos=True) for i in range(len(prompts))]
+    reference = [o.token_ids for o in _llm(paths, "none", budget=1000, slots=4)
+                 .generate(prompt_token_ids=prompts, sampling_params=params)]
+
+    llm = _llm(paths, "none", budget=1000, slots=4)
+    llm.engine.config = dataclasses.replace(llm.engine.config, admit_batch=3)
+    engine = llm.engine
+    requests = llm._requests(None, params, prompts)
+    for request in requests:
+        engine.add(request)
+    held_back = 0
+    while engine.has_work():
+        free, waiting = len(engine.free), len(engine.waiting)
+        engine.step()
+        admitted = waiting - len(engine.waiting)
+        if free < min(3, waiting) and free < 4:
+            assert admitted == 0  # fewer than admit_batch slots free: newcomers wait
+            held_back += free > 0
+        else:
+            assert admitted == min(free, waiting)  # all that fit go in together
+    assert held_back  # the rule did hold someone back
+    assert [r.output_ids for r in requests] == reference
+    assert len(engine.free) == 4 and not engine.speculator.state.active.any()
+
+
+def test_admit_batch_is_checked():
+    with pytest.raises(ValueError, match="admit_batch"):
+        EngineConfig(admit_batch=0)

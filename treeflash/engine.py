@@ -17,6 +17,7 @@ that can no longer change (one implementation for `LLM.stream` and the server).
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from treeflash.attention import FLEX_DECODE_TOKENS
 from treeflash.budget import AUTO_BUDGETS, BudgetChooser, CostProfile
 from treeflash.detokenize import IncrementalDetokenizer
 from treeflash.outputs import RequestMetrics, RequestOutput
-from treeflash.round import PREFILL_CHUNK, STAGES, PrefillPiece, SpecConfig, Speculator, rows_per_round
+from treeflash.round import PREFILL_CHUNK, PrefillPiece, SpecConfig, Speculator, rows_per_round
 from treeflash.runner import GraphRunner
 from treeflash.sampling import SamplingParams
 from treeflash.tree_view import render_tree
@@ -89,9 +90,14 @@ class EngineConfig:
     prefill_tokens_per_step: int | None = None
     compile_kernels: bool = True  # CUDA: fused projections + compiled pieces (models/kernels.py); False: eager
     flex_decode_tokens: int = FLEX_DECODE_TOKENS  # FlexAttention's decoding kernel up to this many new tokens
+    # Newcomers are admitted only once this many slots are free (or all waiting requests fit, or no
+    # slot is busy). Every admission costs an eager prefill forward and a first-token draw; with
+    # hundreds of slots and requests ending a few per step, 1 pays that on almost every step. A larger
+    # value admits in batches (throughput: data generation), leaving up to this many slots idle a while.
+    admit_batch: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("prefill_chunk", "prefill_tokens_per_step"):
+        for name in ("prefill_chunk", "prefill_tokens_per_step", "admit_batch"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -118,6 +124,8 @@ class Engine:
         self.budget = self._budget_chooser(config) if spec.auto else None
         self.record_trees = config.record_trees
         self.slots: list[Request | None] = [None] * config.max_num_seqs
+        self.free = list(range(config.max_num_seqs))  # a heap of free slots: the lowest is taken first
+        self.freed: list[int] = []  # slots retired this step, released on the device together (`_release`)
         self.seq_lens = [0] * len(self.slots)  # host copy, known after each round's one sync
         self.waiting: deque[Request] = deque()
         self.started: list[Request] = []  # requests given a slot, in that order (some may be running now)
@@ -160,6 +168,7 @@ class Engine:
             if request is not None and request.id == request_id:
                 request.finish_reason = "abort"
                 self._retire_if_done(request)
+                self._release()
                 return True
         return False
 
@@ -171,6 +180,13 @@ class Engine:
         running = [i for i, r in enumerate(self.slots) if r is not None and r.running]
         if not running:
             return updates
+        try:
+            self._round(running, updates)
+        finally:
+            self._release()
+        return updates
+
+    def _round(self, running: list[int], updates: list[StepUpdate]) -> None:
         num_slots = running[-1] + 1
         budget = self.budget.choose(self.runner.bucket(num_slots)) if self.budget else None
         start = time.perf_counter()
@@ -187,20 +203,19 @@ class Engine:
         if self.budget is not None:
             self.budget.observe(budget, [accepted[i] for i in running],
                                 [[x / _FIXED for x in rows[i][width:]] for i in running])
+        stage_seconds = result.stage_seconds  # (reads the stage clock: once, not per request)
         for i in running:
             request = self.slots[i]
             self.seq_lens[i] += accepted[i]
             m = request.metrics
             m.acceptance_lengths.append(accepted[i])
             m.decode_seconds += elapsed
-            for stage in STAGES:
-                if stage in result.stage_seconds:
-                    m.stage_seconds[stage] = m.stage_seconds.get(stage, 0.0) + result.stage_seconds[stage]
+            for stage, seconds in stage_seconds.items():
+                m.stage_seconds[stage] = m.stage_seconds.get(stage, 0.0) + seconds
             if self.record_trees:
                 request.last_tree = render_tree(result.tree, result.walk, i, self._token_text)
             updates.append(StepUpdate(request, self._append(request, emitted[i][:accepted[i]])))
             self._retire_if_done(request)
-        return updates
 
     # --- admission -------------------------------------------------------------------------------
     def _admit(self) -> list[StepUpdate]:
@@ -213,6 +228,13 @@ class Engine:
         """
         pieces = self._plan_prefill()
         updates = []
+        try:
+            self._prefill(pieces, updates)
+        finally:
+            self._release()
+        return updates
+
+    def _prefill(self, pieces: list[tuple[Request, int, int]], updates: list[StepUpdate]) -> None:
         for group in _forwards(pieces):
             clock = time.perf_counter()
             logits = self.speculator.prefill_many([PrefillPiece(r.slot, r.prompt_ids, s, e) for r, s, e in group])
@@ -232,16 +254,17 @@ class Engine:
                 request.metrics.num_prompt_tokens = len(request.prompt_ids)
                 updates.append(StepUpdate(request, self._append(request, [token])))
                 self._retire_if_done(request)
-        return updates
 
     def _plan_prefill(self) -> list[tuple[Request, int, int]]:
         """This step's pieces (request, start, end): at most one chunk per request, prefill_budget tokens
         in all (the first piece always goes, so a budget below the chunk still makes progress)."""
         self.started = [r for r in self.started if r.slot is not None and not r.running]
         started = iter(list(self.started))
+        # Newcomers wait until admit_batch slots are free (or every waiting request fits, or no slot is busy).
+        admit = len(self.free) >= min(self.config.admit_batch, len(self.waiting)) or len(self.free) == len(self.slots)
         pieces, spent = [], 0
         while True:
-            request = next(started, None) or self._take_slot()
+            request = next(started, None) or (self._take_slot() if admit else None)
             if request is None:
                 break
             start = request.prefilled
@@ -254,10 +277,10 @@ class Engine:
 
     def _take_slot(self) -> Request | None:
         """Give the first waiting request a free slot, with caches long enough for all it may need."""
-        if not self.waiting or None not in self.slots:
+        if not self.waiting or not self.free:
             return None
         request = self.waiting.popleft()
-        slot = self.slots.index(None)
+        slot = heapq.heappop(self.free)
         need = len(request.prompt_ids) + request.max_new_tokens + self.round_rows + 1
         if need > self.speculator.capacity:  # doubling keeps regrowth (a copy of the caches) rare
             self.speculator.reserve(min(max(need, 2 * self.speculator.capacity), self.max_capacity))
@@ -266,11 +289,18 @@ class Engine:
         return request
 
     def _retire_if_done(self, request: Request) -> None:
+        """Free a finished request's slot here; its device state is released by `_release`, which the
+        step (or abort) calls before anything else can use the slot."""
         if request.finished and request.slot is not None:
-            self.speculator.release(request.slot)
             self.slots[request.slot] = None
             self.seq_lens[request.slot] = 0
+            self.freed.append(request.slot)
+            heapq.heappush(self.free, request.slot)
             request.slot = None
+
+    def _release(self) -> None:
+        freed, self.freed = self.freed, []
+        self.speculator.release_many(freed)
 
     # --- stops -----------------------------------------------------------------------------------
     def _append(self, request: Request, tokens: list[int]) -> list[int]:

@@ -173,6 +173,10 @@ class LLM:
     batched into few target forwards (default 512, one chunk: a newcomer delays running requests by
     one chunk at most). For throughput (many short prompts, hundreds of slots) raise it, e.g. 32768,
     to fill the slots in a few steps. A long prompt still goes in chunks of 512 tokens, one per step.
+    admit_batch: waiting requests are admitted only once this many slots are free (or all of them fit,
+    or no slot is busy); default 1. Each admission is an eager prefill forward plus a first-token draw,
+    so with hundreds of slots and requests ending a few per step, admitting in batches (e.g. 1/16 of
+    max_num_seqs) saves that host work on most steps; the tokens of each request are unchanged.
     """
 
     def __init__(self, model: str | Path | None = None, device: str | torch.device | None = None,
@@ -181,7 +185,7 @@ class LLM:
                  max_num_seqs: int = 8, time_stages: bool | None = None, record_trees: bool = False,
                  cuda_graphs: bool | None = None, attention: str | None = None, budget_profile: str | None = None,
                  tensor_parallel_size: int = 1, prefill_tokens_per_step: int | None = None,
-                 compile_kernels: bool = True):
+                 compile_kernels: bool = True, admit_batch: int = 1):
         draft_model = default_draft_model(model, draft_model, spec)
         self.parallel = None  # the tensor-parallel group (workers), when tensor_parallel_size > 1
         self.spec = SpecConfig(method=spec or ("ddtree" if draft_model else "none"), tree_budget=tree_budget)
@@ -216,6 +220,7 @@ class LLM:
             time_stages=self.device.type == "cpu" if time_stages is None else time_stages,
             record_trees=record_trees, cuda_graphs=True if cuda_graphs is None else bool(cuda_graphs),
             attention=attention, budget_profile=budget_profile, prefill_tokens_per_step=prefill_tokens_per_step,
+            admit_batch=admit_batch,
             compile_kernels=bool(compile_kernels),
             # On CUDA every cache growth recaptures the graphs and recompiles attention kernels (seconds):
             # start with room for typical requests there; on the CPU grow from small, as memory is dearer.
@@ -329,7 +334,8 @@ class LLM:
                     progress.update(engine.step())
         finally:
             for r in requests:  # after an error or an interrupt, free what this call still holds
-                engine.abort(r.id)
+                if not r.finished:  # (a finished request holds nothing; abort searches every slot)
+                    engine.abort(r.id)
         return [engine.output_of(r) for r in requests]
 
     def _need_tokenizer(self):

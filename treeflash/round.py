@@ -107,11 +107,14 @@ class SamplingFlags:
 
     @staticmethod
     def of(params: list[SamplingParams]) -> "SamplingFlags":
-        st = SamplingTensors.build(params, [0] * len(params), "cpu")
+        # SamplingTensors.build's flags, in plain Python (no tensors: this runs over every slot).
+        max_top_k = max((max(p.top_k, 0) for p in params), default=0)
         # Any top-k width >= the largest asked for gives the same result: round it up to a power of
         # two so that requests with nearby k share one graph.
-        top_k = 1 << (st.max_top_k - 1).bit_length() if st.max_top_k > 0 else 0
-        return SamplingFlags(st.all_greedy, st.use_top_k, st.use_top_p, st.use_min_p, top_k)
+        top_k = 1 << (max_top_k - 1).bit_length() if max_top_k > 0 else 0
+        return SamplingFlags(all(p.greedy for p in params), max_top_k > 0,
+                             any(p.top_p < 1 and not p.greedy for p in params),
+                             any(p.min_p > 0 and not p.greedy for p in params), top_k)
 
 
 @dataclass(frozen=True)
@@ -159,7 +162,7 @@ class Speculator:
         # Static sampling rows, written at admission; the flags follow the running requests.
         self.slot_params: list[SamplingParams | None] = [None] * slots
         self.sampling_rows = SamplingTensors.build([IDLE] * slots, [0] * slots, self.device)
-        self.flags = SamplingFlags()
+        self._flags: SamplingFlags | None = SamplingFlags()  # None: stale, recomputed at next read
         self.auto_budgets = torch.tensor(AUTO_BUDGETS, device=self.device)
 
     @property
@@ -191,8 +194,15 @@ class Speculator:
                 getattr(self.sampling_rows, f.name).index_copy_(0, index, value)
         for slot, p in zip(slots, params):
             self.slot_params[slot] = p
-        self.flags = SamplingFlags.of([p for p in self.slot_params if p is not None] or [IDLE])
+        self._flags = None  # recomputed when a round reads them: once per round, not per request
         return rows
+
+    @property
+    def flags(self) -> SamplingFlags:
+        """The sampling flags of the requests in the slots (all greedy when there are none)."""
+        if self._flags is None:
+            self._flags = SamplingFlags.of([p for p in self.slot_params if p is not None] or [IDLE])
+        return self._flags
 
     def sampling(self, num_slots: int) -> SamplingTensors:
         """The static rows of slots [0, num_slots) with the running requests' flags (views, no copy)."""
@@ -292,9 +302,17 @@ class Speculator:
         self.capacity = capacity
 
     def release(self, slot: int) -> None:
-        self.state.seq_lens[slot] = 0
-        self.state.active[slot] = False
-        self.set_sampling(slot, None)
+        self.release_many([slot])
+
+    def release_many(self, slots: list[int]) -> None:
+        """Free slots: inactive, empty, idle sampling rows. One batch of small writes for all of them
+        (a step that retires many requests pays it once, not per request)."""
+        if not slots:
+            return
+        index = torch.tensor(slots, dtype=torch.long, device=self.device)
+        self.state.seq_lens[index] = 0
+        self.state.active[index] = False
+        self.set_sampling_many(slots, [None] * len(slots), [0] * len(slots))
 
     # --- the round -------------------------------------------------------------------------------
     @torch.inference_mode()

@@ -29,6 +29,10 @@ CHAT_TEMPLATE_ROOM = 256  # tokens a chat template may add around a cut prompt (
 # Prompt tokens the generator prefills per engine step: enough to fill hundreds of slots in a few
 # batched forwards, where one chunk per step would admit ~3 requests a step.
 GEN_PREFILL_TOKENS = 32768
+# The generator admits newcomers once 1/16 of its slots are free: an admission is an eager prefill
+# forward + first-token draw (host work comparable to the round itself at 512 slots), which admitting
+# one by one would pay on almost every step as responses end at different times.
+GEN_ADMIT_FRACTION = 16
 SAVE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -108,7 +112,8 @@ def train_drafter(opts: TrainDrafterOptions) -> dict:
     limit = ModelConfig.from_dir(model_dir).max_position_embeddings
     gen = LLM(str(model_dir), device=device, dtype=dtype, max_num_seqs=opts.gen_batch_size, spec="none",
               max_model_len=min(limit, opts.max_prompt_tokens + CHAT_TEMPLATE_ROOM + opts.max_new_tokens),
-              time_stages=False, prefill_tokens_per_step=GEN_PREFILL_TOKENS)
+              time_stages=False, prefill_tokens_per_step=GEN_PREFILL_TOKENS,
+              admit_batch=max(1, opts.gen_batch_size // GEN_ADMIT_FRACTION))
     deadline = time.monotonic() + 60 * opts.data_minutes if opts.data_minutes else None
     started = time.monotonic()
     examples = generate_responses(gen, train_prompts, opts.data_dir or out / "data", modes, opts.max_new_tokens,
