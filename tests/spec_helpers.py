@@ -108,7 +108,7 @@ def install_oracle(monkeypatch, known: dict[tuple[int, ...], list[int]], vocab: 
             sequences[(id(self), piece.slot)] = known.get(tuple(piece.prompt))
         return original_prefill(self, pieces)
 
-    def draft(self, state, sampling):
+    def draft(self, state, sampling, depths=None):
         depth = self.drafter.config.depth
         seq_lens, bonus = state.seq_lens.tolist(), state.bonus.tolist()
         out = torch.empty(len(seq_lens), depth, vocab)
@@ -125,7 +125,7 @@ def install_oracle(monkeypatch, known: dict[tuple[int, ...], list[int]], vocab: 
                         if use_decoy[d] and decoys[d] != full[n + 1 + d]:
                             logits[d, decoys[d]] += 9.0
             out[s] = logits
-        return torch.log_softmax(out / sampling.temperature[:, None, None], dim=-1)
+        return torch.log_softmax(out[:, :depths] / sampling.temperature[:, None, None], dim=-1)
 
     monkeypatch.setattr(Speculator, "prefill_many", prefill_many)
     monkeypatch.setattr(Speculator, "draft", draft)

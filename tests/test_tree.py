@@ -265,3 +265,16 @@ def test_walk_root_only_is_autoregressive():
     assert w.accepted.tolist() == [1, 1]
     assert w.emitted.tolist() == [[2], [3]]
     assert w.path.tolist() == [[0], [0]]
+
+
+def test_a_budget_below_the_block_needs_only_its_own_depths():
+    """A tree of B nodes never goes deeper than B, so drafting only depths 1..B (what the Speculator
+    asks the drafter for at a fixed budget below the block's depth) builds the very same tree."""
+    torch.manual_seed(0)
+    for budget in (1, 2, 4, 7):
+        logprobs = torch.log_softmax(torch.randn(3, 15, 40) * 3, dim=-1)
+        bonus = torch.tensor([1, 2, 3])
+        full, cut = build_tree(bonus, logprobs, budget), build_tree(bonus, logprobs[:, :budget], budget)
+        for name in ("tokens", "parents", "depths", "valid", "scores"):
+            assert torch.equal(getattr(full, name), getattr(cut, name)), (budget, name)
+        assert int(full.depths.max()) <= budget

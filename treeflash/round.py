@@ -334,7 +334,7 @@ class Speculator:
             clock = StageClock(self.device)
         lap = clock.lap if clock is not None else (lambda stage: None)
 
-        logprobs = self.draft(state, sampling)
+        logprobs = self.draft(state, sampling, self.draft_depths(budget))
         lap("draft")
         tree = self.build(state.bonus, logprobs, budget)
         predicted = expected_drafts(tree, self.auto_budgets) if self.spec.auto else None
@@ -357,12 +357,26 @@ class Speculator:
             raise ValueError("tree_budget='auto' needs the round's budget from the engine's budget chooser")
         return self.spec.tree_budget
 
-    def draft(self, state: SlotState, sampling: SamplingTensors) -> torch.Tensor | None:
-        """Draft log-probs [S, block_size - 1, V] from one drafter pass (None without a drafter)."""
+    def draft_depths(self, budget: int | None) -> int | None:
+        """Depths whose draft distributions a round can use (None: all of the block's).
+
+        A tree of B nodes reaches depth B at most (a node needs its ancestors in the tree, and the
+        builder ranks a prefix after its ancestors), so with a fixed DDTree budget below the block's
+        depth the deeper positions never reach the lm_head: the tree, hence every token, is the same,
+        and a small budget skips most of the drafter's vocabulary-wide logits (the bulk of a CPU
+        draft). The automatic budget keeps every depth: its estimate for larger budgets ranks them.
+        """
+        if self.drafter is None or self.spec.method != "ddtree" or self.spec.auto:
+            return None
+        nodes = self.budget(budget)
+        return nodes if nodes < self.drafter.config.depth else None
+
+    def draft(self, state: SlotState, sampling: SamplingTensors, depths: int | None = None) -> torch.Tensor | None:
+        """Draft log-probs [S, depths or block_size - 1, V] from one drafter pass (None without a drafter)."""
         if self.drafter is None:
             return None
         cache = _prefix(self.draft_cache, state.bonus.shape[0])
-        logits = self.drafter.draft(self.target, state.bonus, state.seq_lens, cache, self.layout)
+        logits = self.drafter.draft(self.target, state.bonus, state.seq_lens, cache, self.layout, depths)
         # Rank drafts by the drafter's guess of each request's *tempered* distribution. All-greedy
         # batches (host-known, part of a graph's key) have temperature 1.0 on every row: x / 1.0 is x.
         if not sampling.all_greedy:

@@ -37,7 +37,6 @@ from treeflash.llm import LLM
 from treeflash.train.prompts import load_prompts
 from treeflash.train.data import chat_prompt_ids
 from treeflash.sampling import SamplingParams
-from treeflash import engine as E, round as R
 
 llm = LLM(str(d), max_num_seqs=args.slots, spec="none", time_stages=False, prefill_tokens_per_step=32768,
           max_model_len=256 + 64 + args.max_tokens, **({} if args.admit_batch is None else {"admit_batch": args.admit_batch}))

@@ -210,18 +210,20 @@ class DFlashDrafter(nn.Module):
         return self.norm(x)
 
     def draft(self, target: Transformer, bonus: torch.Tensor, seq_lens: torch.Tensor, cache: KVCache,
-              layout) -> torch.Tensor:
-        """One pass over [bonus, MASK...] after every slot's cached context -> logits [S, block_size - 1, V].
+              layout, depths: int | None = None) -> torch.Tensor:
+        """One pass over [bonus, MASK...] after every slot's cached context -> logits [S, depths, V].
 
         bonus, seq_lens: [S]; layout(seq_lens, new_mask) -> (cache rows, attention mask) of the block
         (`Speculator.layout`: capacity-wide, so the shapes never depend on the contexts' lengths).
+        depths: logits for depths 1..depths only (default: the whole block, block_size - 1); the block
+        is still run whole (its positions attend to each other), only the lm_head is spared.
         """
         size = self.config.block_size
         offsets = torch.arange(size, device=bonus.device)
         bidirectional = torch.ones(bonus.shape[0], size, size, dtype=torch.bool, device=bonus.device)
         rows, mask = layout(seq_lens, bidirectional)
         hidden = self(self.embed_block(target, bonus), seq_lens[:, None] + offsets, cache, rows, mask)
-        return self.logits(hidden[:, 1:], target.output_weight)
+        return self.logits(hidden[:, 1:1 + (depths or size - 1)], target.output_weight)
 
     def logits(self, hidden: torch.Tensor, output_weight: torch.Tensor) -> torch.Tensor:
         """The target's lm_head over drafter hidden states [..., H] -> float32 logits [..., V]."""
