@@ -24,7 +24,7 @@ from treeflash.kv_cache import KVCache, append_layout
 from treeflash.models.dflash import DFlashDrafter
 from treeflash.models.kernels import COMPILED, EAGER, use_fast_path
 from treeflash.models.transformer import Transformer
-from treeflash.sampling import SamplingParams, SamplingTensors, derive
+from treeflash.sampling import SamplingParams, SamplingTensors, derive, static_flags
 from treeflash.tree import DraftTree, Walk, ancestor_mask, build_tree, root_only, walk
 
 METHODS = ("none", "dflash", "ddtree")
@@ -107,14 +107,11 @@ class SamplingFlags:
 
     @staticmethod
     def of(params: list[SamplingParams]) -> "SamplingFlags":
-        # SamplingTensors.build's flags, in plain Python (no tensors: this runs over every slot).
-        max_top_k = max((max(p.top_k, 0) for p in params), default=0)
+        f = static_flags(params)
         # Any top-k width >= the largest asked for gives the same result: round it up to a power of
         # two so that requests with nearby k share one graph.
-        top_k = 1 << (max_top_k - 1).bit_length() if max_top_k > 0 else 0
-        return SamplingFlags(all(p.greedy for p in params), max_top_k > 0,
-                             any(p.top_p < 1 and not p.greedy for p in params),
-                             any(p.min_p > 0 and not p.greedy for p in params), top_k)
+        top_k = 1 << (f["max_top_k"] - 1).bit_length() if f["max_top_k"] > 0 else 0
+        return SamplingFlags(f["all_greedy"], f["use_top_k"], f["use_top_p"], f["use_min_p"], top_k)
 
 
 @dataclass(frozen=True)

@@ -111,6 +111,15 @@ class SamplingParams:
         return self.temperature < GREEDY_BELOW
 
 
+def static_flags(params: list[SamplingParams]) -> dict:
+    """Which sampling stages a batch needs (host-known): all_greedy, use_top_k, use_top_p, use_min_p,
+    max_top_k. Plain Python over the parameters, no tensors."""
+    top_k = [max(p.top_k, 0) for p in params]
+    return {"all_greedy": all(p.greedy for p in params), "use_top_k": any(k > 0 for k in top_k),
+            "use_top_p": any(p.top_p < 1 and not p.greedy for p in params),
+            "use_min_p": any(p.min_p > 0 and not p.greedy for p in params), "max_top_k": max(top_k, default=0)}
+
+
 @dataclass(frozen=True)
 class SamplingTensors:
     """The sampling parameters of a batch of slots as device tensors, one row per slot."""
@@ -141,11 +150,7 @@ class SamplingTensors:
             min_p=tensor([p.min_p for p in params], torch.float32),
             greedy=tensor([p.greedy for p in params], torch.bool),
             seed=tensor([[s & 0xFFFFFFFF, (s >> 32) & 0xFFFFFFFF] for s in seeds], torch.int64),
-            all_greedy=all(p.greedy for p in params),
-            use_top_k=any(k > 0 for k in top_k),
-            use_top_p=any(p.top_p < 1 and not p.greedy for p in params),
-            use_min_p=any(p.min_p > 0 and not p.greedy for p in params),
-            max_top_k=max(top_k, default=0),
+            **static_flags(params),
         )
 
     def rows(self, index: torch.Tensor) -> "SamplingTensors":
