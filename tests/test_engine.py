@@ -165,3 +165,21 @@ def test_a_prompt_prefilling_in_a_slot_above_the_running_ones(pair):
     llm.engine.config = dataclasses.replace(llm.engine.config, prefill_chunk=8)
     outs = llm.generate(prompt_token_ids=[PROMPTS[0], long_prompt], sampling_params=params)
     assert [o.token_ids for o in outs] == solo
+
+
+def test_capture_graphs_takes_every_bucket_up_to_the_batch_with_its_flags(pair):
+    # The CPU never captures (capture_graphs returns 0); the bucket walk and the borrowed flags are
+    # checked with a runner that records instead of capturing.
+    target, _ = pair
+    llm = LLM(str(target), device="cpu", max_num_seqs=8, cuda_graph_sizes=[1, 2, 4, 8])
+    engine = llm.engine
+    assert engine.capture_graphs(8, GREEDY) == 0
+    seen = []
+    engine.runner.enabled = True
+    engine.runner.graph = lambda bucket, budget: seen.append((bucket, engine.speculator.flags.all_greedy))
+    sampled = SamplingParams(temperature=0.7, top_p=0.9, max_tokens=4)
+    engine.capture_graphs(3, sampled)
+    assert seen == [(1, False), (2, False), (4, False)]  # 3 runs in the 4-bucket's graph
+    assert engine.speculator.flags.all_greedy and all(p is None for p in engine.speculator.slot_params)
+    with pytest.raises(ValueError, match="cuda_graph_sizes"):
+        LLM(str(target), device="cpu", max_num_seqs=8, cuda_graph_sizes=[16])

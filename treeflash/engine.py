@@ -71,6 +71,20 @@ class StepUpdate:
     new_token_ids: list[int]
 
 
+@dataclass
+class EngineStats:
+    """Running totals since the engine was built: where a busy engine's time goes (host clock; the
+    seconds include the GPU work each part waits for at its synchronisation)."""
+
+    steps: int = 0
+    rounds: int = 0
+    round_seconds: float = 0.0  # rounds, their sync and the host bookkeeping of their tokens
+    prefill_forwards: int = 0
+    prefill_tokens: int = 0
+    prefill_seconds: float = 0.0  # prefill forwards and first-token draws
+    generated_tokens: int = 0
+
+
 EAGER_AUTO_BUDGETS = AUTO_BUDGETS[:5]  # 4..64: a prefix, as BudgetChooser's columns require
 
 
@@ -82,6 +96,10 @@ class EngineConfig:
     record_trees: bool = False  # keep each request's last draft tree, drawn
     min_capacity: int = 256  # caches start this long and double as requests need
     cuda_graphs: bool = True  # replay rounds as CUDA graphs (CUDA only; the CPU always runs eagerly)
+    # Batch sizes captured as graphs (a round over n slots replays the smallest >= n); None: powers of
+    # two up to max_num_seqs. Each capture costs seconds (kernels compiled for its shape); one large
+    # size suits a throughput job whose slots are always nearly full.
+    cuda_graph_sizes: tuple[int, ...] | None = None
     attention: str | None = None  # "sdpa" or "flex" (treeflash/attention.py); None: the device's default
     budget_profile: str | None = None  # tree_budget="auto": a stored CostProfile (JSON) to load or write
     prefill_chunk: int = PREFILL_CHUNK  # a long prompt is prefilled in chunks of this many tokens, one per step
@@ -101,6 +119,11 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        sizes = self.cuda_graph_sizes
+        if sizes is not None and (not isinstance(sizes, tuple) or not sizes or not all(isinstance(n, int) and not isinstance(n, bool)
+                                                       and 1 <= n <= self.max_num_seqs for n in sizes)):
+            raise ValueError(f"cuda_graph_sizes must be batch sizes in [1, max_num_seqs={self.max_num_seqs}], "
+                             f"got {sizes!r}")
 
     @property
     def prefill_budget(self) -> int:
@@ -120,7 +143,9 @@ class Engine:
                                      time_stages=config.time_stages, attention=config.attention,
                                      flex_decode_tokens=config.flex_decode_tokens,
                                      compile_kernels=config.compile_kernels)
-        self.runner = GraphRunner(self.speculator, enabled=config.cuda_graphs, time_stages=config.time_stages)
+        sizes = tuple(sorted(set(config.cuda_graph_sizes))) if config.cuda_graph_sizes else None
+        self.runner = GraphRunner(self.speculator, enabled=config.cuda_graphs, time_stages=config.time_stages,
+                                  buckets=sizes)
         self.budget = self._budget_chooser(config) if spec.auto else None
         self.record_trees = config.record_trees
         self.slots: list[Request | None] = [None] * config.max_num_seqs
@@ -129,6 +154,7 @@ class Engine:
         self.seq_lens = [0] * len(self.slots)  # host copy, known after each round's one sync
         self.waiting: deque[Request] = deque()
         self.started: list[Request] = []  # requests given a slot, in that order (some may be running now)
+        self.stats = EngineStats()
 
     def _budget_chooser(self, config: EngineConfig) -> BudgetChooser:
         sp = self.speculator
@@ -153,6 +179,27 @@ class Engine:
             chooser.measure = measure_and_store
         return chooser
 
+    def capture_graphs(self, max_batch: int, params: SamplingParams, budget: int | None = None) -> int:
+        """Capture now the graphs that rounds of up to `max_batch` requests sampled with `params` will
+        replay (every bucket up to the one holding max_batch), so no capture lands inside a timed run.
+        Only on an idle engine (the free slots borrow `params` for the flags, then are idle again).
+        Returns the number of graphs captured; 0 where graphs are off (the CPU)."""
+        if not self.runner.enabled:
+            return 0
+        if any(r is not None for r in self.slots):
+            raise RuntimeError("capture_graphs needs an idle engine")
+        top = self.runner.bucket(min(max_batch, len(self.slots)))
+        before = len(self.runner.graphs)
+        sp = self.speculator
+        for bucket in [b for b in self.runner.buckets if b <= top]:
+            slots = list(range(bucket))
+            sp.set_sampling_many(slots, [params] * bucket, [0] * bucket)
+            try:
+                self.runner.graph(bucket, budget)
+            finally:
+                sp.release_many(slots)
+        return len(self.runner.graphs) - before
+
     def add(self, request: Request) -> None:
         self._detok(request)
         self.waiting.append(request)
@@ -176,14 +223,21 @@ class Engine:
         return bool(self.waiting) or any(r is not None for r in self.slots)
 
     def step(self) -> list[StepUpdate]:
+        stats = self.stats
+        stats.steps += 1
+        clock = time.perf_counter()
         updates = self._admit()
+        stats.prefill_seconds += time.perf_counter() - clock
         running = [i for i, r in enumerate(self.slots) if r is not None and r.running]
-        if not running:
-            return updates
-        try:
-            self._round(running, updates)
-        finally:
-            self._release()
+        if running:
+            clock = time.perf_counter()
+            try:
+                self._round(running, updates)
+            finally:
+                self._release()
+            stats.rounds += 1
+            stats.round_seconds += time.perf_counter() - clock
+        stats.generated_tokens += sum(len(u.new_token_ids) for u in updates)
         return updates
 
     def _round(self, running: list[int], updates: list[StepUpdate]) -> None:
@@ -237,6 +291,8 @@ class Engine:
     def _prefill(self, pieces: list[tuple[Request, int, int]], updates: list[StepUpdate]) -> None:
         for group in _forwards(pieces):
             clock = time.perf_counter()
+            self.stats.prefill_forwards += 1
+            self.stats.prefill_tokens += sum(e - s for _, s, e in group)
             logits = self.speculator.prefill_many([PrefillPiece(r.slot, r.prompt_ids, s, e) for r, s, e in group])
             done = [i for i, (r, _, e) in enumerate(group) if e == len(r.prompt_ids)]
             first = []

@@ -34,6 +34,11 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bf
            "float16": torch.float16, "fp16": torch.float16}
 
 
+def _sizes(value) -> tuple | None:
+    # A list or tuple of batch sizes becomes a tuple; anything else goes to EngineConfig's check as is.
+    return tuple(value) if isinstance(value, (list, tuple)) else value
+
+
 def _device(device: str | torch.device | None) -> torch.device:
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -163,6 +168,9 @@ class LLM:
     with gloo); the LLM starts the worker processes itself and `close()` stops them (see treeflash/parallel/).
     cuda_graphs: replay rounds as CUDA graphs (default True on CUDA; ignored on the CPU). Graphs are
     captured at first use of each (batch bucket, method/budget, sampling flags), with a line on stderr.
+    cuda_graph_sizes: the batch buckets captured (default: powers of two up to max_num_seqs); a round
+    over n running slots replays the smallest >= n. A capture costs seconds, so a job whose slots stay
+    full (data generation, evaluation) may capture just [max_num_seqs].
     attention: "flex" (FlexAttention, CUDA only) or "sdpa" (dense mask); default: flex on CUDA.
     compile_kernels: on CUDA (default True; ignored on the CPU), fuse the q/k/v and gate/up projections
     and run norms, rotary, silu*mul and residual sums through torch.compile (treeflash/models/kernels.py);
@@ -185,7 +193,8 @@ class LLM:
                  max_num_seqs: int = 8, time_stages: bool | None = None, record_trees: bool = False,
                  cuda_graphs: bool | None = None, attention: str | None = None, budget_profile: str | None = None,
                  tensor_parallel_size: int = 1, prefill_tokens_per_step: int | None = None,
-                 compile_kernels: bool = True, admit_batch: int = 1):
+                 compile_kernels: bool = True, admit_batch: int = 1,
+                 cuda_graph_sizes: Sequence[int] | None = None):
         draft_model = default_draft_model(model, draft_model, spec)
         self.parallel = None  # the tensor-parallel group (workers), when tensor_parallel_size > 1
         self.spec = SpecConfig(method=spec or ("ddtree" if draft_model else "none"), tree_budget=tree_budget)
@@ -220,7 +229,7 @@ class LLM:
             time_stages=self.device.type == "cpu" if time_stages is None else time_stages,
             record_trees=record_trees, cuda_graphs=True if cuda_graphs is None else bool(cuda_graphs),
             attention=attention, budget_profile=budget_profile, prefill_tokens_per_step=prefill_tokens_per_step,
-            admit_batch=admit_batch,
+            admit_batch=admit_batch, cuda_graph_sizes=_sizes(cuda_graph_sizes),
             compile_kernels=bool(compile_kernels),
             # On CUDA every cache growth recaptures the graphs and recompiles attention kernels (seconds):
             # start with room for typical requests there; on the CPU grow from small, as memory is dearer.

@@ -134,7 +134,7 @@ class GraphRunner:
         bucket = self.bucket(num_slots)
         if not self.enabled or bucket not in self.buckets:
             return self.speculator.round(num_slots, budget)
-        captured = self._graph(bucket, budget)
+        captured = self.graph(bucket, budget)
         if not captured.stages:
             captured.graphs[0].replay()
             return captured.result
@@ -153,7 +153,7 @@ class GraphRunner:
             for i in range(repeats + 1):  # the first one warms up (and captures)
                 _restore(sp, saved)
                 if self.enabled and self.bucket(num_slots) in self.buckets:
-                    captured = self._graph(self.bucket(num_slots), budget)
+                    captured = self.graph(self.bucket(num_slots), budget)
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     start.record()
                     for graph in captured.graphs:
@@ -181,7 +181,7 @@ class GraphRunner:
         if self.enabled:
             torch.cuda.empty_cache()
 
-    def _graph(self, bucket: int, budget: int | None) -> Captured:
+    def graph(self, bucket: int, budget: int | None) -> Captured:
         sp = self.speculator
         ptr = sp.cache.keys[0].data_ptr()
         if ptr != self._cache_ptr:  # new caches (reserve): every graph points at the old ones

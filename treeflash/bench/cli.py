@@ -83,6 +83,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="comma-separated: none, dflash, ddtree:BUDGET, ddtree:auto (default with a drafter: "
                         "none,dflash,ddtree:16,ddtree:64,ddtree:256; synthetic: none,dflash + --budgets)")
     r.add_argument("--batch-size", type=int, default=1, help="requests running side by side (default 1)")
+    r.add_argument("--cuda-graph-sizes", type=_ints, default=None, metavar="LIST",
+                   help="batch sizes captured as CUDA graphs (default: powers of two up to --batch-size); "
+                        "--cuda-graph-sizes B captures one graph per method, where acceptance, not speed, is wanted")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--warmup", type=int, default=1, help="untimed warm-up prompts per method (default 1)")
     r.add_argument("--stage-prompts", type=int, default=2,
@@ -181,7 +184,7 @@ def _run(args, command: str, progress) -> dict:
                       ignore_eos=args.ignore_eos, warmup=args.warmup, stage_prompts=args.stage_prompts,
                       baselines=args.baselines, baseline_prompts=args.baseline_prompts, ddtree_ref=args.ddtree_ref,
                       ref_budget=args.ref_budget, hf_compile=not args.hf_no_compile,
-                      tensor_parallel_size=args.tensor_parallel_size)
+                      tensor_parallel_size=args.tensor_parallel_size, cuda_graph_sizes=args.cuda_graph_sizes)
     return run_bench(cfg, command, log=_log, progress=progress)
 
 

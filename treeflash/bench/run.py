@@ -55,6 +55,7 @@ class BenchConfig:
     ref_budget: int | None = None  # ddtree-ref's budget (default: the first ddtree:B of the methods, else 64)
     hf_compile: bool = True  # transformers compiles its static-cache decode step on CUDA unless this is off
     tensor_parallel_size: int = 1  # each method's LLM splits the target over this many ranks
+    cuda_graph_sizes: tuple[int, ...] | None = None  # batch buckets captured (default: powers of two)
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "batch_size", "drafter_layers"):
@@ -177,7 +178,8 @@ def _make_llm(cfg: BenchConfig, method: Method, drafter_dir, device, dtype, skip
     try:
         return LLM(cfg.model, device=device, dtype=dtype, max_model_len=cfg.max_model_len,
                    draft_model=drafter_dir if method.spec != "none" else None, max_num_seqs=cfg.batch_size,
-                   time_stages=time_stages, tensor_parallel_size=cfg.tensor_parallel_size, **method.llm_kwargs())
+                   time_stages=time_stages, tensor_parallel_size=cfg.tensor_parallel_size,
+                   cuda_graph_sizes=cfg.cuda_graph_sizes, **method.llm_kwargs())
     except ValueError as e:
         if method.budget != "auto":
             raise
@@ -208,6 +210,10 @@ def _sync(device: torch.device) -> None:
 
 def _run_method(llm, method: Method, ids: list[list[int]], cfg: BenchConfig, log) -> dict:
     if cfg.warmup:
+        # Every graph the timed run can replay (each batch bucket up to the batch size), captured now:
+        # a capture costs seconds, which a warm-up generate does not reliably cover (its short requests
+        # may never fill the larger buckets) and which would otherwise be timed.
+        llm.engine.capture_graphs(cfg.batch_size, _params(cfg, 1)[0])
         # At least a full batch, so whatever the engine builds per batch size is built before timing.
         n = min(max(cfg.warmup, cfg.batch_size), len(ids))
         llm.generate(prompt_token_ids=ids[:n], sampling_params=_params(cfg, n, min(cfg.max_tokens, 8)), use_tqdm=False)

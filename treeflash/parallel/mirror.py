@@ -32,6 +32,11 @@ class MirroredEngine(Engine):
             self.tp._send(("abort", request_id))
         return super().abort(request_id)  # after a failure: free the slot here; the workers are gone
 
+    def capture_graphs(self, max_batch, params, budget=None) -> int:
+        # A capture runs the round (and its collectives) on this rank alone: the workers would never join.
+        # Graphs are captured lazily at first use instead, in lockstep, as every round is.
+        return 0
+
     def step(self) -> list[StepUpdate]:
         self.tp._send(("step",))
         with _interrupt_after_step():
