@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -193,33 +194,48 @@ def test_data_cache_resumes_after_a_crash(chat_target, tmp_path):
     llm = LLM(str(chat_target), device="cpu", dtype="float32", max_num_seqs=4)
     prompts = [f"abc{c}" for c in "defghi"]
     modes = (GREEDY, SamplingMode("sampled", 0.5, 0.9))
-    calls = []
-    original = llm.generate
+    engine = llm.engine
+    step, add = engine.step, engine.add
+    steps, added = [], []
 
-    def crashing(*args, **kwargs):
-        if len(calls) == 2:
+    def crashing():
+        if len(steps) == 5:  # the first 4 requests (6 tokens each at most) have finished by now
             raise KeyboardInterrupt
-        calls.append(len(kwargs["prompt_token_ids"]))
-        return original(*args, **kwargs)
+        steps.append(1)
+        return step()
 
-    llm.generate = crashing
+    engine.step = crashing
     with pytest.raises(KeyboardInterrupt):
-        generate_responses(llm, prompts, tmp_path / "data", modes, 6, 32, batch_prompts=4, seed=0, progress=False)
-    assert calls == [4, 4]
+        generate_responses(llm, prompts, tmp_path / "data", modes, 6, 32, seed=0, progress=False, flush_every=1)
+    saved = sum(len((tmp_path / "data" / f"{m.name}.jsonl").read_text().splitlines()) for m in modes)
+    assert 4 <= saved < 12
+    assert not engine.has_work()  # the interrupted requests were aborted: no slot or queue entry is left
     with open(tmp_path / "data" / "greedy.jsonl", "a") as f:
         f.write('{"key": "cut mid-wri')  # a line cut by the crash
-    calls.clear()
-    llm.generate = lambda *a, **k: calls.append(len(k["prompt_token_ids"])) or original(*a, **k)
-    examples = generate_responses(llm, prompts, tmp_path / "data", modes, 6, 32, batch_prompts=4, seed=0,
-                                  progress=False)
-    assert calls == [4]  # only the 12 - 8 missing responses
+    engine.step = step
+    engine.add = lambda r: added.append(r) or add(r)
+    examples = generate_responses(llm, prompts, tmp_path / "data", modes, 6, 32, seed=0, progress=False)
+    assert len(added) == 12 - saved  # only the missing responses
     assert len(examples) == 12 and all(2 <= len(e.response_ids) <= 6 for e in examples)
+    assert engine.stats.generated_tokens > 0 and engine.stats.prefill_forwards > 0
 
     fresh = generate_responses(LLM(str(chat_target), device="cpu", dtype="float32", max_num_seqs=8), prompts,
-                               tmp_path / "fresh", modes, 6, 32, batch_prompts=12, seed=0, progress=False)
+                               tmp_path / "fresh", modes, 6, 32, seed=0, progress=False)
     assert [e.response_ids for e in fresh] == [e.response_ids for e in examples]  # seeded: the crash changed nothing
     with pytest.raises(DataCacheError, match="other settings"):
-        generate_responses(llm, prompts, tmp_path / "data", modes, 7, 32, batch_prompts=4, seed=0, progress=False)
+        generate_responses(llm, prompts, tmp_path / "data", modes, 7, 32, seed=0, progress=False)
+
+
+def test_data_deadline_starts_nothing_new(chat_target, tmp_path):
+    llm = LLM(str(chat_target), device="cpu", dtype="float32", max_num_seqs=4)
+    prompts = [f"abc{c}" for c in "defghi"]
+    lines = []
+    examples = generate_responses(llm, prompts, tmp_path / "data", (GREEDY,), 6, 32, seed=0, progress=False,
+                                  deadline=time.monotonic() - 1, log=lines.append)
+    assert examples == [] and not llm.engine.has_work()
+    examples = generate_responses(llm, prompts, tmp_path / "data", (GREEDY,), 6, 32, seed=0, progress=False,
+                                  log=lines.append, log_every=0)
+    assert len(examples) == 6 and any("tokens/s" in line for line in lines)
 
 
 def test_prompt_files_and_split(tmp_path):

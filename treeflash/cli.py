@@ -220,10 +220,14 @@ def _add_train_parser(sub) -> None:
     t.add_argument("--sampled-temperature", type=float, default=0.2,
                    help="temperature of the sampled half of the data (default 0.2, SmolLM2's recommendation)")
     t.add_argument("--sampled-top-p", type=float, default=0.9, help="its top_p (default 0.9)")
+    t.add_argument("--extra-temperatures", default="",
+                   help="comma-separated temperatures of more sampled responses per prompt (top_p 1), e.g. 1.0 so "
+                        "the drafter also sees the target's full distribution (default none)")
     t.add_argument("--gen-batch-size", type=int, default=64, help="engine slots while generating data (default 64)")
     t.add_argument("--data-dir", default=None, help="response cache directory (default OUT/data)")
     t.add_argument("--data-minutes", type=float, default=None,
-                   help="start no new generation batch after this many minutes (a later run continues)")
+                   help="queue no new generation request after this many minutes (a later run continues); "
+                        "0: train on the responses already cached")
     t.add_argument("--num-layers", type=int, default=2, help="drafter layers (default 2)")
     t.add_argument("--block-size", type=int, default=16, help="block size (default 16)")
     t.add_argument("--target-layer-ids", default=None,
@@ -387,6 +391,13 @@ def summary_line(method: str, out, elapsed: float) -> str:
     return line
 
 
+def _floats(text: str, flag: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"{flag} must be comma-separated numbers, got {text!r}") from None
+
+
 def _train_drafter(args) -> int:
     from treeflash.train.config import TrainConfig, TrainDrafterOptions, default_gamma
     from treeflash.train.pipeline import train_drafter
@@ -402,7 +413,8 @@ def _train_drafter(args) -> int:
         out=args.out, target=args.target, prompts=args.prompts, num_prompts=args.num_prompts,
         num_eval_prompts=args.num_eval_prompts, max_prompt_tokens=args.max_prompt_tokens,
         max_new_tokens=args.max_new_tokens, sampled_temperature=args.sampled_temperature,
-        sampled_top_p=args.sampled_top_p, gen_batch_size=args.gen_batch_size, data_dir=args.data_dir,
+        sampled_top_p=args.sampled_top_p, extra_temperatures=_floats(args.extra_temperatures, "--extra-temperatures"),
+        gen_batch_size=args.gen_batch_size, data_dir=args.data_dir,
         data_minutes=args.data_minutes, num_layers=args.num_layers, block_size=args.block_size,
         target_layer_ids=ids, mask_token_id=args.mask_token_id, train=train, train_minutes=args.train_minutes,
         eval_every=args.eval_every, eval_budget=args.eval_budget, eval_max_new_tokens=args.eval_max_new_tokens,

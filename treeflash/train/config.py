@@ -42,9 +42,10 @@ class TrainDrafterOptions:
     max_new_tokens: int = 256
     sampled_temperature: float = 0.2  # the target's recommended sampling (SmolLM2's model card)
     sampled_top_p: float = 0.9
+    extra_temperatures: tuple[float, ...] = ()  # one more response per prompt at each (top_p 1)
     gen_batch_size: int = 64  # engine slots (max_num_seqs) while generating data
     data_dir: str | None = None
-    data_minutes: float | None = None  # stop starting new generation batches after this long
+    data_minutes: float | None = None  # start no new generation request after this long
     num_layers: int = 2
     block_size: int = 16
     target_layer_ids: tuple[int, ...] | None = None
@@ -65,3 +66,8 @@ class TrainDrafterOptions:
     progress: bool | None = None  # tqdm bars: None = only on a terminal
 
 
+
+    def __post_init__(self) -> None:
+        temps = self.extra_temperatures
+        if not all(t > 0 for t in temps) or len(set(temps)) != len(temps):
+            raise ValueError(f"extra temperatures must be distinct and positive (greedy data is always made), got {temps}")

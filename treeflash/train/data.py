@@ -2,12 +2,14 @@
 
 The drafter learns to predict what the target generates, so the data is the target's output, made
 with this project's batched engine, at temperature 0 and at the target's recommended sampling.
-Each sampling mode has one JSONL file in the cache directory; each generated batch is appended and
-flushed, so a crash loses at most the batch in flight and a restart generates only what is missing.
+Each sampling mode has one JSONL file in the cache directory; finished responses are appended and
+flushed in groups, so a crash loses at most the responses in flight and a restart generates only what
+is missing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -101,13 +103,17 @@ def chat_prompt_ids(llm, prompt: str, max_prompt_tokens: int) -> list[int]:
 
 
 def generate_responses(llm, prompts: list[str], cache_dir: str | Path, modes: tuple[SamplingMode, ...],
-                       max_new_tokens: int, max_prompt_tokens: int, batch_prompts: int, seed: int,
-                       deadline: float | None = None, progress: bool | None = None) -> list[Example]:
+                       max_new_tokens: int, max_prompt_tokens: int, seed: int, deadline: float | None = None,
+                       progress: bool | None = None, flush_every: int = 256, log=None,
+                       log_every: float = 30.0) -> list[Example]:
     """Generate (or read back) the target's response to every prompt in every mode; returns the examples.
 
-    Requests are sent `batch_prompts` at a time through `llm.generate` (the engine keeps its
-    `max_num_seqs` slots full). Past `deadline` (time.monotonic()) no new batch starts: the examples
-    generated so far are returned and a later call continues from there.
+    Requests stream through `llm`'s engine: its waiting queue is kept at twice its slots, so a slot
+    is refilled as soon as a response ends (no batch ends with its slots draining one by one), and
+    finished responses are appended to the cache `flush_every` at a time (a crash loses at most those
+    not yet written and the ones in flight). Past `deadline` (time.monotonic()) nothing new starts:
+    requests not yet admitted are dropped, the running ones finish, and a later call continues from
+    there. `log(message)`, if given, gets a throughput line every `log_every` seconds.
     """
     from tqdm import tqdm
 
@@ -115,33 +121,67 @@ def generate_responses(llm, prompts: list[str], cache_dir: str | Path, modes: tu
                                       "modes": [asdict(m) for m in modes], "seed": seed})
     keys = [prompt_key(p) for p in prompts]
     done = {m.name: cache.records(m.name) for m in modes}
-    # Both modes of a prompt go in the same batch (the engine mixes sampling settings per request),
-    # so a run cut short by the deadline still has both halves of the data.
-    todo = [(i, m) for i, k in enumerate(keys) for m in modes if k not in done[m.name]]
-    bar = tqdm(total=len(prompts) * len(modes), initial=len(prompts) * len(modes) - len(todo), desc="data",
-               unit="resp", disable=None if progress is None else not progress)
+    # A prompt's modes are queued together, so a run cut short by the deadline has every mode's share.
+    todo = iter([(i, m) for i, k in enumerate(keys) for m in modes if k not in done[m.name]])
+    total = len(prompts) * len(modes)
+    bar = tqdm(total=total, initial=sum(len(d) for d in done.values()), desc="data", unit="resp",
+               disable=None if progress is None else not progress)
+    engine = llm.engine
+    queue = 2 * llm.max_num_seqs
+    inflight: dict[int, tuple[int, SamplingMode, list[int]]] = {}  # request id -> (prompt index, mode, prompt ids)
+    ready: dict[str, list[dict]] = {m.name: [] for m in modes}
+    meter = _Throughput(engine.stats, log, log_every)
     skipped = 0
-    for start in range(0, len(todo), batch_prompts):
-        if deadline is not None and time.monotonic() > deadline:
-            break
-        batch = todo[start:start + batch_prompts]
-        ids = [chat_prompt_ids(llm, prompts[i], max_prompt_tokens) for i, _ in batch]
-        # A prompt the generator's context cannot hold with its response is skipped, not fatal: one odd
-        # prompt must not end a long run (the chat template's length is not known in advance).
-        fits = [len(p) + max_new_tokens <= llm.max_model_len for p in ids]
-        skipped += fits.count(False)
-        batch, ids = [b for b, ok in zip(batch, fits) if ok], [p for p, ok in zip(ids, fits) if ok]
-        # Token ids are all the data needs: no text (detokenize=False saves a decode per token).
-        params = [SamplingParams(temperature=m.temperature, top_p=m.top_p, top_k=m.top_k, max_tokens=max_new_tokens,
-                                 seed=_request_seed(seed, m.name, keys[i]), detokenize=False) for i, m in batch]
-        outs = llm.generate(prompt_token_ids=ids, sampling_params=params, use_tqdm=False) if batch else []
+
+    def flush() -> None:
         for mode in modes:
-            records = [{"key": keys[i], "prompt_ids": p, "response_ids": o.token_ids, "finish": o.finish_reason}
-                       for (i, m), p, o in zip(batch, ids, outs) if m == mode]
-            cache.append(mode.name, records)
-            done[mode.name].update((r["key"], r) for r in records)
-        bar.update(len(batch) + fits.count(False))
-    bar.close()
+            cache.append(mode.name, ready[mode.name])
+            done[mode.name].update((r["key"], r) for r in ready[mode.name])
+            ready[mode.name] = []
+
+    try:
+        while True:
+            if deadline is not None and time.monotonic() >= deadline:
+                todo = iter(())
+                for request in [r for r in engine.waiting if r.id in inflight]:  # not started: drop
+                    engine.abort(request.id)
+                    del inflight[request.id]
+            while len(engine.waiting) < queue and (item := next(todo, None)) is not None:
+                i, mode = item
+                ids = chat_prompt_ids(llm, prompts[i], max_prompt_tokens)
+                # A prompt the generator's context cannot hold with its response is skipped, not fatal: one
+                # odd prompt must not end a long run (the chat template's length is not known in advance).
+                if len(ids) + max_new_tokens > llm.max_model_len:
+                    skipped += 1
+                    bar.update(1)
+                    continue
+                # Token ids are all the data needs: no text (detokenize=False saves a decode per token).
+                params = SamplingParams(temperature=mode.temperature, top_p=mode.top_p, top_k=mode.top_k,
+                                        max_tokens=max_new_tokens, seed=_request_seed(seed, mode.name, keys[i]),
+                                        detokenize=False)
+                request = llm.new_requests([ids], [params])[0]
+                inflight[request.id] = (i, mode, ids)
+                engine.add(request)
+            if not inflight:
+                break
+            finished = 0
+            for update in engine.step():
+                request = update.request
+                if request.finished and request.id in inflight:
+                    i, mode, ids = inflight.pop(request.id)
+                    ready[mode.name].append({"key": keys[i], "prompt_ids": ids, "response_ids": request.output_ids,
+                                             "finish": request.finish_reason})
+                    finished += 1
+            bar.update(finished)
+            if sum(map(len, ready.values())) >= flush_every:
+                flush()
+            meter.tick(len(inflight))
+    finally:
+        flush()  # finished responses are complete: keep them whatever ended the loop
+        for request_id in inflight:  # an error or an interrupt must not leave requests holding slots
+            engine.abort(request_id)
+        bar.close()
+    meter.tick(0, final=True)
     if skipped:
         print(f"treeflash train-drafter: skipped {skipped} requests whose prompt + {max_new_tokens} new tokens "
               f"exceed the generator's context ({llm.max_model_len})")
@@ -152,3 +192,26 @@ def generate_responses(llm, prompts: list[str], cache_dir: str | Path, modes: tu
             if r is not None and len(r["response_ids"]) >= 2:  # an anchor needs a token after it
                 examples.append(Example(r["prompt_ids"], r["response_ids"]))
     return examples
+
+
+class _Throughput:
+    """Logs the generator's tokens/s and where its time went (engine.stats deltas) every `every` seconds."""
+
+    def __init__(self, stats, log, every: float):
+        self.stats, self.log, self.every = stats, log, every
+        self.start = self.last = time.monotonic()
+        self.first = self.mark = dataclasses.replace(stats)
+
+    def tick(self, inflight: int, final: bool = False) -> None:
+        now = time.monotonic()
+        if self.log is None or (not final and now - self.last < self.every):
+            return
+        a, b = (self.first, self.stats) if final else (self.mark, self.stats)
+        seconds = max(1e-9, now - (self.start if final else self.last))
+        rounds = max(1, b.rounds - a.rounds)
+        self.log(f"data{' (all)' if final else ''}: {(b.generated_tokens - a.generated_tokens) / seconds:,.0f} tokens/s, "
+                 f"{rounds / seconds:.1f} rounds/s ({1e3 * (b.round_seconds - a.round_seconds) / rounds:.1f} ms each), "
+                 f"prefill {b.prefill_seconds - a.prefill_seconds:.1f} s of {seconds:.1f} s "
+                 f"({b.prefill_forwards - a.prefill_forwards} forwards, {b.prefill_tokens - a.prefill_tokens:,} tokens), "
+                 f"{inflight} requests in flight")
+        self.last, self.mark = now, dataclasses.replace(self.stats)

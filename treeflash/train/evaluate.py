@@ -23,7 +23,10 @@ class AcceptanceProbe:
         if not prompt_ids:
             raise ValueError("evaluation needs at least one held-out prompt")
         self.prompt_ids, self.max_new_tokens, self.budget = prompt_ids, max_new_tokens, budget
-        common = dict(device=device, dtype=dtype, draft_model=str(drafter_dir), max_num_seqs=max_num_seqs)
+        # Every prompt is admitted in the first steps and all run to the end together: one graph size, and
+        # prompts prefilled in a few batched forwards rather than one chunk per step.
+        common = dict(device=device, dtype=dtype, draft_model=str(drafter_dir), max_num_seqs=max_num_seqs,
+                      cuda_graph_sizes=[max_num_seqs], prefill_tokens_per_step=32768)
         self.llms = {"dflash": LLM(model, spec="dflash", **common),
                      "ddtree": LLM(model, spec="ddtree", tree_budget=budget, **common)}
 

@@ -3,7 +3,7 @@
 Output directory layout (re-running the same command resumes every stage):
   data/        the generated responses (`data.py`), unless --data-dir puts them elsewhere
   checkpoint/  resumable training state (`loop.py`), unless --checkpoint-dir puts it elsewhere
-  drafter/     the drafter in the z-lab format (updated at every evaluation, final at the end)
+  drafter/     the drafter in the z-lab format (updated at every evaluation and checkpoint, final at the end)
   history.json training and evaluation records; loss.png, acceptance.png their plots
 """
 
@@ -106,19 +106,20 @@ def train_drafter(opts: TrainDrafterOptions) -> dict:
     prompts = load_prompts(opts.prompts)
     train_prompts, eval_prompts = split_prompts(prompts, opts.num_eval_prompts, opts.train.seed)
     train_prompts = train_prompts[:opts.num_prompts]
-    modes = (GREEDY, SamplingMode("sampled", opts.sampled_temperature, opts.sampled_top_p))
+    modes = (GREEDY, SamplingMode("sampled", opts.sampled_temperature, opts.sampled_top_p),
+             *(SamplingMode(f"t{t:g}", t) for t in opts.extra_temperatures))
     # The context holds a cut prompt, its chat template and the response: caches sized for that, not for
     # the model's whole context (thousands of slots x 8k rows would not fit); no stage timing (it syncs).
     limit = ModelConfig.from_dir(model_dir).max_position_embeddings
     gen = LLM(str(model_dir), device=device, dtype=dtype, max_num_seqs=opts.gen_batch_size, spec="none",
               max_model_len=min(limit, opts.max_prompt_tokens + CHAT_TEMPLATE_ROOM + opts.max_new_tokens),
               time_stages=False, prefill_tokens_per_step=GEN_PREFILL_TOKENS,
-              admit_batch=max(1, opts.gen_batch_size // GEN_ADMIT_FRACTION))
-    deadline = time.monotonic() + 60 * opts.data_minutes if opts.data_minutes else None
+              admit_batch=max(1, opts.gen_batch_size // GEN_ADMIT_FRACTION),
+              cuda_graph_sizes=[opts.gen_batch_size])  # its slots stay full: one graph, not one per power of 2
+    deadline = None if opts.data_minutes is None else time.monotonic() + 60 * opts.data_minutes
     started = time.monotonic()
     examples = generate_responses(gen, train_prompts, opts.data_dir or out / "data", modes, opts.max_new_tokens,
-                                  opts.max_prompt_tokens, opts.gen_batch_size * 4, opts.train.seed, deadline,
-                                  opts.progress)
+                                  opts.max_prompt_tokens, opts.train.seed, deadline, opts.progress, log=log)
     eval_ids = [chat_prompt_ids(gen, p, opts.max_prompt_tokens) for p in eval_prompts]
     del gen
     _release_cached_memory(device)
@@ -195,6 +196,7 @@ def train_drafter(opts: TrainDrafterOptions) -> dict:
             export()
         if step % opts.checkpoint_every == 0 or step == trainer.total_steps:
             trainer.save_checkpoint(checkpoints, {"history": history})
+            export()  # (cheap) so an interrupted run leaves the checkpoint's drafter ready to use
     bar.close()
     train_seconds = time.monotonic() - train_start  # evaluations included
 
