@@ -184,8 +184,8 @@ class Engine:
         replay (every bucket up to the one holding max_batch), so no capture lands inside a timed run.
         Only on an idle engine (the free slots borrow `params` for the flags, then are idle again).
         Returns the number of graphs captured; 0 where graphs are off (the CPU)."""
-        if not self.runner.enabled:
-            return 0
+        if not self.runner.enabled or self.budget is not None:
+            return 0  # (tree_budget="auto" captures each budget as its chooser first measures it)
         if any(r is not None for r in self.slots):
             raise RuntimeError("capture_graphs needs an idle engine")
         top = self.runner.bucket(min(max_batch, len(self.slots)))
