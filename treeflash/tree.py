@@ -102,12 +102,20 @@ def build_tree(bonus: torch.Tensor, logprobs: torch.Tensor, budget: int, branchi
     )
 
 
+def _doubling_passes(depth: int) -> int:
+    return max(0, depth).bit_length()  # the least m with 2^m > depth
+
+
 def ancestor_mask(tree: DraftTree) -> torch.Tensor:
     """[S, N, N] bool: node i sees node j iff j is i or an ancestor of i (the verify mask)."""
     slots, n = tree.parents.shape
     seen = torch.eye(n, dtype=torch.bool, device=tree.parents.device).expand(slots, n, n)
-    for _ in range(tree.max_depth):  # each pass adds one more generation of ancestors
-        seen = seen | seen.gather(1, tree.parents[:, :, None].expand(slots, n, n))
+    # Pointer doubling: after pass m, `seen` holds the ancestors closer than 2^m and `up` is each node's
+    # 2^m-th ancestor (the root is its own parent), so ceil(log2(D + 1)) passes cover depth D.
+    up = tree.parents
+    for _ in range(_doubling_passes(tree.max_depth)):
+        seen = seen | seen.gather(1, up[:, :, None].expand(slots, n, n))
+        up = up.gather(1, up)
     return seen
 
 
@@ -131,8 +139,10 @@ def walk(tree: DraftTree, derived: torch.Tensor) -> Walk:
     matches = tree.valid & (tree.tokens == derived.gather(1, tree.parents))
     accepted = matches.clone()
     accepted[:, 0] = True
-    for _ in range(tree.max_depth):
-        accepted = accepted & accepted.gather(1, tree.parents)
+    up = tree.parents  # a node is accepted iff it and every ancestor match: pointer doubling, as above
+    for _ in range(_doubling_passes(tree.max_depth)):
+        accepted = accepted & accepted.gather(1, up)
+        up = up.gather(1, up)
     depth_ids = torch.arange(tree.max_depth + 1, device=derived.device)
     on_path = accepted[:, None, :] & (tree.depths[:, None, :] == depth_ids[None, :, None])  # [S, D+1, N]
     path = on_path.int().argmax(-1)
