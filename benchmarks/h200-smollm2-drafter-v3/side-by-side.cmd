@@ -1,0 +1,1 @@
+python3 -m treeflash.cli bench --model /root/smollm2.gguf --draft-model /root/run/drafter --max-tokens 128 --no-plots --dataset humaneval --num-prompts 4 --methods none,dflash,ddtree:64 --baselines hf,dflash-ref,ddtree-ref --ddtree-ref .stage/ddtree-ref --ref-budget 64 --out side-by-side.json
