@@ -207,6 +207,8 @@ class _Throughput:
         if self.log is None or (not final and now - self.last < self.every):
             return
         a, b = (self.first, self.stats) if final else (self.mark, self.stats)
+        if b.steps == a.steps:
+            return  # nothing generated (everything was cached)
         seconds = max(1e-9, now - (self.start if final else self.last))
         rounds = max(1, b.rounds - a.rounds)
         self.log(f"data{' (all)' if final else ''}: {(b.generated_tokens - a.generated_tokens) / seconds:,.0f} tokens/s, "
