@@ -132,6 +132,13 @@ def generate_responses(llm, prompts: list[str], cache_dir: str | Path, modes: tu
     ready: dict[str, list[dict]] = {m.name: [] for m in modes}
     meter = _Throughput(engine.stats, log, log_every)
     skipped = 0
+    prompt_ids: dict[int, list[int]] = {}  # a prompt's modes are queued together: template it once
+
+    def ids_of(i: int) -> list[int]:
+        if i not in prompt_ids:
+            prompt_ids.clear()
+            prompt_ids[i] = chat_prompt_ids(llm, prompts[i], max_prompt_tokens)
+        return prompt_ids[i]
 
     def flush() -> None:
         for mode in modes:
@@ -148,7 +155,7 @@ def generate_responses(llm, prompts: list[str], cache_dir: str | Path, modes: tu
                     del inflight[request.id]
             while len(engine.waiting) < queue and (item := next(todo, None)) is not None:
                 i, mode = item
-                ids = chat_prompt_ids(llm, prompts[i], max_prompt_tokens)
+                ids = ids_of(i)
                 # A prompt the generator's context cannot hold with its response is skipped, not fatal: one
                 # odd prompt must not end a long run (the chat template's length is not known in advance).
                 if len(ids) + max_new_tokens > llm.max_model_len:
