@@ -120,8 +120,8 @@ class EngineConfig:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         sizes = self.cuda_graph_sizes
-        if sizes is not None and (not isinstance(sizes, tuple) or not sizes or not all(isinstance(n, int) and not isinstance(n, bool)
-                                                       and 1 <= n <= self.max_num_seqs for n in sizes)):
+        if sizes is not None and not (isinstance(sizes, tuple) and sizes and all(
+                isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= self.max_num_seqs for n in sizes)):
             raise ValueError(f"cuda_graph_sizes must be batch sizes in [1, max_num_seqs={self.max_num_seqs}], "
                              f"got {sizes!r}")
 

@@ -218,9 +218,10 @@ class _Throughput:
             return  # nothing generated (everything was cached)
         seconds = max(1e-9, now - (self.start if final else self.last))
         rounds = max(1, b.rounds - a.rounds)
-        self.log(f"data{' (all)' if final else ''}: {(b.generated_tokens - a.generated_tokens) / seconds:,.0f} tokens/s, "
-                 f"{rounds / seconds:.1f} rounds/s ({1e3 * (b.round_seconds - a.round_seconds) / rounds:.1f} ms each), "
-                 f"prefill {b.prefill_seconds - a.prefill_seconds:.1f} s of {seconds:.1f} s "
-                 f"({b.prefill_forwards - a.prefill_forwards} forwards, {b.prefill_tokens - a.prefill_tokens:,} tokens), "
-                 f"{inflight} requests in flight")
+        tokens_per_s = (b.generated_tokens - a.generated_tokens) / seconds
+        round_ms = 1e3 * (b.round_seconds - a.round_seconds) / rounds
+        self.log(f"data{' (all)' if final else ''}: {tokens_per_s:,.0f} tokens/s, {rounds / seconds:.1f} rounds/s "
+                 f"({round_ms:.1f} ms each), prefill {b.prefill_seconds - a.prefill_seconds:.1f} s of {seconds:.1f} s "
+                 f"({b.prefill_forwards - a.prefill_forwards} forwards, {b.prefill_tokens - a.prefill_tokens:,} "
+                 f"tokens), {inflight} requests in flight")
         self.last, self.mark = now, dataclasses.replace(self.stats)
