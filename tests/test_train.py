@@ -14,7 +14,7 @@ import torch
 from treeflash.checkpoint import load_target
 from treeflash.llm import LLM
 from treeflash.checkpoint import load_drafter
-from treeflash.models.dflash import DFlashDrafter, DrafterConfig, save_drafter
+from treeflash.models.dflash import DFlashDrafter, DraftVocab, DrafterConfig, save_drafter
 from treeflash.round import SpecConfig, Speculator
 from treeflash.sampling import SamplingParams, SamplingTensors
 from treeflash.train.config import TrainConfig
@@ -288,14 +288,16 @@ def test_cli_trains_end_to_end_and_resumes(chat_target, tmp_path, capsys):
             "--max-new-tokens", "12", "--num-layers", "1", "--block-size", "4", "--target-layer-ids", "1,3",
             "--mask-token-id", "5", "--steps", "12", "--batch-size", "4", "--blocks-per-seq", "3",
             "--eval-every", "6", "--checkpoint-every", "4", "--eval-max-new-tokens", "8", "--eval-budget", "6",
-            "--device", "cpu", "--gen-batch-size", "8"]
+            "--device", "cpu", "--gen-batch-size", "8", "--draft-vocab-size", "20", "--extra-temperatures", "1.0"]
     assert main(argv) == 0
     final = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(final) == {"step", "dflash@T0", "dflash@T1", "ddtree@T0", "ddtree@T1"} and final["step"] == 12
     out = tmp_path / "out"
     assert (out / "loss.png").stat().st_size > 0 and (out / "acceptance.png").stat().st_size > 0
     history = json.loads((out / "history.json").read_text())
-    assert [e["step"] for e in history["history"]["eval"]] == [0, 6, 12] and 16 < history["examples"] <= 32
+    assert [e["step"] for e in history["history"]["eval"]] == [0, 6, 12] and 32 < history["examples"] <= 48
+    vocab = DraftVocab.load(out / "drafter")
+    assert len(vocab.token_ids) == 20 and "draft vocabulary: the 20 most frequent" in (out / "train.log").read_text()
     cfg = json.loads((out / "drafter" / "config.json").read_text())
     assert cfg["dflash_config"] == {"mask_token_id": 5, "target_layer_ids": [1, 3]} and cfg["block_size"] == 4
     llm = LLM(str(chat_target), device="cpu", dtype="float32", draft_model=str(out / "drafter"), spec="ddtree")
@@ -315,6 +317,10 @@ def test_cli_refuses_bad_options(chat_target, tmp_path, capsys):
     assert main(["train-drafter", "--out", str(tmp_path), "--target", str(chat_target), "--target-layer-ids", "1,x"]) == 1
     assert "--target-layer-ids" in capsys.readouterr().err
     assert main(["train-drafter", "--out", str(tmp_path), "--target", str(chat_target), "--steps", "0"]) == 1
+    assert main(["train-drafter", "--out", str(tmp_path), "--target", str(chat_target), "--extra-temperatures", "x"]) == 1
+    assert "--extra-temperatures" in capsys.readouterr().err
+    assert main(["train-drafter", "--out", str(tmp_path), "--target", str(chat_target), "--extra-temperatures", "0"]) == 1
+    assert main(["train-drafter", "--out", str(tmp_path), "--target", str(chat_target), "--draft-vocab-size", "-1"]) == 1
     assert main(["train-drafter", "--out", str(tmp_path), "--target", str(chat_target),
                  "--prompts", str(tmp_path / "missing.jsonl")]) == 1
     assert "no such prompts file" in capsys.readouterr().err

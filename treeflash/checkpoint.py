@@ -108,7 +108,7 @@ def load_target(model_dir: Path, device: torch.device | str, dtype: torch.dtype,
 
 def load_drafter(path: str | Path, device: torch.device | str, dtype: torch.dtype):
     """Build a DFlash drafter from a z-lab format directory. Returns DFlashDrafter."""
-    from treeflash.models.dflash import DFlashDrafter, DrafterConfig
+    from treeflash.models.dflash import DFlashDrafter, DraftVocab, DrafterConfig
 
     path = Path(path).expanduser()
     if not path.is_dir():
@@ -118,6 +118,7 @@ def load_drafter(path: str | Path, device: torch.device | str, dtype: torch.dtyp
         drafter = DFlashDrafter(cfg)
     load_weights(drafter, read_safetensors(path), path, dtype, device)
     drafter.rotary.to(device)
+    drafter.draft_vocab = DraftVocab.load(path)
     return drafter.eval()
 
 

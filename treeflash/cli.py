@@ -224,6 +224,9 @@ def _add_train_parser(sub) -> None:
     t.add_argument("--extra-temperatures", default="",
                    help="comma-separated temperatures of more sampled responses per prompt (top_p 1), e.g. 1.0 so "
                         "the drafter also sees the target's full distribution (default none)")
+    t.add_argument("--draft-vocab-size", type=int, default=0,
+                   help="ship the N most frequent response tokens as the drafter's draft vocabulary "
+                        "(draft_vocab.json: its lm_head then covers those only; output unchanged); default 0: none")
     t.add_argument("--gen-batch-size", type=int, default=64, help="engine slots while generating data (default 64)")
     t.add_argument("--data-dir", default=None, help="response cache directory (default OUT/data)")
     t.add_argument("--data-minutes", type=float, default=None,
@@ -415,7 +418,7 @@ def _train_drafter(args) -> int:
         num_eval_prompts=args.num_eval_prompts, max_prompt_tokens=args.max_prompt_tokens,
         max_new_tokens=args.max_new_tokens, sampled_temperature=args.sampled_temperature,
         sampled_top_p=args.sampled_top_p, extra_temperatures=_floats(args.extra_temperatures, "--extra-temperatures"),
-        gen_batch_size=args.gen_batch_size, data_dir=args.data_dir,
+        draft_vocab_size=args.draft_vocab_size, gen_batch_size=args.gen_batch_size, data_dir=args.data_dir,
         data_minutes=args.data_minutes, num_layers=args.num_layers, block_size=args.block_size,
         target_layer_ids=ids, mask_token_id=args.mask_token_id, train=train, train_minutes=args.train_minutes,
         eval_every=args.eval_every, eval_budget=args.eval_budget, eval_max_new_tokens=args.eval_max_new_tokens,

@@ -113,6 +113,9 @@ class EngineConfig:
     # hundreds of slots and requests ending a few per step, 1 pays that on almost every step. A larger
     # value admits in batches (throughput: data generation), leaving up to this many slots idle a while.
     admit_batch: int = 1
+    # Use the drafter's draft vocabulary (draft_vocab.json beside its weights) when it ships one: its lm_head
+    # then covers those tokens only. Output is the same either way; only what the drafter can propose changes.
+    draft_vocab: bool = True
 
     def __post_init__(self) -> None:
         for name in ("prefill_chunk", "prefill_tokens_per_step", "admit_batch"):
@@ -142,7 +145,7 @@ class Engine:
                                      capacity=min(config.min_capacity, self.max_capacity),
                                      time_stages=config.time_stages, attention=config.attention,
                                      flex_decode_tokens=config.flex_decode_tokens,
-                                     compile_kernels=config.compile_kernels)
+                                     compile_kernels=config.compile_kernels, draft_vocab=config.draft_vocab)
         sizes = tuple(sorted(set(config.cuda_graph_sizes))) if config.cuda_graph_sizes else None
         self.runner = GraphRunner(self.speculator, enabled=config.cuda_graphs, time_stages=config.time_stages,
                                   buckets=sizes)

@@ -168,6 +168,10 @@ class LLM:
     with gloo); the LLM starts the worker processes itself and `close()` stops them (see treeflash/parallel/).
     cuda_graphs: replay rounds as CUDA graphs (default True on CUDA; ignored on the CPU). Graphs are
     captured at first use of each (batch bucket, method/budget, sampling flags), with a line on stderr.
+    draft_vocab: when the drafter's directory ships a draft vocabulary (draft_vocab.json, e.g. the
+    shipped drafter's 16,384 most frequent response tokens), its lm_head runs over those tokens only
+    (default True; the output is the same either way, only the drafting cost and what it can propose
+    change; see models/dflash.py: DraftVocab).
     cuda_graph_sizes: the batch buckets captured (default: powers of two up to max_num_seqs); a round
     over n running slots replays the smallest >= n. A capture costs seconds, so a job whose slots stay
     full (data generation, evaluation) may capture just [max_num_seqs].
@@ -194,7 +198,7 @@ class LLM:
                  cuda_graphs: bool | None = None, attention: str | None = None, budget_profile: str | None = None,
                  tensor_parallel_size: int = 1, prefill_tokens_per_step: int | None = None,
                  compile_kernels: bool = True, admit_batch: int = 1,
-                 cuda_graph_sizes: Sequence[int] | None = None):
+                 cuda_graph_sizes: Sequence[int] | None = None, draft_vocab: bool = True):
         draft_model = default_draft_model(model, draft_model, spec)
         self.parallel = None  # the tensor-parallel group (workers), when tensor_parallel_size > 1
         self.spec = SpecConfig(method=spec or ("ddtree" if draft_model else "none"), tree_budget=tree_budget)
@@ -229,7 +233,7 @@ class LLM:
             time_stages=self.device.type == "cpu" if time_stages is None else time_stages,
             record_trees=record_trees, cuda_graphs=True if cuda_graphs is None else bool(cuda_graphs),
             attention=attention, budget_profile=budget_profile, prefill_tokens_per_step=prefill_tokens_per_step,
-            admit_batch=admit_batch, cuda_graph_sizes=_sizes(cuda_graph_sizes),
+            admit_batch=admit_batch, cuda_graph_sizes=_sizes(cuda_graph_sizes), draft_vocab=bool(draft_vocab),
             compile_kernels=bool(compile_kernels),
             # On CUDA every cache growth recaptures the graphs and recompiles attention kernels (seconds):
             # start with room for typical requests there; on the CPU grow from small, as memory is dearer.

@@ -136,7 +136,8 @@ class Speculator:
 
     def __init__(self, target: Transformer, drafter: DFlashDrafter | None, spec: SpecConfig,
                  slots: int, capacity: int, time_stages: bool = True, attention: str | None = None,
-                 flex_decode_tokens: int = FLEX_DECODE_TOKENS, compile_kernels: bool = True):
+                 flex_decode_tokens: int = FLEX_DECODE_TOKENS, compile_kernels: bool = True,
+                 draft_vocab: bool = True):
         if spec.method != "none" and drafter is None:
             raise ValueError(f"spec={spec.method!r} needs a draft model")
         self.target, self.drafter, self.spec = target, drafter if spec.method != "none" else None, spec
@@ -153,6 +154,14 @@ class Speculator:
         self.cache = target.new_cache(slots, self.capacity)
         self.draft_cache = self.drafter.new_cache(slots, self.capacity) if self.drafter else None
         self.capture = self.drafter.config.target_layer_ids if self.drafter else ()
+        # A draft vocabulary (DraftVocab): the drafter ranks only these tokens, through a copy of their lm_head
+        # rows made once here; trees hold their positions in it until `build` maps them back to token ids.
+        vocab = self.drafter.draft_vocab if self.drafter is not None and draft_vocab else None
+        self.draft_tokens = self.draft_head = None
+        if vocab is not None:
+            vocab.check_target(target.config.vocab_size)
+            self.draft_tokens = torch.tensor(vocab.token_ids, dtype=torch.long, device=self.device)
+            self.draft_head = target.output_weight.detach().index_select(0, self.draft_tokens)
         zeros = lambda dtype: torch.zeros(slots, dtype=dtype, device=self.device)  # noqa: E731
         self.state = SlotState(zeros(torch.long), zeros(torch.long), zeros(torch.bool))
         self.time_stages = time_stages
@@ -373,7 +382,8 @@ class Speculator:
         if self.drafter is None:
             return None
         cache = _prefix(self.draft_cache, state.bonus.shape[0])
-        logits = self.drafter.draft(self.target, state.bonus, state.seq_lens, cache, self.layout, depths)
+        logits = self.drafter.draft(self.target, state.bonus, state.seq_lens, cache, self.layout, depths,
+                                    self.draft_head)
         # Rank drafts by the drafter's guess of each request's *tempered* distribution. All-greedy
         # batches (host-known, part of a graph's key) have temperature 1.0 on every row: x / 1.0 is x.
         if not sampling.all_greedy:
@@ -384,8 +394,14 @@ class Speculator:
         if logprobs is None:
             return root_only(bonus)
         if self.spec.method == "dflash":
-            return build_tree(bonus, logprobs, budget=logprobs.shape[1], branching=1)
-        return build_tree(bonus, logprobs, budget=self.budget(budget))
+            tree = build_tree(bonus, logprobs, budget=logprobs.shape[1], branching=1)
+        else:
+            tree = build_tree(bonus, logprobs, budget=self.budget(budget))
+        if self.draft_tokens is None:
+            return tree
+        # Drafted nodes hold positions in the draft vocabulary; the root is the bonus token itself.
+        drafted = self.draft_tokens[tree.tokens[:, 1:]]
+        return dataclasses.replace(tree, tokens=torch.cat([tree.tokens[:, :1], drafted], dim=1))
 
     def verify(self, tree: DraftTree, positions: torch.Tensor, state: SlotState, cache: KVCache):
         """One target forward over root + nodes at their depth positions, ancestor-only mask.

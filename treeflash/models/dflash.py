@@ -157,6 +157,7 @@ class DFlashDrafter(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.num_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.rotary = Rotary(c.rope, c.head_dim)
+        self.draft_vocab: DraftVocab | None = None  # from the directory's draft_vocab.json (load_drafter)
 
     def new_cache(self, slots: int, capacity: int) -> KVCache:
         c, p = self.config.layers, self.fc.weight
@@ -210,20 +211,22 @@ class DFlashDrafter(nn.Module):
         return self.norm(x)
 
     def draft(self, target: Transformer, bonus: torch.Tensor, seq_lens: torch.Tensor, cache: KVCache,
-              layout, depths: int | None = None) -> torch.Tensor:
+              layout, depths: int | None = None, head: torch.Tensor | None = None) -> torch.Tensor:
         """One pass over [bonus, MASK...] after every slot's cached context -> logits [S, depths, V].
 
         bonus, seq_lens: [S]; layout(seq_lens, new_mask) -> (cache rows, attention mask) of the block
         (`Speculator.layout`: capacity-wide, so the shapes never depend on the contexts' lengths).
         depths: logits for depths 1..depths only (default: the whole block, block_size - 1); the block
         is still run whole (its positions attend to each other), only the lm_head is spared.
+        head: the lm_head rows of a draft vocabulary ([N, H], `DraftVocab`): logits [S, depths, N] over
+        those tokens only (default: the target's whole lm_head).
         """
         size = self.config.block_size
         offsets = torch.arange(size, device=bonus.device)
         bidirectional = torch.ones(bonus.shape[0], size, size, dtype=torch.bool, device=bonus.device)
         rows, mask = layout(seq_lens, bidirectional)
         hidden = self(self.embed_block(target, bonus), seq_lens[:, None] + offsets, cache, rows, mask)
-        return self.logits(hidden[:, 1:1 + (depths or size - 1)], target.output_weight)
+        return self.logits(hidden[:, 1:1 + (depths or size - 1)], target.output_weight if head is None else head)
 
     def logits(self, hidden: torch.Tensor, output_weight: torch.Tensor) -> torch.Tensor:
         """The target's lm_head over drafter hidden states [..., H] -> float32 logits [..., V]."""
@@ -232,6 +235,56 @@ class DFlashDrafter(nn.Module):
             logits = logits * self.config.output_multiplier
         cap = self.config.final_logit_softcapping
         return torch.tanh(logits / cap) * cap if cap else logits
+
+
+DRAFT_VOCAB_FILE = "draft_vocab.json"
+
+
+@dataclass(frozen=True)
+class DraftVocab:
+    """The tokens a drafter may propose, when its directory ships `draft_vocab.json`.
+
+    The drafter's lm_head then runs over these rows of the target's lm_head only (on a CPU the full
+    head is most of a draft's cost: a vocabulary-wide weight read per round), and its distribution
+    is renormalised over them. Verification is untouched, so output stays exactly the target's; a
+    token outside the set can only be emitted by the target itself (as the round's bonus token),
+    never drafted. The file: {"token_ids": [...], "note": "..."}, ids distinct, in the target's vocabulary.
+    """
+
+    token_ids: tuple[int, ...]
+
+    @staticmethod
+    def load(directory: str | Path) -> "DraftVocab | None":
+        path = Path(directory) / DRAFT_VOCAB_FILE
+        if not path.is_file():
+            return None
+        try:
+            ids = json.loads(path.read_text())["token_ids"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"{path}: malformed draft vocabulary ({e!r}); expected {{\"token_ids\": [...]}}") from None
+        if (not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                                             for i in ids) or len(set(ids)) != len(ids)):
+            raise ValueError(f"{path}: token_ids must be a non-empty list of distinct non-negative integers")
+        return DraftVocab(tuple(ids))
+
+    def save(self, directory: str | Path, note: str = "") -> Path:
+        path = Path(directory) / DRAFT_VOCAB_FILE
+        path.write_text(json.dumps({"note": note, "token_ids": list(self.token_ids)}))
+        return path
+
+    def check_target(self, vocab_size: int) -> None:
+        if max(self.token_ids) >= vocab_size:
+            raise ValueError(f"the draft vocabulary has token id {max(self.token_ids)}, outside the target's "
+                             f"vocabulary [0, {vocab_size})")
+
+    @staticmethod
+    def most_frequent(sequences, size: int) -> "DraftVocab":
+        """The `size` most frequent tokens of `sequences` (ties: lower id first), in id order."""
+        from collections import Counter
+
+        counts = Counter(t for seq in sequences for t in seq)
+        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:size]
+        return DraftVocab(tuple(sorted(t for t, _ in ranked)))
 
 
 def save_drafter(drafter: DFlashDrafter, path: str | Path, dtype: torch.dtype | None = None,

@@ -61,6 +61,7 @@ class TrainDrafterOptions:
     checkpoint_dir: str | None = None
     log_every: int = 20
     device: str | None = None
+    draft_vocab_size: int = 0  # > 0: ship the N most frequent response tokens as the draft vocabulary
     save_dtype: str = "bfloat16"
     max_shard_mb: float = 15.0
     progress: bool | None = None  # tqdm bars: None = only on a terminal
@@ -68,6 +69,8 @@ class TrainDrafterOptions:
 
 
     def __post_init__(self) -> None:
+        if self.draft_vocab_size < 0:
+            raise ValueError(f"draft_vocab_size must be >= 0 (0: none), got {self.draft_vocab_size}")
         temps = self.extra_temperatures
         if not all(t > 0 for t in temps) or len(set(temps)) != len(temps):
             raise ValueError(f"extra temperatures must be distinct and positive (greedy data is always made), got {temps}")

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from treeflash.config import ModelConfig, RopeConfig
-from treeflash.models.dflash import DFlashDrafter, DrafterConfig, default_target_layer_ids, save_drafter
+from treeflash.models.dflash import DFlashDrafter, DraftVocab, DrafterConfig, default_target_layer_ids, save_drafter
 from treeflash.models.transformer import Transformer
 from treeflash.train.config import TrainDrafterOptions
 from treeflash.train.data import GREEDY, SamplingMode, chat_prompt_ids, generate_responses
@@ -127,6 +127,13 @@ def train_drafter(opts: TrainDrafterOptions) -> dict:
     log(f"data: {len(examples)} responses ({tokens} tokens) from {len(train_prompts)} prompts x {len(modes)} modes, "
         f"{time.monotonic() - started:.0f} s; {len(eval_ids)} held-out prompts")
 
+    vocab = None
+    if opts.draft_vocab_size:
+        vocab = DraftVocab.most_frequent((e.response_ids for e in examples), opts.draft_vocab_size)
+        kept = set(vocab.token_ids)
+        covered = sum(t in kept for e in examples for t in e.response_ids) / max(1, tokens)
+        log(f"draft vocabulary: the {len(kept)} most frequent response tokens cover {100 * covered:.2f}% of them")
+
     # --- models -------------------------------------------------------------------------------------
     target, target_cfg = load_target(model_dir, device, dtype)
     cfg = drafter_config(target_cfg, opts)
@@ -143,7 +150,10 @@ def train_drafter(opts: TrainDrafterOptions) -> dict:
         log(f"resumed at step {trainer.step} of {trainer.total_steps}")
 
     def export() -> Path:
-        return save_drafter(drafter, out / "drafter", save_dtype, int(opts.max_shard_mb * 2**20))
+        path = save_drafter(drafter, out / "drafter", save_dtype, int(opts.max_shard_mb * 2**20))
+        if vocab is not None:
+            vocab.save(path, note=f"the {len(vocab.token_ids)} most frequent tokens of the training responses")
+        return path
 
     export()
     probe = AcceptanceProbe(str(model_dir), out / "drafter", eval_ids, device=device, dtype=dtype,
