@@ -378,7 +378,8 @@ class Speculator:
         return nodes if nodes < self.drafter.config.depth else None
 
     def draft(self, state: SlotState, sampling: SamplingTensors, depths: int | None = None) -> torch.Tensor | None:
-        """Draft log-probs [S, depths or block_size - 1, V] from one drafter pass (None without a drafter)."""
+        """Draft log-probs [S, depths or block_size - 1, V] from one drafter pass (None without a drafter);
+        with a draft vocabulary, over its N tokens ([..., N]: `build` maps positions back to token ids)."""
         if self.drafter is None:
             return None
         cache = _prefix(self.draft_cache, state.bonus.shape[0])
