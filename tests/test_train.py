@@ -310,6 +310,18 @@ def test_cli_trains_end_to_end_and_resumes(chat_target, tmp_path, capsys):
     assert "resumed at step 12 of 12" in (out / "train.log").read_text()
     assert sum(1 for _ in open(out / "data" / "greedy.jsonl")) == 16
 
+    # Training further from that drafter: a new run starts from its weights (on the cached data).
+    more = tmp_path / "more"
+    again = [a if a != str(out) else str(more) for a in argv]
+    again[again.index("--steps") + 1] = "1"
+    flags = ["--data-dir", str(out / "data"), "--data-minutes", "0", "--eval-every", "100"]
+    assert main(again + flags + ["--init-from", str(out / "drafter")]) == 0
+    assert f"initialised from the drafter in {out / 'drafter'}" in (more / "train.log").read_text()
+    capsys.readouterr()
+    wrong = [a if a != "4" or i != again.index("--block-size") + 1 else "3" for i, a in enumerate(again)]
+    assert main(wrong + flags + ["--out", str(tmp_path / "wrong"), "--init-from", str(out / "drafter")]) == 1
+    assert "does not match these options" in capsys.readouterr().err
+
 
 def test_cli_refuses_bad_options(chat_target, tmp_path, capsys):
     from treeflash.cli import main

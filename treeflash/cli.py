@@ -239,6 +239,9 @@ def _add_train_parser(sub) -> None:
                         "(default: one per drafter layer, spread over [1, N-3])")
     t.add_argument("--mask-token-id", type=int, default=None,
                    help="token id of the MASK positions (default: the last vocabulary id; any embedding row works)")
+    t.add_argument("--init-from", default=None, metavar="DRAFTER_DIR",
+                   help="start from this drafter's weights (same shape as these options give) instead of random "
+                        "ones, e.g. to train a shipped drafter further on more data")
     t.add_argument("--steps", type=int, default=d.steps, help=f"optimiser steps (default {d.steps})")
     t.add_argument("--batch-size", type=int, default=d.batch_size, help=f"sequences per step (default {d.batch_size})")
     t.add_argument("--blocks-per-seq", type=int, default=d.blocks_per_seq,
@@ -420,7 +423,8 @@ def _train_drafter(args) -> int:
         sampled_top_p=args.sampled_top_p, extra_temperatures=_floats(args.extra_temperatures, "--extra-temperatures"),
         draft_vocab_size=args.draft_vocab_size, gen_batch_size=args.gen_batch_size, data_dir=args.data_dir,
         data_minutes=args.data_minutes, num_layers=args.num_layers, block_size=args.block_size,
-        target_layer_ids=ids, mask_token_id=args.mask_token_id, train=train, train_minutes=args.train_minutes,
+        target_layer_ids=ids, mask_token_id=args.mask_token_id, init_from=args.init_from, train=train,
+        train_minutes=args.train_minutes,
         eval_every=args.eval_every, eval_budget=args.eval_budget, eval_max_new_tokens=args.eval_max_new_tokens,
         eval_batch_size=args.eval_batch_size, log_every=args.log_every, checkpoint_every=args.checkpoint_every, checkpoint_dir=args.checkpoint_dir, device=args.device,
         save_dtype=args.save_dtype, max_shard_mb=args.max_shard_mb)

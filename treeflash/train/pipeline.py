@@ -63,6 +63,27 @@ def init_drafter(cfg: DrafterConfig, std: float, seed: int, target: Transformer)
     return drafter.to(target.embed_tokens.weight.device)
 
 
+def start_from(drafter: DFlashDrafter, directory: str) -> None:
+    """Copy the weights of the drafter in `directory` (e.g. a shipped one, to train it on more data) into
+    `drafter`; its block, mask token, target layers and every tensor's shape must match."""
+    from treeflash.checkpoint import load_drafter
+
+    source = load_drafter(directory, "cpu", torch.float32)
+    a, b = drafter.config, source.config
+    mine = (a.block_size, a.mask_token_id, tuple(a.target_layer_ids), a.num_target_layers)
+    theirs = (b.block_size, b.mask_token_id, tuple(b.target_layer_ids), b.num_target_layers)
+    shapes = {n: tuple(p.shape) for n, p in drafter.named_parameters()}
+    other = {n: tuple(p.shape) for n, p in source.named_parameters()}
+    if mine != theirs or shapes != other:
+        raise ValueError(f"--init-from {directory}: that drafter (block, mask id, target layers, layers: {theirs}, "
+                         f"{b.layers.num_layers} layers) does not match these options ({mine}, "
+                         f"{a.layers.num_layers} layers) or its tensors differ in shape")
+    weights = dict(source.named_parameters())
+    with torch.no_grad():
+        for name, p in drafter.named_parameters():
+            p.copy_(weights[name])
+
+
 def _release_cached_memory(device: torch.device) -> None:
     import gc
 
@@ -138,6 +159,9 @@ def train_drafter(opts: TrainDrafterOptions) -> dict:
     target, target_cfg = load_target(model_dir, device, dtype)
     cfg = drafter_config(target_cfg, opts)
     drafter = init_drafter(cfg, opts.init_std, opts.train.seed, target)
+    if opts.init_from:
+        start_from(drafter, opts.init_from)
+        log(f"initialised from the drafter in {opts.init_from}")
     params = sum(p.numel() for p in drafter.parameters())
     log(f"drafter: {cfg.layers.num_layers} layers, block {cfg.block_size}, target layers {list(cfg.target_layer_ids)}, "
         f"mask id {cfg.mask_token_id}, {params / 1e6:.2f} M parameters "
