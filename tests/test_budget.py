@@ -122,4 +122,9 @@ def test_auto_budget_engine_is_greedy_identical(tmp_path):
     assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
     chooser = llm.engine.budget
     assert chooser.curve is not None and profile.is_file()
-    assert set(CostProfile.load(profile).seconds[3]) == {4, 8, 16, 32, 64}  # the eager candidates, measured when three slots ran
+    assert set(CostProfile.load(profile).seconds[3]) == {4, 8, 16}  # the eager candidates, measured when three slots ran
+
+
+def test_first_round_budget_is_a_candidate():
+    assert BudgetChooser(None, budgets=(4, 8, 16)).initial == 16
+    assert BudgetChooser(None).initial == 64

@@ -20,7 +20,8 @@ synchronisation already copied):
   confidence is from the target's agreement on this workload.
 - 1 + ...: every round emits one token (the bonus) besides the accepted drafts.
 
-Before the first round has been observed the chooser uses `initial` (64). Ties go to the smaller
+Before the first round has been observed the chooser uses `initial` (64, or the largest candidate when all
+are smaller: 16 on the CPU). Ties go to the smaller
 budget. No synchronisation happens here: `observe` takes plain Python numbers.
 """
 
@@ -103,7 +104,8 @@ class BudgetChooser:
     def __init__(self, measure: Callable[[int, int], float] | None, profile: CostProfile | None = None,
                  budgets: tuple[int, ...] = AUTO_BUDGETS, probes: tuple[int, ...] | None = None,
                  initial: int = 64, decay: float = 0.9, log: Callable[[str], None] | None = _log):
-        self.measure, self.budgets, self.initial, self.decay, self.log = measure, budgets, initial, decay, log
+        self.measure, self.budgets, self.decay, self.log = measure, budgets, decay, log
+        self.initial = min(initial, max(budgets))  # the first round's budget (no acceptance seen yet): a candidate
         self.probes = probes or budgets
         self.profile = profile or CostProfile(device="")
         self.curve: list[float] | None = None  # EMA of m(B) per candidate

@@ -85,7 +85,10 @@ class EngineStats:
     generated_tokens: int = 0
 
 
-EAGER_AUTO_BUDGETS = AUTO_BUDGETS[:5]  # 4..64: a prefix, as BudgetChooser's columns require
+# 4, 8, 16: a prefix, as BudgetChooser's columns require. On a 2-core CPU with the shipped pair, budget 32
+# ran at 0.76x plain decoding against 0.90-1.05x for 4-16 (results/smollm2_drafter_v3/cpu_speed*.json),
+# and measuring 32 and 64 took most of the seconds a first call spent measuring.
+EAGER_AUTO_BUDGETS = AUTO_BUDGETS[:3]
 
 
 @dataclass(frozen=True)
@@ -166,7 +169,7 @@ class Engine:
         profile = CostProfile.load(path) if path and path.is_file() else CostProfile(device)
         if profile.device != device:
             raise ValueError(f"{path}: a cost profile measured on {profile.device!r}, this is {device!r}")
-        # Eager (CPU) rounds cost in proportion to their nodes, so budgets past 64 never pay there, and
+        # Eager (CPU) rounds cost in proportion to their nodes, so large budgets never pay there, and
         # measuring them at a large batch takes minutes: eagerly, only the first few are candidates.
         budgets = AUTO_BUDGETS if self.runner.enabled else EAGER_AUTO_BUDGETS
         chooser = BudgetChooser(self.runner.time_round, profile, budgets=budgets, probes=budgets)
