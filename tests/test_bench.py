@@ -89,8 +89,9 @@ def test_where_stages_are_not_timed_a_separate_pass_times_them(pair, prompts_fil
     out = tmp_path / "r.json"
     assert bench("--model", str(target), "--draft-model", str(drafter), "--dataset", str(prompts_file),
                  "--methods", "ddtree:8", "--num-prompts", "3", "--stage-prompts", "1", "--batch-size", "2",
-                 "--cuda-graph-sizes", "2", "--out", str(out)) == 0
-    assert json.loads(out.read_text())["config"]["cuda_graph_sizes"] == [2]
+                 "--cuda-graph-sizes", "2", "--no-draft-vocab", "--out", str(out)) == 0
+    config = json.loads(out.read_text())["config"]
+    assert config["cuda_graph_sizes"] == [2] and config["draft_vocab"] is False
     method = json.loads(out.read_text())["methods"][0]
     assert made == [None, True]
     assert not any(p["stage_seconds"] for p in method["per_prompt"])

@@ -66,6 +66,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     m.add_argument("--drafter-layers", type=int, default=5, help="random / synthetic drafter layers (default 5)")
     m.add_argument("--block-size", type=int, default=16, help="random / synthetic drafter block size (default 16)")
     m.add_argument("--mask-token-id", type=int, default=None, help="random drafter MASK id (default: last vocabulary id)")
+    m.add_argument("--no-draft-vocab", action="store_true",
+                   help="draft over the whole vocabulary even if the drafter ships draft_vocab.json (an A/B)")
     m.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     m.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bfloat16 on cuda, float32 on cpu)")
     m.add_argument("--max-model-len", type=int, default=None, help="context limit in tokens (default: the model's)")
@@ -184,7 +186,8 @@ def _run(args, command: str, progress) -> dict:
                       ignore_eos=args.ignore_eos, warmup=args.warmup, stage_prompts=args.stage_prompts,
                       baselines=args.baselines, baseline_prompts=args.baseline_prompts, ddtree_ref=args.ddtree_ref,
                       ref_budget=args.ref_budget, hf_compile=not args.hf_no_compile,
-                      tensor_parallel_size=args.tensor_parallel_size, cuda_graph_sizes=args.cuda_graph_sizes)
+                      tensor_parallel_size=args.tensor_parallel_size, cuda_graph_sizes=args.cuda_graph_sizes,
+                      draft_vocab=not args.no_draft_vocab)
     return run_bench(cfg, command, log=_log, progress=progress)
 
 

@@ -56,6 +56,7 @@ class BenchConfig:
     hf_compile: bool = True  # transformers compiles its static-cache decode step on CUDA unless this is off
     tensor_parallel_size: int = 1  # each method's LLM splits the target over this many ranks
     cuda_graph_sizes: tuple[int, ...] | None = None  # batch buckets captured (default: powers of two)
+    draft_vocab: bool = True  # use the drafter's draft vocabulary when it ships one
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "batch_size", "drafter_layers"):
@@ -179,7 +180,7 @@ def _make_llm(cfg: BenchConfig, method: Method, drafter_dir, device, dtype, skip
         return LLM(cfg.model, device=device, dtype=dtype, max_model_len=cfg.max_model_len,
                    draft_model=drafter_dir if method.spec != "none" else None, max_num_seqs=cfg.batch_size,
                    time_stages=time_stages, tensor_parallel_size=cfg.tensor_parallel_size,
-                   cuda_graph_sizes=cfg.cuda_graph_sizes, **method.llm_kwargs())
+                   cuda_graph_sizes=cfg.cuda_graph_sizes, draft_vocab=cfg.draft_vocab, **method.llm_kwargs())
     except ValueError as e:
         if method.budget != "auto":
             raise
