@@ -11,7 +11,8 @@ the cost profile and the recent acceptance (treeflash/budget.py), using only wha
 Prefill is interleaved with the rounds: a step prefills at most `prefill_tokens_per_step` prompt tokens
 (default: one chunk of `prefill_chunk`), so newcomers delay the running requests by at most that much.
 A long prompt is cut into chunks of `prefill_chunk` and takes a step per chunk; the pieces of one step
-(several requests' prompts or chunks) run through the target together, in a few padded forwards. Text is detokenised incrementally as tokens arrive; `text_delta` hands out the part of it
+(several requests' prompts or chunks) run through the target together, in a few padded forwards.
+Text is detokenised incrementally as tokens arrive; `text_delta` hands out the part of it
 that can no longer change (one implementation for `LLM.stream` and the server).
 """
 

@@ -184,14 +184,10 @@ class Speculator:
         return round_layout(seq_lens, new_mask, self.capacity, self.attention, self.flex_decode_tokens)
 
     # --- sampling rows ---------------------------------------------------------------------------
-    def set_sampling(self, slot: int, params: SamplingParams | None, seed: int = 0) -> SamplingTensors:
-        """Write a request's sampling parameters into its slot's static row (None: the slot is free)
-        and update the flags; returns the request's parameters as a one-row SamplingTensors."""
-        return self.set_sampling_many([slot], [params], [seed])
-
     def set_sampling_many(self, slots: list[int], params: list[SamplingParams | None],
                           seeds: list[int]) -> SamplingTensors:
-        """`set_sampling` for several slots at once (the flags are recomputed once); returns their rows."""
+        """Write requests' sampling parameters into their slots' static rows (None: the slot is free) and
+        mark the flags stale (recomputed once, when a round reads them); returns the requests' rows."""
         rows = SamplingTensors.build([p or IDLE for p in params], seeds, self.device)
         index = torch.tensor(slots, dtype=torch.long, device=self.device)
         for f in dataclasses.fields(SamplingTensors):
@@ -416,9 +412,8 @@ class Speculator:
     def commit(self, accepted: Walk, features: torch.Tensor | None, state: SlotState, cache: KVCache,
                num_slots: int) -> None:
         """Keep the accepted path's KV rows, give the drafter their features, advance the slots."""
-        if self.drafter is not None:  # a root-only tree (AR) keeps its one row where it is: nothing to move
+        if self.drafter is not None:  # (a root-only tree, AR, keeps its one row where it is: nothing to move)
             cache.compact(state.seq_lens, accepted.path)
-        if self.drafter is not None:
             path_features = features.gather(1, accepted.path[:, :, None].expand(-1, -1, features.shape[-1]))
             rows = state.seq_lens[:, None] + torch.arange(accepted.path.shape[1], device=self.device)
             self.drafter.add_context(path_features, rows, _prefix(self.draft_cache, num_slots), rows)
