@@ -225,17 +225,19 @@ def train_drafter(opts: TrainDrafterOptions) -> dict:
             if opts.progress is not True:
                 log(f"step {step}/{trainer.total_steps} loss {record['loss']:.4f} chain {record['chain']:.2f} "
                     f"acc@1 {record['acc1']:.3f} lr {lr:.2e} |g| {grad_norm:.2f}")
-        if step % opts.eval_every == 0 and step < trainer.total_steps:
+        evaluated = step % opts.eval_every == 0 and step < trainer.total_steps
+        if evaluated:
             history["eval"].append(evaluate())
-            export()
-        if step % opts.checkpoint_every == 0 or step == trainer.total_steps:
+        checkpointed = step % opts.checkpoint_every == 0 or step == trainer.total_steps
+        if checkpointed:
             trainer.save_checkpoint(checkpoints, {"history": history})
-            export()  # (cheap) so an interrupted run leaves the checkpoint's drafter ready to use
+        if evaluated or checkpointed:
+            export()  # (cheap) so an interrupted run leaves a drafter ready to use; the last step always exports
     bar.close()
     train_seconds = time.monotonic() - train_start  # evaluations included
 
-    # --- final --------------------------------------------------------------------------------------
-    export()
+    # --- final (the drafter on disk is the final one: the last step exported it, or a run resumed at
+    # the end exported it before the probe) -------------------------------------------------------------
     final = evaluate((0.0, 1.0))
     history["eval"].append(final)
     summary = {"final_eval": final, "steps": trainer.total_steps, "train_seconds": round(train_seconds, 1),
