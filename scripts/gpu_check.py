@@ -13,8 +13,8 @@ C. no host synchronisation inside an eager round: every round runs under
    torch.cuda.set_sync_debug_mode("error") (greedy + sampled rows, top-k/top-p/min-p on).
 D. with --smollm2: the real model, greedy float32 identical to transformers on the GPU, and bf16 runs.
 E. graphed == eager (float32): the same requests (greedy and seeded sampling, mixed in one batch) give
-   identical tokens with CUDA graphs on and off, for none / dflash / ddtree, with both attention
-   backends; tree_budget="auto" greedy equals plain decoding.
+   identical tokens with CUDA graphs on and off (rounds and prefill), for none / dflash / ddtree, with
+   both attention backends; tree_budget="auto" greedy equals plain decoding.
 F. no host synchronisation inside a replayed round (set_sync_debug_mode("error") around replays).
 G. with --timings: per-round milliseconds, eager vs graphed, at the SmolLM2-135M and Qwen3-8B shapes
    (random bf16 weights, context 1024, batch 1 and 8; AR step, dflash, ddtree 64/256), the stage

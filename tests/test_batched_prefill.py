@@ -17,6 +17,7 @@ from treeflash import LLM, SamplingParams
 from treeflash.checkpoint import load_drafter, load_target
 from treeflash.engine import EngineConfig
 from treeflash.round import PrefillPiece, SpecConfig, Speculator
+from treeflash.runner import PrefillGraph
 from spec_helpers import make_drafter, make_target
 
 _g = torch.Generator().manual_seed(7)
@@ -173,3 +174,48 @@ def test_admitting_in_batches_waits_for_free_slots_and_keeps_the_tokens(paths):
 def test_admit_batch_is_checked():
     with pytest.raises(ValueError, match="admit_batch"):
         EngineConfig(admit_batch=0)
+
+
+class _EagerGraph:
+    """Stands in for a captured prefill graph on the CPU: a replay runs the same forward on the same
+    static inputs and writes the same output buffer."""
+
+    def __init__(self, sp: Speculator, inputs, kv_len: int, logits: torch.Tensor, replays: list):
+        self.sp, self.inputs, self.kv_len, self.logits, self.replays = sp, inputs, kv_len, logits, replays
+
+    def replay(self) -> None:
+        self.replays.append(tuple(self.inputs.tokens.shape) + (self.kv_len,))
+        with torch.inference_mode():
+            self.logits.copy_(self.sp.prefill_forward(self.inputs, self.kv_len))
+
+
+def _graph_prefill(llm: LLM) -> list:
+    """Route the engine's prefill through GraphRunner.prefill's graph path (padded shapes, static
+    inputs, padding stored past each slot's length), with eager stand-ins for the graphs."""
+    runner, sp, replays = llm.engine.runner, llm.engine.speculator, []
+
+    def capture(inputs, shape):
+        logits = sp.prefill_forward(inputs, shape[2])
+        return PrefillGraph(_EagerGraph(sp, inputs, shape[2], logits, replays), inputs, logits)
+
+    runner.enabled = True
+    runner._capture_prefill = capture
+    runner.round = lambda num_slots, budget=None: sp.round(num_slots, budget)  # rounds stay eager
+    return replays
+
+
+@pytest.mark.parametrize("spec", ["none", "ddtree"])
+def test_graph_prefill_shapes_give_the_tokens_of_exact_prefill(paths, spec):
+    # What a GPU replays: pieces padded to powers of two in count, length (>= 16) and cache rows
+    # attended, padding stored at rows past each slot's length. Greedy and seeded outputs must not move.
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    seeded = [SamplingParams(temperature=1.0, top_k=20 if i % 2 else -1, max_tokens=10, seed=70 + i, ignore_eos=True)
+              for i in range(len(PROMPTS))]
+    for params in (greedy, seeded):
+        reference = [o.token_ids for o in _llm(paths, spec, budget=64).generate(prompt_token_ids=PROMPTS,
+                                                                                sampling_params=params)]
+        llm = _llm(paths, spec, budget=64)
+        replays = _graph_prefill(llm)
+        assert [o.token_ids for o in llm.generate(prompt_token_ids=PROMPTS, sampling_params=params)] == reference
+        assert replays and all(t == 16 and k & (k - 1) == 0 and kv & (kv - 1) == 0 for k, t, kv in replays)
+        assert any(kv > 16 for _, _, kv in replays)  # a later chunk of the long prompts (start > 0) went too

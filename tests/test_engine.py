@@ -177,9 +177,22 @@ def test_capture_graphs_takes_every_bucket_up_to_the_batch_with_its_flags(pair):
     seen = []
     engine.runner.enabled = True
     engine.runner.graph = lambda bucket, budget: seen.append((bucket, engine.speculator.flags.all_greedy))
+    prefills = []
+    engine.runner.prefill = lambda pieces: prefills.append([(p.slot, p.start, p.end) for p in pieces])
     sampled = SamplingParams(temperature=0.7, top_p=0.9, max_tokens=4)
     engine.capture_graphs(3, sampled)
     assert seen == [(1, False), (2, False), (4, False)]  # 3 runs in the 4-bucket's graph
+    # One prompt of each prefill length bucket that fits the cache (256 rows on the CPU), in slot 0.
+    assert prefills == [[(0, 0, n)] for n in (16, 32, 64, 128, 256)]
+    assert engine.speculator.state.seq_lens.tolist() == [0] * 8 and not engine.speculator.state.active.any()
     assert engine.speculator.flags.all_greedy and all(p is None for p in engine.speculator.slot_params)
+    # tree_budget="auto": each bucket's cost profile is measured (its graphs captured) up front.
+    auto = LLM(str(target), device="cpu", draft_model=str(pair[1]), max_num_seqs=8, cuda_graph_sizes=[1, 2, 4, 8]).engine
+    measured = []
+    auto.runner.enabled = True
+    auto.runner.prefill = lambda pieces: None
+    auto.budget.costs = lambda bucket: measured.append((bucket, auto.speculator.flags.all_greedy))
+    auto.capture_graphs(2, sampled)
+    assert measured == [(1, False), (2, False)]
     with pytest.raises(ValueError, match="cuda_graph_sizes"):
         LLM(str(target), device="cpu", max_num_seqs=8, cuda_graph_sizes=[16])

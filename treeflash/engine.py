@@ -11,7 +11,8 @@ the cost profile and the recent acceptance (treeflash/budget.py), using only wha
 Prefill is interleaved with the rounds: a step prefills at most `prefill_tokens_per_step` prompt tokens
 (default: one chunk of `prefill_chunk`), so newcomers delay the running requests by at most that much.
 A long prompt is cut into chunks of `prefill_chunk` and takes a step per chunk; the pieces of one step
-(several requests' prompts or chunks) run through the target together, in a few padded forwards.
+(several requests' prompts or chunks) run through the target together, in a few padded forwards
+(each a CUDA graph replay on a GPU where its padded shape fits, treeflash/runner.py).
 Text is detokenised incrementally as tokens arrive; `text_delta` hands out the part of it
 that can no longer change (one implementation for `LLM.stream` and the server).
 """
@@ -31,7 +32,7 @@ from treeflash.budget import AUTO_BUDGETS, BudgetChooser, CostProfile
 from treeflash.detokenize import IncrementalDetokenizer
 from treeflash.outputs import RequestMetrics, RequestOutput
 from treeflash.round import PREFILL_CHUNK, PrefillPiece, SpecConfig, Speculator, rows_per_round
-from treeflash.runner import GraphRunner
+from treeflash.runner import PREFILL_MIN_TOKENS, GraphRunner
 from treeflash.sampling import SamplingParams
 from treeflash.tree_view import render_tree
 
@@ -189,23 +190,38 @@ class Engine:
     def capture_graphs(self, max_batch: int, params: SamplingParams, budget: int | None = None) -> int:
         """Capture now the graphs that rounds of up to `max_batch` requests sampled with `params` will
         replay (every bucket up to the one holding max_batch), so no capture lands inside a timed run.
+        Also the prefill graphs of one prompt of each length bucket up to `prefill_chunk` tokens. With
+        tree_budget="auto", each bucket's cost profile is measured now (which captures its graphs).
         Only on an idle engine (the free slots borrow `params` for the flags, then are idle again).
         Returns the number of graphs captured; 0 where graphs are off (the CPU)."""
-        if not self.runner.enabled or self.budget is not None:
-            return 0  # (tree_budget="auto" captures each budget as its chooser first measures it)
+        if not self.runner.enabled:
+            return 0
         if any(r is not None for r in self.slots):
             raise RuntimeError("capture_graphs needs an idle engine")
         top = self.runner.bucket(min(max_batch, len(self.slots)))
-        before = len(self.runner.graphs)
+        before = len(self.runner.graphs) + len(self.runner.prefill_graphs)
         sp = self.speculator
+        length = PREFILL_MIN_TOKENS
+        while length <= self.config.prefill_chunk:  # pieces of one prompt, in slot 0 (idle: its rows are free)
+            pieces = [PrefillPiece(0, [0] * length, 0, length)]
+            if self.runner.prefill_shape(pieces) is None:
+                break
+            try:
+                self.runner.prefill(pieces)
+            finally:
+                sp.release_many([0])
+            length *= 2
         for bucket in [b for b in self.runner.buckets if b <= top]:
             slots = list(range(bucket))
             sp.set_sampling_many(slots, [params] * bucket, [0] * bucket)
             try:
-                self.runner.graph(bucket, budget)
+                if self.budget is not None:
+                    self.budget.costs(bucket)  # measures (and captures) every budget it weighs, once per bucket
+                else:
+                    self.runner.graph(bucket, budget)
             finally:
                 sp.release_many(slots)
-        return len(self.runner.graphs) - before
+        return len(self.runner.graphs) + len(self.runner.prefill_graphs) - before
 
     def add(self, request: Request) -> None:
         self._detok(request)
@@ -300,7 +316,7 @@ class Engine:
             clock = time.perf_counter()
             self.stats.prefill_forwards += 1
             self.stats.prefill_tokens += sum(e - s for _, s, e in group)
-            logits = self.speculator.prefill_many([PrefillPiece(r.slot, r.prompt_ids, s, e) for r, s, e in group])
+            logits = self.runner.prefill([PrefillPiece(r.slot, r.prompt_ids, s, e) for r, s, e in group])
             done = [i for i, (r, _, e) in enumerate(group) if e == len(r.prompt_ids)]
             first = []
             if done:

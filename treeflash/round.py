@@ -124,6 +124,20 @@ class PrefillPiece:
     end: int
 
 
+@dataclass
+class PrefillBatch:
+    """Prompt pieces as device tensors, K pieces padded to T tokens (`Speculator.prefill_batch`)."""
+
+    tokens: torch.Tensor  # [K, T]
+    starts: torch.Tensor  # [K] position (= cache row) of each piece's first token
+    lengths: torch.Tensor  # [K] real tokens of each piece (>= 1)
+    slots: torch.Tensor  # [K]
+
+    def copy_(self, other: "PrefillBatch") -> None:
+        for f in dataclasses.fields(self):
+            getattr(self, f.name).copy_(getattr(other, f.name))
+
+
 class Speculator:
     """Owns the target, the optional drafter, their caches and the per-slot state; runs prefill and rounds.
 
@@ -227,33 +241,65 @@ class Speculator:
         becomes `end`; a slot is active once its whole prompt is in (until then rounds leave its
         committed rows alone: they only write past them, where the next piece overwrites).
         """
+        batch = self.prefill_batch(pieces)
+        lengths = [p.end - p.start for p in pieces]
+        real = None
+        if min(lengths) < max(lengths):  # (batch, token) of the real tokens, found on the host: prefill may synchronise
+            valid = torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]
+            real = tuple(x.to(self.device) for x in valid.nonzero(as_tuple=True))
+        logits = self.prefill_forward(batch, max(p.end for p in pieces), real)
+        self.commit_prefill(pieces)
+        return logits
+
+    def prefill_batch(self, pieces: list[PrefillPiece], num: int | None = None,
+                      length: int | None = None) -> PrefillBatch:
+        """The pieces as device tensors, padded to `length` tokens (default: the longest piece's) and
+        `num` pieces (default: as many as given; extra ones repeat the first piece, which writes the
+        same values to the same rows again)."""
         k, lengths = len(pieces), [p.end - p.start for p in pieces]
         if k == 0 or min(lengths) < 1 or len({p.slot for p in pieces}) < k:
-            raise ValueError("prefill_many takes non-empty pieces of distinct slots")
-        t, kv_len = max(lengths), max(p.end for p in pieces)
+            raise ValueError("prefill takes non-empty pieces of distinct slots")
+        t, num = length or max(lengths), num or k
+        if t < max(lengths) or num < k:
+            raise ValueError(f"cannot pad {k} pieces of up to {max(lengths)} tokens to {num} x {t}")
+        padded = pieces + [pieces[0]] * (num - k)
+        return PrefillBatch(
+            tokens=torch.tensor([p.prompt[p.start:p.end] + [0] * (t - p.end + p.start) for p in padded],
+                                device=self.device),
+            starts=torch.tensor([p.start for p in padded], device=self.device),
+            lengths=torch.tensor([p.end - p.start for p in padded], device=self.device),
+            slots=torch.tensor([p.slot for p in padded], device=self.device))
+
+    @torch.inference_mode()
+    def prefill_forward(self, batch: PrefillBatch, kv_len: int,
+                        real: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """The forward of `prefill_many` on device tensors alone: K pieces of T tokens into their slots'
+        caches, attending over rows [0, kv_len) (kv_len >= every piece's end). Returns the logits after
+        each piece's last real token [K, V]. With real=None every token is stored, padding too, at rows
+        start+t: the caller makes sure those rows exist (start + T <= capacity); rows past a piece's end
+        lie beyond its slot's committed length, where nothing reads them before they are overwritten.
+        Nothing here reads a device value on the host, so it can be captured (treeflash/runner.py)."""
+        k, t = batch.tokens.shape
         dev = self.device
-        tokens = torch.tensor([p.prompt[p.start:p.end] + [0] * (t - n) for p, n in zip(pieces, lengths)], device=dev)
-        starts = torch.tensor([p.start for p in pieces], device=dev)
-        positions = starts[:, None] + torch.arange(t, device=dev)  # [k, T]; also the cache rows
-        n = torch.tensor(lengths, device=dev)
+        positions = batch.starts[:, None] + torch.arange(t, device=dev)  # [K, T]; also the cache rows
         # Among the new tokens: causal, and only real tokens are visible (padding sees the real ones too,
         # so no query row is all-masked).
         causal = torch.ones(t, t, dtype=torch.bool, device=dev).tril()
-        new_mask = causal[None] & (torch.arange(t, device=dev)[None, None, :] < n[:, None, None])
-        _, mask = append_layout(starts, new_mask, kv_len)
-        real = None
-        if min(lengths) < t:  # (batch, token) of the real tokens, found on the host: prefill may synchronise
-            valid = torch.arange(t)[None, :] < torch.tensor(lengths)[:, None]
-            real = tuple(x.to(dev) for x in valid.nonzero(as_tuple=True))
-        slots = torch.tensor([p.slot for p in pieces], device=dev)
-        hidden, features = self.target(tokens, positions, self.cache.select(slots, real), positions, mask,
-                                       self.capture)
+        new_mask = causal[None] & (torch.arange(t, device=dev)[None, None, :] < batch.lengths[:, None, None])
+        _, mask = append_layout(batch.starts, new_mask, kv_len)
+        hidden, features = self.target(batch.tokens, positions, self.cache.select(batch.slots, real), positions,
+                                       mask, self.capture)
         if self.drafter:
             self.drafter.add_context(self.drafter.context_features(self.target, features), positions,
-                                     self.draft_cache.select(slots, real), positions)
-        self.state.seq_lens[slots] = torch.tensor([p.end for p in pieces], device=dev)
-        self.state.active[slots] = torch.tensor([p.end == len(p.prompt) for p in pieces], device=dev)
-        return self.target.logits(hidden[torch.arange(k, device=dev), n - 1])
+                                     self.draft_cache.select(batch.slots, real), positions)
+        return self.target.logits(hidden[torch.arange(k, device=dev), batch.lengths - 1])
+
+    def commit_prefill(self, pieces: list[PrefillPiece]) -> None:
+        """After the pieces' forward: each slot's committed length becomes its piece's end, and a slot
+        whose whole prompt is in becomes active."""
+        slots = torch.tensor([p.slot for p in pieces], device=self.device)
+        self.state.seq_lens[slots] = torch.tensor([p.end for p in pieces], device=self.device)
+        self.state.active[slots] = torch.tensor([p.end == len(p.prompt) for p in pieces], device=self.device)
 
     def prefill(self, slot: int, prompt: list[int], chunk: int = PREFILL_CHUNK, start: int = 0,
                 activate: bool = True) -> torch.Tensor:

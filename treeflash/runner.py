@@ -11,6 +11,14 @@ Static buffers: everything a graph reads lives at a fixed address for its life: 
 the predicted acceptance) is kept in a `Captured` record; the engine reads it after the replay, in the
 round's one host synchronisation. All graphs share one memory pool.
 
+Prefill too: `prefill` pads a forward's prompt pieces to powers of two (pieces, tokens, cache rows
+attended) and replays that shape's graph; its static inputs are the pieces' tokens, starts, lengths
+and slots. An eager prefill forward is launch-bound on a GPU (thousands of small kernels for a
+prompt of a hundred tokens), so this is what makes a request's first token cheap. Padding tokens are
+stored at rows past their slot's new length (nothing reads them before they are overwritten); padding
+pieces repeat the first piece. Larger forwards (`PREFILL_GRAPH_ELEMENTS`), continuations that would
+write past the cache's end, and the CPU prefill eagerly (`Speculator.prefill_many`).
+
 Cache growth (`Speculator.reserve`) replaces the cache tensors: the runner notices and drops every
 graph (they are captured again at next use). Caches double when they grow, so this is rare.
 Memory: the caches are the speculator's, not the graphs'; the shared pool holds about one round's
@@ -33,7 +41,13 @@ from typing import Callable
 
 import torch
 
-from treeflash.round import STAGES, RoundResult, StageClock, Speculator
+from treeflash.round import STAGES, PrefillBatch, PrefillPiece, RoundResult, StageClock, Speculator
+
+PREFILL_MIN_TOKENS = 16  # the shortest piece length a prefill graph is captured for
+# A prefill graph's intermediates grow with its tokens x the model's hidden size (the pool keeps the
+# largest): past this many elements (32M: 8k tokens of an 8B model, 32k of SmolLM2) a forward's own
+# work dwarfs its launches, and it runs eagerly.
+PREFILL_GRAPH_ELEMENTS = 1 << 25
 
 
 def default_buckets(max_slots: int) -> tuple[int, ...]:
@@ -56,6 +70,19 @@ class Captured:
     graphs: list  # torch.cuda.CUDAGraph: one, or one per stage when stages are timed
     stages: list[str]  # the stage each graph ends with (timed capture only)
     result: RoundResult  # tree, walk, predicted: written in place by every replay
+
+
+@dataclass
+class PrefillGraph:
+    """One prefill shape's graph: replays read `batch` and write `logits` [K, V] in place."""
+
+    graph: object  # torch.cuda.CUDAGraph
+    batch: PrefillBatch
+    logits: torch.Tensor
+
+
+def _pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
 
 
 class _Capture:
@@ -117,6 +144,7 @@ class GraphRunner:
             raise ValueError(f"batch buckets {self.buckets} exceed the speculator's {speculator.slots} slots")
         self.log = log
         self.graphs: dict[tuple, Captured] = {}
+        self.prefill_graphs: dict[tuple[int, int, int], PrefillGraph] = {}
         self.pool = None
         self._cache_ptr = None
 
@@ -173,20 +201,53 @@ class GraphRunner:
             _restore(sp, saved)
         return sorted(times)[len(times) // 2]
 
+    def prefill_shape(self, pieces: list[PrefillPiece]) -> tuple[int, int, int] | None:
+        """The (pieces, tokens per piece, cache rows attended) a prefill graph runs `pieces` at: each a
+        power of two at least the real one; None where they prefill eagerly (too large, or padding
+        would write past the cache's end)."""
+        sp = self.speculator
+        num = _pow2(len(pieces))
+        length = max(PREFILL_MIN_TOKENS, _pow2(max(p.end - p.start for p in pieces)))
+        start = max(p.start for p in pieces)
+        if start + length > sp.capacity or num * length * sp.target.config.hidden_size > PREFILL_GRAPH_ELEMENTS:
+            return None
+        return num, length, min(_pow2(start + length), sp.capacity)
+
+    def prefill(self, pieces: list[PrefillPiece]) -> torch.Tensor:
+        """`Speculator.prefill_many` of the pieces, replayed from a graph where one fits. Returns the
+        logits after each piece's last token [k, V] (a graph's output: read it before the next prefill)."""
+        sp = self.speculator
+        shape = self.prefill_shape(pieces) if self.enabled else None
+        if shape is None:
+            return sp.prefill_many(pieces)
+        self._check_cache()
+        inputs = sp.prefill_batch(pieces, shape[0], shape[1])
+        captured = self.prefill_graphs.get(shape)
+        if captured is None:
+            captured = self.prefill_graphs[shape] = self._capture_prefill(inputs, shape)
+        else:
+            captured.batch.copy_(inputs)
+        captured.graph.replay()
+        sp.commit_prefill(pieces)
+        return captured.logits[:len(pieces)]
+
     def reset(self) -> None:
         """Drop every graph (their memory returns to the allocator)."""
         self.graphs.clear()
+        self.prefill_graphs.clear()
         self.pool = None
         gc.collect()
         if self.enabled:
             torch.cuda.empty_cache()
 
-    def graph(self, bucket: int, budget: int | None) -> Captured:
-        sp = self.speculator
-        ptr = sp.cache.keys[0].data_ptr()
+    def _check_cache(self) -> None:
+        ptr = self.speculator.cache.keys[0].data_ptr()
         if ptr != self._cache_ptr:  # new caches (reserve): every graph points at the old ones
             self.reset()
             self._cache_ptr = ptr
+
+    def graph(self, bucket: int, budget: int | None) -> Captured:
+        self._check_cache()
         key = self.key(bucket, budget)
         if key not in self.graphs:
             self.graphs[key] = self._capture(bucket, budget, key)
@@ -217,6 +278,29 @@ class GraphRunner:
             self.log(f"captured a CUDA graph for batch <= {bucket}, {name}, {sampling} "
                      f"({time.perf_counter() - start:.1f} s)")
         return Captured(capture.graphs, capture.stages, result)
+
+
+    def _capture_prefill(self, inputs: PrefillBatch, shape: tuple[int, int, int]) -> PrefillGraph:
+        """Capture the prefill forward of `inputs` (which become the graph's static inputs). The warm-up
+        runs it for real: it writes the same rows the replay that follows writes again."""
+        sp = self.speculator
+        start = time.perf_counter()
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        kv_len = shape[2]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                sp.prefill_forward(inputs, kv_len)
+        torch.cuda.current_stream().wait_stream(side)
+        with _Capture(self.pool, False, sp.device) as capture:
+            logits = sp.prefill_forward(inputs, kv_len)
+        torch.cuda.synchronize()
+        if self.log:
+            self.log(f"captured a CUDA graph for prefill of {shape[0]} x {shape[1]} tokens "
+                     f"({time.perf_counter() - start:.1f} s)")
+        return PrefillGraph(capture.graphs[0], inputs, logits)
 
 
 class _NoClock:
