@@ -3,13 +3,16 @@ engine running with it (greedy output identical to plain decoding)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
 import torch
 
 from treeflash import LLM, SamplingParams
-from treeflash.budget import AUTO_BUDGETS, BudgetChooser, CostProfile, best_budget, expected_drafts
+from treeflash.budget import AUTO_BUDGETS, EXPLORE_EVERY, NO_DRAFT, NO_DRAFT_AFTER, BudgetChooser, CostProfile, best_budget, expected_drafts
+from treeflash.checkpoint import load_drafter, load_target
+from treeflash.round import SpecConfig, Speculator
 from treeflash.tree import build_tree
 from spec_helpers import make_drafter, make_target
 
@@ -71,7 +74,9 @@ def test_calibration_shrinks_the_budget_of_an_overconfident_drafter():
         trusted.observe(64, [1 + round(confident[column])], [confident])
         doubted.observe(64, [1], [confident])  # nothing it predicted was accepted
     assert doubted.calibration == pytest.approx(0.0)
-    assert doubted.choose(1) == AUTO_BUDGETS[0]  # the cheapest (4, 8 and 16 cost alike here: the smallest)
+    # The cheapest tree (4, 8 and 16 cost alike here: the smallest); it costs what a round without a
+    # draft costs, so not drafting would gain nothing (NO_DRAFT needs a margin).
+    assert doubted.choose(1) == AUTO_BUDGETS[0]
     assert trusted.choose(1) > 16
 
 
@@ -80,18 +85,20 @@ def test_a_bucket_is_measured_once_and_a_profile_interpolates(tmp_path):
 
     def measure(bucket, budget):
         calls.append((bucket, budget))
-        return 0.01 * bucket + 1e-4 * budget
+        return 0.01 * bucket + 1e-4 * budget + (0.005 if budget else 0.0)  # a tree pays for its draft too
 
     chooser = BudgetChooser(measure, probes=(16, 64, 256), log=None)
     costs = chooser.costs(4)
     chooser.costs(4)
-    assert calls == [(4, 16), (4, 64), (4, 256)]
-    assert costs[32] == pytest.approx(0.04 + 32e-4)  # between probes
-    assert costs[512] == pytest.approx(0.04 + 512e-4)  # past the last, linearly
+    assert calls == [(4, NO_DRAFT), (4, 16), (4, 64), (4, 256)]
+    assert costs[32] == pytest.approx(0.045 + 32e-4)  # between probes
+    assert costs[512] == pytest.approx(0.045 + 512e-4)  # past the last, linearly
     chooser.profile.save(tmp_path / "p.json")
     again = CostProfile.load(tmp_path / "p.json")
     assert again.seconds == chooser.profile.seconds
     assert BudgetChooser(None, again, log=None).costs(4) == costs
+    # Trees are interpolated among trees only: budget 4 lies past the first two measured trees.
+    assert costs[4] == pytest.approx(0.045 + 4e-4) and costs[NO_DRAFT] == pytest.approx(0.04)
     with pytest.raises(ValueError, match="no cost profile"):
         BudgetChooser(None, again, log=None).costs(8)
 
@@ -122,9 +129,87 @@ def test_auto_budget_engine_is_greedy_identical(tmp_path):
     assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
     chooser = llm.engine.budget
     assert chooser.curve is not None and profile.is_file()
-    assert set(CostProfile.load(profile).seconds[3]) == {4, 8, 16}  # the eager candidates, measured when three slots ran
+    assert set(CostProfile.load(profile).seconds[3]) == {0, 4, 8, 16}  # no draft and the eager candidates, measured when three slots ran
 
 
 def test_first_round_budget_is_a_candidate():
     assert BudgetChooser(None, budgets=(4, 8, 16)).initial == 16
     assert BudgetChooser(None).initial == 64
+
+
+def test_no_draft_wins_where_no_tree_pays_and_a_drafted_round_keeps_measuring():
+    # Every tree costs at least twice the AR step (a large batch of a large target) and the drafter
+    # expects little: plain decoding's step (NO_DRAFT) has the best rate, except one round in
+    # EXPLORE_EVERY + 1, which drafts at the best budget so that acceptance keeps being measured.
+    chooser = chooser_with(lambda b: 1.0 if b == NO_DRAFT else 2.0 + b / 64)
+    assert chooser.choose(1) == 64  # nothing observed yet: the initial budget
+    curve = [[0.1 * (i + 1) for i in range(len(AUTO_BUDGETS))]]
+    chooser.observe(64, [1], curve)
+    for _ in range(NO_DRAFT_AFTER - 1):  # not before NO_DRAFT_AFTER drafted rounds: the cheapest tree
+        assert chooser.choose(1) == 4
+        chooser.observe(4, [1], curve)
+    picks = [chooser.choose(1) for _ in range(2 * (EXPLORE_EVERY + 1))]  # (no observations in between)
+    drafted = [i for i, b in enumerate(picks) if b != NO_DRAFT]
+    assert drafted == [EXPLORE_EVERY, 2 * EXPLORE_EVERY + 1] and picks[EXPLORE_EVERY] == 4
+    before = (chooser.curve, chooser.observed, chooser.predicted)
+    chooser.observe(NO_DRAFT, [1], [[0.0] * len(AUTO_BUDGETS)])  # a round without a draft teaches nothing
+    assert (chooser.curve, chooser.observed, chooser.predicted) == before
+    # A drafter that pays wins back: drafting at some budget beats the AR step's rate again.
+    for _ in range(60):
+        chooser.observe(4, [4], [[3.0 + i for i in range(len(AUTO_BUDGETS))]])
+    assert chooser.choose(1) != NO_DRAFT
+    assert BudgetChooser(None, no_draft=False).probes == AUTO_BUDGETS
+
+
+def test_a_stored_profile_without_no_draft_measures_it_once(tmp_path):
+    calls = []
+    profile = CostProfile("cpu", {2: {4: 1.0, 8: 1.5, 16: 2.0}})
+    chooser = BudgetChooser(lambda bucket, b: calls.append((bucket, b)) or 0.5, profile, budgets=(4, 8, 16), log=None)
+    assert chooser.costs(2) == {4: 1.0, 8: 1.5, 16: 2.0, NO_DRAFT: 0.5} and calls == [(2, NO_DRAFT)]
+    chooser.costs(2)
+    assert calls == [(2, NO_DRAFT)]
+    # Nothing to measure with: NO_DRAFT is not weighed (never extrapolated from the tree budgets).
+    assert NO_DRAFT not in BudgetChooser(None, CostProfile("cpu", {2: {4: 1.0, 8: 1.5}}), budgets=(4, 8), log=None).costs(2)
+
+
+def test_rounds_without_a_draft_keep_the_drafter_context_and_the_output(tmp_path):
+    # Rounds at NO_DRAFT among drafted ones: greedy output is plain decoding's, seeded samples are the
+    # same as with drafted rounds only, and the drafter's cache holds the committed tokens' features
+    # as if they had been prefilled.
+    target = make_target(tmp_path / "target", vocab=64)
+    drafter = make_drafter(tmp_path / "drafter", target, 8)
+    prompts = [[3, 5, 7, 11], [2, 4, 6], [9, 8, 7, 6, 5]]
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    seeded = SamplingParams(temperature=1.0, max_tokens=24, seed=5, ignore_eos=True)
+    plain = LLM(str(target), device="cpu", max_num_seqs=3)
+    llm = LLM(str(target), device="cpu", draft_model=str(drafter), max_num_seqs=3)
+    picks = itertools.cycle([NO_DRAFT, NO_DRAFT, 8, NO_DRAFT, 16])
+    llm.engine.budget.choose = lambda bucket: next(picks)
+    for params in (greedy, seeded):
+        want = [o.token_ids for o in plain.generate(prompt_token_ids=prompts, sampling_params=params)]
+        assert [o.token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=params)] == want
+
+    t, d = load_target(target, "cpu", torch.float32)[0], load_drafter(drafter, "cpu", torch.float32)
+    spec = SpecConfig("ddtree", "auto")
+    sp = Speculator(t, d, spec, slots=1, capacity=64, time_stages=False)
+    sp.admit(0, prompts[0], greedy, seed=0)
+    emitted = [int(sp.state.bonus[0])]
+    for _ in range(5):
+        result = sp.round(1, NO_DRAFT)
+        assert int(result.walk.accepted[0]) == 1
+        emitted.append(int(result.walk.emitted[0, 0]))
+    n = len(prompts[0]) + 5
+    fresh = Speculator(t, d, spec, slots=1, capacity=64, time_stages=False)
+    fresh.prefill(0, prompts[0] + emitted[:5])
+    for a, b in zip(sp.draft_cache.keys + sp.draft_cache.values, fresh.draft_cache.keys + fresh.draft_cache.values):
+        torch.testing.assert_close(a[0, :, :n], b[0, :, :n], rtol=0, atol=1e-5)
+
+
+def test_eager_rounds_refine_the_cost_they_ran_at():
+    chooser = chooser_with(lambda b: 1.0 + b / 16)
+    chooser.costs(1)
+    chooser.refine(1, 4, 2.25)  # rounds at budget 4 took 2.25 s, not the measured 1.25
+    assert chooser.costs(1)[4] == pytest.approx(0.9 * 1.25 + 0.1 * 2.25)
+    assert chooser.costs(1)[8] == pytest.approx(1.5)  # the others keep their measurement
+    chooser.refine(2, 4, 9.0)  # a bucket never measured: nothing to refine
+    assert 2 not in chooser.profile.seconds

@@ -15,10 +15,22 @@ synchronisation already copied):
   The builder ranks every candidate of its per-depth beams (tree.DraftTree.ranked_scores); the
   cumulative sum of exp(score) over the first B of them is m(B). For B up to the budget in use it is
   exact; past it, it is a lower bound (a beam holds only the current budget's best prefixes per
-  depth), so the rule grows the budget cautiously. m is averaged over running slots and rounds (EMA).
+  depth, and a round below the block's depth drafts only the depths its budget can reach), so the
+  rule grows the budget cautiously. m is averaged over running slots and rounds (EMA).
 - r: calibration, EMA(observed accepted drafts) / EMA(m at the budget used): how far the drafter's
   confidence is from the target's agreement on this workload.
 - 1 + ...: every round emits one token (the bonus) besides the accepted drafts.
+- B = 0 (`NO_DRAFT`) is a candidate too: a round without a draft (the tree is the root alone, so it
+  is the AR step plus handing the drafter the accepted token's features), rate 1 / cost(S, 0). It
+  wins where no tree pays for its draft and verify, e.g. large batches of a large target, where even
+  budget 4 costs twice the AR step, and is chosen when its rate beats the best tree's by
+  `NO_DRAFT_MARGIN`. A round at 0 drafts nothing, so it says nothing about acceptance:
+  it is weighed only after `NO_DRAFT_AFTER` drafted rounds, and after `EXPLORE_EVERY` rounds at 0 in a
+  row the chooser drafts one round at the best budget, which refreshes m and r (and costs that one
+  round's extra). cost(S, 0) is measured with the others.
+- Eager rounds (the CPU) also refine cost(S, B) with the time of every round that ran at B (EMA): the
+  start-up measurement is a few rounds on a machine whose speed drifts, and its noise alone decided
+  between drafting and not.
 
 Before the first round has been observed the chooser uses `initial` (64, or the largest candidate when all
 are smaller: 16 on the CPU). Ties go to the smaller
@@ -39,6 +51,14 @@ import torch
 # point where the target's forward stops being weight-bound, so the smallest trees are the ones that can
 # stay near the AR step there.
 AUTO_BUDGETS = (4, 8, 16, 32, 64, 128, 256, 512)
+NO_DRAFT = 0  # the budget of a round without a draft (plain decoding's step)
+EXPLORE_EVERY = 8  # rounds at NO_DRAFT in a row before one drafted round measures acceptance again
+# Drafted rounds observed before NO_DRAFT is weighed: one unlucky first round must not stop drafting
+# (at NO_DRAFT only the exploring rounds teach the averages anything, so they would recover slowly).
+NO_DRAFT_AFTER = 8
+# NO_DRAFT must beat the best tree's expected rate by this factor: acceptance comes in stretches, and
+# at NO_DRAFT the averages learn only from the exploring rounds, so a close call would stick.
+NO_DRAFT_MARGIN = 1.15
 
 
 def expected_drafts(tree, budgets: torch.Tensor) -> torch.Tensor:
@@ -69,7 +89,10 @@ class CostProfile:
     seconds: dict[int, dict[int, float]] = field(default_factory=dict)
 
     def cost(self, bucket: int, budget: int) -> float:
-        points = sorted(self.seconds[bucket].items())
+        if budget == NO_DRAFT:
+            return self.seconds[bucket][NO_DRAFT]
+        # Trees are interpolated among trees: a round without a draft skips the drafter, a step apart.
+        points = sorted((b, c) for b, c in self.seconds[bucket].items() if b != NO_DRAFT)
         if len(points) == 1:
             return points[0][1]
         for (b0, c0), (b1, c1) in zip(points, points[1:]):
@@ -97,16 +120,21 @@ class BudgetChooser:
     """Chooses each round's budget (see the module docstring) and learns from the rounds it sees.
 
     measure(bucket, budget) -> seconds per round; called for `probes` the first time a bucket runs
-    without a stored profile. budgets: the candidates (all must appear in AUTO_BUDGETS' order, as
-    the round's `predicted` columns do).
+    without a stored profile. budgets: the tree budgets weighed (all must appear in AUTO_BUDGETS'
+    order, as the round's `predicted` columns do). no_draft: weigh NO_DRAFT too (its cost is
+    measured with the probes, or on its own for a stored profile that lacks it).
     """
 
     def __init__(self, measure: Callable[[int, int], float] | None, profile: CostProfile | None = None,
                  budgets: tuple[int, ...] = AUTO_BUDGETS, probes: tuple[int, ...] | None = None,
-                 initial: int = 64, decay: float = 0.9, log: Callable[[str], None] | None = _log):
+                 initial: int = 64, decay: float = 0.9, log: Callable[[str], None] | None = _log,
+                 no_draft: bool = True):
         self.measure, self.budgets, self.decay, self.log = measure, budgets, decay, log
         self.initial = min(initial, max(budgets))  # the first round's budget (no acceptance seen yet): a candidate
-        self.probes = probes or budgets
+        self.no_draft = no_draft
+        self.probes = ((NO_DRAFT,) if no_draft and measure is not None else ()) + tuple(probes or budgets)
+        self.undrafted = 0  # rounds at NO_DRAFT in a row
+        self.drafted = 0  # drafted rounds observed
         self.profile = profile or CostProfile(device="")
         self.curve: list[float] | None = None  # EMA of m(B) per candidate
         self.observed = 0.0  # EMA of accepted drafts per slot-round
@@ -123,19 +151,47 @@ class BudgetChooser:
             if self.log:
                 self.log(f"measuring round cost at tree budgets {list(self.probes)} for batch size <= {bucket}")
             self.profile.seconds[bucket] = {b: self.measure(bucket, b) for b in self.probes}
-        return {b: self.profile.cost(bucket, b) for b in self.budgets}
+        measured = self.profile.seconds[bucket]
+        if self.no_draft and NO_DRAFT not in measured and self.measure is not None:
+            measured[NO_DRAFT] = self.measure(bucket, NO_DRAFT)  # (a stored profile from before NO_DRAFT)
+        costs = {b: self.profile.cost(bucket, b) for b in self.budgets}
+        if self.no_draft and NO_DRAFT in measured:  # never extrapolated: measured or not weighed
+            costs[NO_DRAFT] = self.profile.cost(bucket, NO_DRAFT)
+        return costs
 
     def choose(self, bucket: int) -> int:
         costs = self.costs(bucket)
         if self.curve is None:
             return self.initial
         r = self.calibration
-        return best_budget(costs, {b: r * m for b, m in zip(self.budgets, self.curve)})
+        drafts = {b: r * m for b, m in zip(self.budgets, self.curve)}
+        trees = {b: costs[b] for b in self.budgets}
+        if NO_DRAFT not in costs or self.drafted < NO_DRAFT_AFTER:
+            return best_budget(trees, drafts)
+        budget = best_budget(trees, drafts)
+        if (1.0 + drafts[budget]) / costs[budget] * NO_DRAFT_MARGIN >= 1.0 / costs[NO_DRAFT]:
+            self.undrafted = 0
+            return budget
+        self.undrafted += 1
+        if self.undrafted % (EXPLORE_EVERY + 1) == 0:  # one drafted round keeps m and r current
+            return budget
+        return NO_DRAFT
+
+    def refine(self, bucket: int, budget: int, seconds: float) -> None:
+        """Fold a round's measured time into cost(bucket, budget) (EMA). For eager rounds (the CPU),
+        whose start-up measurement is a few noisy rounds: the engine's own clock of a round is the
+        same kind of time there. (Graph replays are measured precisely by CUDA events, and the
+        engine's clock would add its host work to the budgets that run only.)"""
+        measured = self.profile.seconds.get(bucket)
+        if measured is not None and budget in measured:
+            measured[budget] = self.decay * measured[budget] + (1 - self.decay) * seconds
 
     def observe(self, budget: int, accepted: list[int], predicted: list[list[float]]) -> None:
-        """One round: accepted (tokens emitted, drafts + 1) and predicted m(B) rows of the running slots."""
-        if not accepted:
+        """One round: accepted (tokens emitted, drafts + 1) and predicted m(B) rows of the running slots.
+        A round without a draft (NO_DRAFT) predicted nothing and teaches nothing."""
+        if not accepted or budget == NO_DRAFT:
             return
+        self.drafted += 1
         n = len(accepted)
         column = self.budgets.index(budget)
         drafts = sum(a - 1 for a in accepted) / n

@@ -278,6 +278,8 @@ class Engine:
         accepted, emitted = [r[0] for r in rows], [r[1:width] for r in rows]
         elapsed = time.perf_counter() - start
         if self.budget is not None:
+            if not self.runner.enabled:  # eager rounds: the round just timed refines its cost
+                self.budget.refine(self.runner.bucket(num_slots), budget, elapsed)
             self.budget.observe(budget, [accepted[i] for i in running],
                                 [[x / _FIXED for x in rows[i][width:]] for i in running])
         stage_seconds = result.stage_seconds  # (reads the stage clock: once, not per request)

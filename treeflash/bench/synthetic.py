@@ -11,8 +11,11 @@ weights, in one run: KERNELS "compiled" (fused projections + compiled pieces, th
 "eager" (compile_kernels=False), N the new tokens up to which FlexAttention's decoding kernel runs
 (flex_decode_tokens). Each (batch, method) runs every variant in turn, so a run cut short still has
 whole comparisons. `ddtree:auto` runs the engine's budget chooser on a cost profile made of the fixed
-budgets measured before it (same variant and batch), so it probes nothing; with random weights the
-drafter is never confident and auto settles on the cheapest budget: its row shows that round's cost.
+budgets measured before it (same variant and batch), so it probes only the round without a draft
+(budget 0, which the profile lacks). With random weights the drafter is never confident: auto drafts
+at the cheapest budget for its first rounds (treeflash/budget.py: NO_DRAFT_AFTER), then mostly rounds
+without a draft (one in 9 still drafts). Its row is the median over the timed rounds (after the
+warm-up ones), whichever regime they fell in; auto=B names its choice after them.
 The stage split (a separate pass) is timed for the first variant only.
 
 With `tensor_parallel_size` N > 1 the target is split over N ranks by the same machinery as
