@@ -180,13 +180,13 @@ class _EagerGraph:
     """Stands in for a captured prefill graph on the CPU: a replay runs the same forward on the same
     static inputs and writes the same output buffer."""
 
-    def __init__(self, sp: Speculator, inputs, kv_len: int, logits: torch.Tensor, replays: list):
-        self.sp, self.inputs, self.kv_len, self.logits, self.replays = sp, inputs, kv_len, logits, replays
+    def __init__(self, sp: Speculator, inputs, kv_len: int, last: torch.Tensor, replays: list):
+        self.sp, self.inputs, self.kv_len, self.last, self.replays = sp, inputs, kv_len, last, replays
 
     def replay(self) -> None:
         self.replays.append(tuple(self.inputs.tokens.shape) + (self.kv_len,))
         with torch.inference_mode():
-            self.logits.copy_(self.sp.prefill_forward(self.inputs, self.kv_len))
+            self.last.copy_(self.sp.prefill_forward(self.inputs, self.kv_len))
 
 
 def _graph_prefill(llm: LLM) -> list:
@@ -195,8 +195,8 @@ def _graph_prefill(llm: LLM) -> list:
     runner, sp, replays = llm.engine.runner, llm.engine.speculator, []
 
     def capture(inputs, shape):
-        logits = sp.prefill_forward(inputs, shape[2])
-        return PrefillGraph(_EagerGraph(sp, inputs, shape[2], logits, replays), inputs, logits)
+        last = sp.prefill_forward(inputs, shape[2])
+        return PrefillGraph(_EagerGraph(sp, inputs, shape[2], last, replays), inputs, last)
 
     runner.enabled = True
     runner._capture_prefill = capture

@@ -247,9 +247,9 @@ class Speculator:
         if min(lengths) < max(lengths):  # (batch, token) of the real tokens, found on the host: prefill may synchronise
             valid = torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]
             real = tuple(x.to(self.device) for x in valid.nonzero(as_tuple=True))
-        logits = self.prefill_forward(batch, max(p.end for p in pieces), real)
+        last = self.prefill_forward(batch, max(p.end for p in pieces), real)
         self.commit_prefill(pieces)
-        return logits
+        return self.target.logits(last)
 
     def prefill_batch(self, pieces: list[PrefillPiece], num: int | None = None,
                       length: int | None = None) -> PrefillBatch:
@@ -274,8 +274,9 @@ class Speculator:
     def prefill_forward(self, batch: PrefillBatch, kv_len: int,
                         real: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """The forward of `prefill_many` on device tensors alone: K pieces of T tokens into their slots'
-        caches, attending over rows [0, kv_len) (kv_len >= every piece's end). Returns the logits after
-        each piece's last real token [K, V]. With real=None every token is stored, padding too, at rows
+        caches, attending over rows [0, kv_len) (kv_len >= every piece's end). Returns the final hidden
+        state of each piece's last real token [K, hidden] (`target.logits` of it: the logits after the
+        piece; a graph then owns K hidden rows, not K vocabulary-wide rows). With real=None every token is stored, padding too, at rows
         start+t: the caller makes sure those rows exist (start + T <= capacity); rows past a piece's end
         lie beyond its slot's committed length, where nothing reads them before they are overwritten.
         Nothing here reads a device value on the host, so it can be captured (treeflash/runner.py)."""
@@ -292,7 +293,7 @@ class Speculator:
         if self.drafter:
             self.drafter.add_context(self.drafter.context_features(self.target, features), positions,
                                      self.draft_cache.select(batch.slots, real), positions)
-        return self.target.logits(hidden[torch.arange(k, device=dev), batch.lengths - 1])
+        return hidden[torch.arange(k, device=dev), batch.lengths - 1]
 
     def commit_prefill(self, pieces: list[PrefillPiece]) -> None:
         """After the pieces' forward: each slot's committed length becomes its piece's end, and a slot

@@ -74,11 +74,12 @@ class Captured:
 
 @dataclass
 class PrefillGraph:
-    """One prefill shape's graph: replays read `batch` and write `logits` [K, V] in place."""
+    """One prefill shape's graph: replays read `batch` and write `last` (the final hidden state of
+    each piece's last token, [K, hidden]) in place."""
 
     graph: object  # torch.cuda.CUDAGraph
     batch: PrefillBatch
-    logits: torch.Tensor
+    last: torch.Tensor
 
 
 def _pow2(n: int) -> int:
@@ -215,7 +216,8 @@ class GraphRunner:
 
     def prefill(self, pieces: list[PrefillPiece]) -> torch.Tensor:
         """`Speculator.prefill_many` of the pieces, replayed from a graph where one fits. Returns the
-        logits after each piece's last token [k, V] (a graph's output: read it before the next prefill)."""
+        logits after each piece's last token [k, V] (computed after the replay from the graph's hidden
+        states: one lm_head matmul, so no graph keeps vocabulary-wide rows)."""
         sp = self.speculator
         shape = self.prefill_shape(pieces) if self.enabled else None
         if shape is None:
@@ -229,7 +231,8 @@ class GraphRunner:
             captured.batch.copy_(inputs)
         captured.graph.replay()
         sp.commit_prefill(pieces)
-        return captured.logits[:len(pieces)]
+        with torch.inference_mode():
+            return sp.target.logits(captured.last[:len(pieces)])
 
     def reset(self) -> None:
         """Drop every graph (their memory returns to the allocator)."""
@@ -295,12 +298,12 @@ class GraphRunner:
                 sp.prefill_forward(inputs, kv_len)
         torch.cuda.current_stream().wait_stream(side)
         with _Capture(self.pool, False, sp.device) as capture:
-            logits = sp.prefill_forward(inputs, kv_len)
+            last = sp.prefill_forward(inputs, kv_len)
         torch.cuda.synchronize()
         if self.log:
             self.log(f"captured a CUDA graph for prefill of {shape[0]} x {shape[1]} tokens "
                      f"({time.perf_counter() - start:.1f} s)")
-        return PrefillGraph(capture.graphs[0], inputs, logits)
+        return PrefillGraph(capture.graphs[0], inputs, last)
 
 
 class _NoClock:
