@@ -282,7 +282,6 @@ class GraphRunner:
                      f"({time.perf_counter() - start:.1f} s)")
         return Captured(capture.graphs, capture.stages, result)
 
-
     def _capture_prefill(self, inputs: PrefillBatch, shape: tuple[int, int, int]) -> PrefillGraph:
         """Capture the prefill forward of `inputs` (which become the graph's static inputs). The warm-up
         runs it for real: it writes the same rows the replay that follows writes again."""
