@@ -17,7 +17,7 @@ from treeflash import LLM, SamplingParams
 from treeflash.checkpoint import load_drafter, load_target
 from treeflash.engine import EngineConfig
 from treeflash.round import PrefillPiece, SpecConfig, Speculator
-from treeflash.runner import PrefillGraph
+from treeflash.runner import GraphRunner, PrefillGraph
 from spec_helpers import make_drafter, make_target
 
 _g = torch.Generator().manual_seed(7)
@@ -219,3 +219,21 @@ def test_graph_prefill_shapes_give_the_tokens_of_exact_prefill(paths, spec):
         assert [o.token_ids for o in llm.generate(prompt_token_ids=PROMPTS, sampling_params=params)] == reference
         assert replays and all(t == 16 and k & (k - 1) == 0 and kv & (kv - 1) == 0 for k, t, kv in replays)
         assert any(kv > 16 for _, _, kv in replays)  # a later chunk of the long prompts (start > 0) went too
+
+
+def test_prefill_graph_shapes_round_up_and_stay_inside_the_cache(paths, monkeypatch):
+    target = load_target(paths[0], "cpu", torch.float32)[0]
+    sp = Speculator(target, None, SpecConfig(), slots=8, capacity=96, time_stages=False)
+    runner = GraphRunner(sp, enabled=False)
+    prompt = list(range(1, 80))
+    # 3 pieces of up to 20 tokens, one starting at 16: 4 x 32, rows attended up to the next power of two.
+    pieces = [PrefillPiece(0, prompt, 0, 5), PrefillPiece(1, prompt, 16, 36), PrefillPiece(2, prompt, 0, 9)]
+    assert runner.prefill_shape(pieces) == (4, 32, 64)
+    assert runner.prefill_shape(pieces[:1]) == (1, 16, 16)  # at least 16 tokens
+    # Padding would write past row 96: eager.
+    assert runner.prefill_shape([PrefillPiece(0, list(range(1, 95)), 85, 94)]) is None
+    # Rows attended never exceed the capacity (80 + 16 = 96 rows, not 128).
+    assert runner.prefill_shape([PrefillPiece(0, list(range(1, 90)), 80, 89)]) == (1, 16, 96)
+    # Too many elements for one graph: eager.
+    monkeypatch.setattr("treeflash.runner.PREFILL_GRAPH_ELEMENTS", 4 * 32 * target.config.hidden_size - 1)
+    assert runner.prefill_shape(pieces) is None
