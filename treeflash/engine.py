@@ -174,7 +174,11 @@ class Engine:
         # Eager (CPU) rounds cost in proportion to their nodes, so large budgets never pay there, and
         # measuring them at a large batch takes minutes: eagerly, only the first few are candidates.
         budgets = AUTO_BUDGETS if self.runner.enabled else EAGER_AUTO_BUDGETS
-        chooser = BudgetChooser(self.runner.time_round, profile, budgets=budgets, probes=budgets)
+        # Eager rounds refine their costs as they run (BudgetChooser.refine), so a rough start-up
+        # measurement does: 2 timed rounds per budget instead of 5 (on the CPU each is ~0.1 s).
+        repeats = 5 if self.runner.enabled else 2
+        chooser = BudgetChooser(lambda bucket, budget: self.runner.time_round(bucket, budget, repeats), profile,
+                                budgets=budgets, probes=budgets)
         if path is not None:
             measure = chooser.measure
 
