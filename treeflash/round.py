@@ -242,11 +242,10 @@ class Speculator:
         committed rows alone: they only write past them, where the next piece overwrites).
         """
         batch = self.prefill_batch(pieces)
-        lengths = [p.end - p.start for p in pieces]
         real = None
-        if min(lengths) < max(lengths):  # (batch, token) of the real tokens, found on the host: prefill may synchronise
-            valid = torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]
-            real = tuple(x.to(self.device) for x in valid.nonzero(as_tuple=True))
+        if bool((batch.lengths < batch.tokens.shape[1]).any()):  # (batch, token) of the real tokens: prefill may sync
+            valid = torch.arange(batch.tokens.shape[1], device=self.device)[None, :] < batch.lengths[:, None]
+            real = valid.nonzero(as_tuple=True)
         last = self.prefill_forward(batch, max(p.end for p in pieces), real)
         self.commit_prefill(pieces)
         return self.target.logits(last)
@@ -276,10 +275,11 @@ class Speculator:
         """The forward of `prefill_many` on device tensors alone: K pieces of T tokens into their slots'
         caches, attending over rows [0, kv_len) (kv_len >= every piece's end). Returns the final hidden
         state of each piece's last real token [K, hidden] (`target.logits` of it: the logits after the
-        piece; a graph then owns K hidden rows, not K vocabulary-wide rows). With real=None every token is stored, padding too, at rows
-        start+t: the caller makes sure those rows exist (start + T <= capacity); rows past a piece's end
-        lie beyond its slot's committed length, where nothing reads them before they are overwritten.
-        Nothing here reads a device value on the host, so it can be captured (treeflash/runner.py)."""
+        piece; a graph then owns K hidden rows, not K vocabulary-wide rows). With real=None every token
+        is stored, padding too, at rows start+t: the caller makes sure those rows exist (start + T <=
+        capacity); rows past a piece's end lie beyond its slot's committed length, where nothing reads
+        them before they are overwritten. Nothing here reads a device value on the host, so it can be
+        captured (treeflash/runner.py)."""
         k, t = batch.tokens.shape
         dev = self.device
         positions = batch.starts[:, None] + torch.arange(t, device=dev)  # [K, T]; also the cache rows

@@ -67,8 +67,6 @@ class TrainDrafterOptions:
     max_shard_mb: float = 15.0
     progress: bool | None = None  # tqdm bars: None = only on a terminal
 
-
-
     def __post_init__(self) -> None:
         if self.draft_vocab_size < 0:
             raise ValueError(f"draft_vocab_size must be >= 0 (0: none), got {self.draft_vocab_size}")
