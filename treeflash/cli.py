@@ -24,7 +24,7 @@ up to 256 new tokens (the Python API keeps vLLM's defaults, temperature 1.0 and 
 
 GENERATE_EPILOG = """\
 examples:
-  treeflash generate --chat "Write a haiku about trees"
+  treeflash generate --chat "Write a Python function that checks whether a number is prime."
   treeflash generate "def fib(n):" --temperature 0 --max-tokens 64
   treeflash generate --system "Answer in one sentence." "What is a KV cache?"
   treeflash generate --model Qwen3-8B/ --draft-model Qwen3-8B-DFlash-b16/ --spec ddtree \\
