@@ -141,6 +141,29 @@ def test_gradients_reach_the_drafter_only(target_dir):
 
 
 # --- the loop ------------------------------------------------------------------------------------------------
+def test_a_deeper_drafter_grows_from_a_shallower_one_as_the_same_function(target_dir, tmp_path):
+    from treeflash.train.pipeline import start_from
+
+    target, _ = load_target(target_dir, "cpu", torch.float32)
+    source = tiny_drafter(target_dir, layers=1)
+    save_drafter(source, tmp_path / "one")
+    grown = tiny_drafter(target_dir, layers=2, seed=5)
+    start_from(grown, str(tmp_path / "one"))
+    trainer = Trainer(source, target, random_examples(8), TrainConfig(steps=1, batch_size=4, blocks_per_seq=3))
+    batch, anchors, valid = trainer.batch(0)
+    with torch.no_grad():  # the new top layer adds nothing yet: the same drafts, so the same loss
+        want = drafter_loss(source, target, batch, anchors, valid, 2.0).loss
+        torch.testing.assert_close(drafter_loss(grown, target, batch, anchors, valid, 2.0).loss, want)
+    grown_loss = drafter_loss(grown, target, batch, anchors, valid, 2.0).loss
+    grown_loss.backward()  # and it trains: the zeroed projections get gradients
+    assert grown.layers[1].mlp.down_proj.weight.grad.abs().sum() > 0
+    save_drafter(tiny_drafter(target_dir, layers=3), tmp_path / "three")
+    with pytest.raises(ValueError, match="does not match"):  # fewer layers than the source: refused
+        start_from(tiny_drafter(target_dir, layers=2), str(tmp_path / "three"))
+    with pytest.raises(ValueError, match="does not match"):
+        start_from(tiny_drafter(target_dir, layers=2, block_size=4), str(tmp_path / "one"))
+
+
 def test_schedule_warms_up_then_decays():
     cfg = TrainConfig(steps=100, lr=1e-3, warmup_steps=10, min_lr_ratio=0.1)
     lrs = [learning_rate(cfg, s, 100) for s in range(100)]

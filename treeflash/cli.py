@@ -242,8 +242,9 @@ def _add_train_parser(sub) -> None:
     t.add_argument("--mask-token-id", type=int, default=None,
                    help="token id of the MASK positions (default: the last vocabulary id; any embedding row works)")
     t.add_argument("--init-from", default=None, metavar="DRAFTER_DIR",
-                   help="start from this drafter's weights (same shape as these options give) instead of random "
-                        "ones, e.g. to train a shipped drafter further on more data")
+                   help="start from this drafter's weights (same shape as these options give, or fewer layers: "
+                        "the extra top layers start as identities) instead of random ones, e.g. to train a shipped "
+                        "drafter further on more data or to grow it")
     t.add_argument("--steps", type=int, default=d.steps, help=f"optimiser steps (default {d.steps})")
     t.add_argument("--batch-size", type=int, default=d.batch_size, help=f"sequences per step (default {d.batch_size})")
     t.add_argument("--blocks-per-seq", type=int, default=d.blocks_per_seq,

@@ -51,7 +51,7 @@ class TrainDrafterOptions:
     target_layer_ids: tuple[int, ...] | None = None
     mask_token_id: int | None = None  # default: the last row of the target's embedding table
     init_std: float = 0.02
-    init_from: str | None = None  # a drafter directory of the same shape to start from (else random weights)
+    init_from: str | None = None  # a drafter of the same shape, or fewer layers, to start from (else random)
     train: TrainConfig = field(default_factory=TrainConfig)
     train_minutes: float | None = None  # fit the optimiser steps (not the evaluations) into this long
     eval_every: int = 500

@@ -65,7 +65,12 @@ def init_drafter(cfg: DrafterConfig, std: float, seed: int, target: Transformer)
 
 def start_from(drafter: DFlashDrafter, directory: str) -> None:
     """Copy the weights of the drafter in `directory` (e.g. a shipped one, to train it on more data) into
-    `drafter`; its block, mask token, target layers and every tensor's shape must match."""
+    `drafter`; its block, mask token, target layers and every tensor it has must match in shape.
+
+    `drafter` may have more layers than that one (to grow it): its extra layers, on top, start as
+    identities, their attention and MLP output projections zeroed (each layer only adds to the
+    residual stream), so training resumes from the same drafts and then learns what they add.
+    """
     from treeflash.checkpoint import load_drafter
 
     source = load_drafter(directory, "cpu", torch.float32)
@@ -74,14 +79,17 @@ def start_from(drafter: DFlashDrafter, directory: str) -> None:
     theirs = (b.block_size, b.mask_token_id, tuple(b.target_layer_ids), b.num_target_layers)
     shapes = {n: tuple(p.shape) for n, p in drafter.named_parameters()}
     other = {n: tuple(p.shape) for n, p in source.named_parameters()}
-    if mine != theirs or shapes != other:
+    if mine != theirs or b.layers.num_layers > a.layers.num_layers or any(shapes.get(n) != s for n, s in other.items()):
         raise ValueError(f"--init-from {directory}: that drafter (block, mask id, target layers, layers: {theirs}, "
                          f"{b.layers.num_layers} layers) does not match these options ({mine}, "
                          f"{a.layers.num_layers} layers) or its tensors differ in shape")
     weights = dict(source.named_parameters())
     with torch.no_grad():
         for name, p in drafter.named_parameters():
-            p.copy_(weights[name])
+            if name in weights:
+                p.copy_(weights[name])
+            elif name.endswith(("o_proj.weight", "down_proj.weight")):  # a layer above the source's
+                p.zero_()
 
 
 def _release_cached_memory(device: torch.device) -> None:
