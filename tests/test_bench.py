@@ -59,7 +59,11 @@ def test_bench_runs_every_method_on_the_same_prompts_and_writes_json_table_and_p
     assert {"none", "ddtree:8"} <= set(ran)
     # ddtree:auto runs where the engine supports tree_budget="auto", and is skipped with the reason otherwise.
     assert "ddtree:auto" in ran or [s["method"] for s in result["skipped"]] == ["ddtree:auto"]
+    if "ddtree:auto" in ran:  # how many request-rounds ran at each budget it chose
+        assert sum(ran["ddtree:auto"]["auto_budget_rounds"].values()) == ran["ddtree:auto"]["rounds"]
+        assert "ddtree:auto: request-rounds by budget" in out.with_suffix(".txt").read_text()
     none, tree = ran["none"], ran["ddtree:8"]
+    assert none["auto_budget_rounds"] is None and tree["auto_budget_rounds"] is None
     for m in (none, tree):
         assert len(m["per_prompt"]) == 3 and m["generated_tokens"] == 24 and m["tokens_per_second"] > 0
         assert all(len(p["token_ids"]) == 8 for p in m["per_prompt"])

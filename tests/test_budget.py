@@ -130,6 +130,10 @@ def test_auto_budget_engine_is_greedy_identical(tmp_path):
     chooser = llm.engine.budget
     assert chooser.curve is not None and profile.is_file()
     assert set(CostProfile.load(profile).seconds[3]) == {0, 4, 8, 16}  # no draft and the eager candidates, measured when three slots ran
+    for o in outs:  # each round's budget is on the request's metrics (and in its summary)
+        assert len(o.metrics.round_budgets) == o.metrics.rounds and set(o.metrics.round_budgets) <= {0, 4, 8, 16}
+        assert "auto budgets: " in o.metrics.summary()
+    assert plain[0].metrics.round_budgets == [] and "auto budgets" not in plain[0].metrics.summary()
 
 
 def test_first_round_budget_is_a_candidate():

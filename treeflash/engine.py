@@ -292,6 +292,8 @@ class Engine:
             self.seq_lens[i] += accepted[i]
             m = request.metrics
             m.acceptance_lengths.append(accepted[i])
+            if self.budget is not None:
+                m.round_budgets.append(budget)
             m.decode_seconds += elapsed
             for stage, seconds in stage_seconds.items():
                 m.stage_seconds[stage] = m.stage_seconds.get(stage, 0.0) + seconds

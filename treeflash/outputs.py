@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 
@@ -18,6 +19,7 @@ class RequestMetrics:
     prefill_seconds: float = 0.0  # wall time of the prefill forwards this request took part in (batched)
     decode_seconds: float = 0.0  # wall time of the rounds this request took part in
     stage_seconds: dict[str, float] = field(default_factory=dict)  # per round stage, summed
+    round_budgets: list[int] = field(default_factory=list)  # tree_budget="auto": each round's budget (0: no draft)
 
     @property
     def rounds(self) -> int:
@@ -38,6 +40,9 @@ class RequestMetrics:
                  f"prefill {self.prefill_seconds * 1e3:.0f} ms"]
         if self.rounds:
             parts.append(f"{plural(self.rounds, 'round')}, mean acceptance length {self.mean_acceptance_length:.2f}")
+        if self.round_budgets:
+            counts = Counter(self.round_budgets)
+            parts.append("auto budgets: " + ", ".join(f"{b} x{counts[b]}" for b in sorted(counts)))
         if self.stage_seconds:
             total = sum(self.stage_seconds.values()) or 1.0
             parts.append("stages: " + ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in self.stage_seconds.items()))

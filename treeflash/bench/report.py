@@ -89,6 +89,10 @@ def format_bench(result: dict) -> str:
                      f"{_cell(m['same_tokens_as_none'], '.0%'):>6}  {stages}")
     for s in result["skipped"]:
         lines.append(f"{s['method']:<13} skipped: {s['reason']}")
+    for m in result["methods"]:
+        if m.get("auto_budget_rounds"):  # (absent from results written before it existed)
+            counts = ", ".join(f"{b} x{n}" for b, n in m["auto_budget_rounds"].items())
+            lines.append(f"  {m['method']}: request-rounds by budget (0: no draft): {counts}")
     if result["methods"] and result["methods"][0]["stage_ms_per_round"]:
         lines.append("  (accept: tokens per round; same: prompts whose tokens equal `none`'s, greedy only; "
                      "stage columns: ms per round)")

@@ -13,6 +13,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -260,6 +261,8 @@ def _summarise(runs: list[dict], cfg: BenchConfig) -> list[dict]:
             "stage_ms_per_round": {s: 1e3 * v / stage_rounds for s, v in stage_totals.items()
                                    if any(s in o.metrics.stage_seconds for o in r["stage_outs"])},
             "same_tokens_as_none": same,
+            # tree_budget="auto": how many request-rounds ran at each budget (0: no draft)
+            "auto_budget_rounds": _budget_rounds(outs),
             "per_prompt": [{"prompt_tokens": o.metrics.num_prompt_tokens, "generated_tokens": o.metrics.num_generated_tokens,
                             "finish_reason": o.finish_reason, "rounds": o.metrics.rounds,
                             "acceptance_lengths": o.metrics.acceptance_lengths,
@@ -267,6 +270,11 @@ def _summarise(runs: list[dict], cfg: BenchConfig) -> list[dict]:
                             "stage_seconds": o.metrics.stage_seconds, "token_ids": o.token_ids} for o in outs],
         })
     return summaries
+
+
+def _budget_rounds(outs) -> dict[int, int] | None:
+    counts = Counter(b for o in outs for b in o.metrics.round_budgets)
+    return {b: counts[b] for b in sorted(counts)} or None
 
 
 def _tps(run: dict) -> float:
