@@ -209,6 +209,22 @@ def test_rounds_without_a_draft_keep_the_drafter_context_and_the_output(tmp_path
         torch.testing.assert_close(a[0, :, :n], b[0, :, :n], rtol=0, atol=1e-5)
 
 
+def test_eager_rounds_are_their_own_measurement():
+    # On the CPU nothing runs only to measure: the first rounds of a bucket go one to each candidate,
+    # largest first and the round without a draft last, and each round's time is that budget's cost.
+    chooser = BudgetChooser(None, budgets=(4, 8, 16), log=None, measure_by_running=True)
+    curve = [[0.5, 0.8, 1.0]]
+    for budget, seconds in ((16, 3.0), (8, 2.0), (4, 1.5), (NO_DRAFT, 1.0)):
+        assert chooser.choose(1) == budget
+        chooser.refine(1, budget, seconds)
+        chooser.observe(budget, [2], curve)
+    assert chooser.profile.seconds[1] == {16: 3.0, 8: 2.0, 4: 1.5, NO_DRAFT: 1.0}
+    assert chooser.choose(1) == 4  # then the rule: (1 + 0.5 r) / 1.5 beats 8's and 16's rates
+    chooser.refine(1, 4, 2.5)  # later rounds refine it (EMA)
+    assert chooser.profile.seconds[1][4] == pytest.approx(0.9 * 1.5 + 0.1 * 2.5)
+    assert chooser.choose(2) == 16  # a new batch bucket measures again
+
+
 def test_eager_rounds_refine_the_cost_they_ran_at():
     chooser = chooser_with(lambda b: 1.0 + b / 16)
     chooser.costs(1)

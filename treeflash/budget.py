@@ -6,8 +6,9 @@ synchronisation already copied):
     budget = argmax_B  (1 + r * m(B)) / cost(S, B)       over B in AUTO_BUDGETS
 
 - cost(S, B): seconds per round at budget B for batch bucket S, from a `CostProfile` measured on the
-  device the first time bucket S runs (CUDA graph replays on a GPU, eager rounds on the CPU, with the
-  slots' state restored afterwards) or loaded from a stored profile. Budgets not measured are
+  device the first time bucket S runs (on a GPU, CUDA graph replays with the slots' state restored
+  afterwards; on the CPU, the first real rounds of bucket S, one at each candidate budget, largest
+  first, then one without a draft) or loaded from a stored profile. Budgets not measured are
   interpolated linearly between measured ones (and extrapolated from the last two).
 - m(B): the drafts a round at budget B is expected to accept, under the drafter's own surrogate. The
   tree's node scores are log-probabilities of prefixes, and a prefix is accepted exactly when it is
@@ -29,7 +30,7 @@ synchronisation already copied):
   row the chooser drafts one round at the best budget, which refreshes m and r (and costs that one
   round's extra). cost(S, 0) is measured with the others.
 - Eager rounds (the CPU) also refine cost(S, B) with the time of every round that ran at B (EMA): the
-  start-up measurement is a few rounds on a machine whose speed drifts, and its noise alone decided
+  first measurement is one round on a machine whose speed drifts, and such noise alone once decided
   between drafting and not.
 
 Before the first round has been observed the chooser uses `initial` (64, or the largest candidate when all
@@ -128,11 +129,17 @@ class BudgetChooser:
     def __init__(self, measure: Callable[[int, int], float] | None, profile: CostProfile | None = None,
                  budgets: tuple[int, ...] = AUTO_BUDGETS, probes: tuple[int, ...] | None = None,
                  initial: int = 64, decay: float = 0.9, log: Callable[[str], None] | None = _log,
-                 no_draft: bool = True):
+                 no_draft: bool = True, measure_by_running: bool = False):
         self.measure, self.budgets, self.decay, self.log = measure, budgets, decay, log
         self.initial = min(initial, max(budgets))  # the first round's budget (no acceptance seen yet): a candidate
         self.no_draft = no_draft
         self.probes = ((NO_DRAFT,) if no_draft and measure is not None else ()) + tuple(probes or budgets)
+        # Eager rounds (the CPU) time themselves (`refine`): there the first real round at each probe is its
+        # measurement, largest budget first, no draft last, instead of rounds that only measure (which
+        # delayed a request's first token by ~1.3 s on a 2-core CPU).
+        self.measure_by_running = measure_by_running
+        if measure_by_running:
+            self.probes = tuple(sorted(probes or budgets, reverse=True)) + ((NO_DRAFT,) if no_draft else ())
         self.undrafted = 0  # rounds at NO_DRAFT in a row
         self.drafted = 0  # drafted rounds observed
         self.profile = profile or CostProfile(device="")
@@ -160,6 +167,11 @@ class BudgetChooser:
         return costs
 
     def choose(self, bucket: int) -> int:
+        if self.measure_by_running:
+            measured = self.profile.seconds.setdefault(bucket, {})
+            unmeasured = [b for b in self.probes if b not in measured]
+            if unmeasured:
+                return unmeasured[0]
         costs = self.costs(bucket)
         if self.curve is None:
             return self.initial
@@ -178,13 +190,16 @@ class BudgetChooser:
         return NO_DRAFT
 
     def refine(self, bucket: int, budget: int, seconds: float) -> None:
-        """Fold a round's measured time into cost(bucket, budget) (EMA). For eager rounds (the CPU),
-        whose start-up measurement is a few noisy rounds: the engine's own clock of a round is the
-        same kind of time there. (Graph replays are measured precisely by CUDA events, and the
-        engine's clock would add its host work to the budgets that run only.)"""
+        """Fold a round's measured time into cost(bucket, budget) (EMA); with `measure_by_running`, a
+        probe's first round sets it. For eager rounds (the CPU), whose first measurement is one noisy
+        round: the engine's own clock of a round is the same kind of time there. (Graph replays are
+        measured precisely by CUDA events, and the engine's clock would add its host work to the
+        budgets that run only.)"""
         measured = self.profile.seconds.get(bucket)
         if measured is not None and budget in measured:
             measured[budget] = self.decay * measured[budget] + (1 - self.decay) * seconds
+        elif measured is not None and self.measure_by_running and budget in self.probes:
+            measured[budget] = seconds  # its first round: the measurement
 
     def observe(self, budget: int, accepted: list[int], predicted: list[list[float]]) -> None:
         """One round: accepted (tokens emitted, drafts + 1) and predicted m(B) rows of the running slots.

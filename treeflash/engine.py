@@ -173,13 +173,24 @@ class Engine:
             raise ValueError(f"{path}: a cost profile measured on {profile.device!r}, this is {device!r}")
         # Eager (CPU) rounds cost in proportion to their nodes, so large budgets never pay there, and
         # measuring them at a large batch takes minutes: eagerly, only the first few are candidates.
-        budgets = AUTO_BUDGETS if self.runner.enabled else EAGER_AUTO_BUDGETS
-        # Eager rounds refine their costs as they run (BudgetChooser.refine), so a rough start-up
-        # measurement does: 2 timed rounds per budget instead of 5 (on the CPU each is ~0.1 s).
-        repeats = 5 if self.runner.enabled else 2
-        chooser = BudgetChooser(lambda bucket, budget: self.runner.time_round(bucket, budget, repeats), profile,
-                                budgets=budgets, probes=budgets)
-        if path is not None:
+        eager = not self.runner.enabled
+        budgets = EAGER_AUTO_BUDGETS if eager else AUTO_BUDGETS
+        # Eager rounds time themselves (refine): the first real round at each budget is its measurement.
+        chooser = BudgetChooser(None if eager else lambda bucket, budget: self.runner.time_round(bucket, budget),
+                                profile, budgets=budgets, probes=budgets, measure_by_running=eager)
+        if path is None:
+            return chooser
+        if eager:
+            refine = chooser.refine
+
+            def refine_and_store(bucket: int, budget: int, seconds: float) -> None:
+                known = len(profile.seconds.get(bucket, {}))
+                refine(bucket, budget, seconds)
+                if len(profile.seconds.get(bucket, {})) > known:  # a budget's first measurement
+                    profile.save(path)
+
+            chooser.refine = refine_and_store
+        else:
             measure = chooser.measure
 
             def measure_and_store(bucket: int, budget: int) -> float:

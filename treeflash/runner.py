@@ -178,14 +178,10 @@ class GraphRunner:
         sp = self.speculator
         saved = _save(sp)
         times = []
-        graphed = self.enabled and self.bucket(num_slots) in self.buckets
-        # A first round warms up (captures a graph, loads kernels); an eager CPU round has nothing to warm,
-        # and on the CPU this measurement delays a request's first token (~0.1 s per round).
-        warm_up = 1 if sp.device.type == "cuda" else 0
         try:
-            for i in range(repeats + warm_up):
+            for i in range(repeats + 1):  # the first one warms up (and captures)
                 _restore(sp, saved)
-                if graphed:
+                if self.enabled and self.bucket(num_slots) in self.buckets:
                     captured = self.graph(self.bucket(num_slots), budget)
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     start.record()
@@ -200,7 +196,7 @@ class GraphRunner:
                     if sp.device.type == "cuda":
                         torch.cuda.synchronize()
                     seconds = time.perf_counter() - begin
-                if i >= warm_up:
+                if i:
                     times.append(seconds)
         finally:
             _restore(sp, saved)
