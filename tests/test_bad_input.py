@@ -300,6 +300,9 @@ def test_cli_summary_counts_tokens_and_rounds_in_english(capsys, small_vocab_pai
     assert "; 1 round, mean acceptance length 2.00" in summary_line("ddtree", out, 1.0)
     out.metrics.acceptance_lengths = [1, 1]
     assert "; 2 rounds, mean acceptance length 1.00" in summary_line("dflash", out, 1.0)
+    assert "auto budgets" not in summary_line("dflash", out, 1.0)
+    out.metrics.round_budgets = [8, 0]  # tree_budget="auto": what it chose, counted
+    assert "mean acceptance length 1.00; auto budgets: 0 x1, 8 x1" in summary_line("ddtree", out, 1.0)
     out.metrics.num_generated_tokens = 1
     assert summary_line("none", out, 1.0).startswith("[none] 1 token in 1.00 s (1.0 tokens/s)")
 

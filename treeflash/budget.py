@@ -133,13 +133,14 @@ class BudgetChooser:
         self.measure, self.budgets, self.decay, self.log = measure, budgets, decay, log
         self.initial = min(initial, max(budgets))  # the first round's budget (no acceptance seen yet): a candidate
         self.no_draft = no_draft
-        self.probes = ((NO_DRAFT,) if no_draft and measure is not None else ()) + tuple(probes or budgets)
         # Eager rounds (the CPU) time themselves (`refine`): there the first real round at each probe is its
         # measurement, largest budget first, no draft last, instead of rounds that only measure (which
         # delayed a request's first token by ~1.3 s on a 2-core CPU).
         self.measure_by_running = measure_by_running
         if measure_by_running:
             self.probes = tuple(sorted(probes or budgets, reverse=True)) + ((NO_DRAFT,) if no_draft else ())
+        else:
+            self.probes = ((NO_DRAFT,) if no_draft and measure is not None else ()) + tuple(probes or budgets)
         self.undrafted = 0  # rounds at NO_DRAFT in a row
         self.drafted = 0  # drafted rounds observed
         self.profile = profile or CostProfile(device="")

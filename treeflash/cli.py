@@ -394,6 +394,8 @@ def summary_line(method: str, out, elapsed: float) -> str:
             f"finish reason: {out.finish_reason}")
     if method != "none" and m.rounds:
         line += f"; {plural(m.rounds, 'round')}, mean acceptance length {m.mean_acceptance_length:.2f}"
+    if m.round_budgets:
+        line += f"; {m.budget_counts()}"
     # Plain decoding has no draft and no tree to time.
     stages = {k: v for k, v in m.stage_seconds.items() if method != "none" or k not in ("draft", "tree")}
     if stages:

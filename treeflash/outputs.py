@@ -35,14 +35,18 @@ class RequestMetrics:
         total = self.prefill_seconds + self.decode_seconds
         return self.num_generated_tokens / total if total > 0 else 0.0
 
+    def budget_counts(self) -> str:
+        """tree_budget="auto": rounds per budget it chose, e.g. "auto budgets: 0 x3, 8 x12"."""
+        counts = Counter(self.round_budgets)
+        return "auto budgets: " + ", ".join(f"{b} x{counts[b]}" for b in sorted(counts))
+
     def summary(self) -> str:
         parts = [plural(self.num_generated_tokens, "token"), f"{self.tokens_per_second:.1f} tokens/s",
                  f"prefill {self.prefill_seconds * 1e3:.0f} ms"]
         if self.rounds:
             parts.append(f"{plural(self.rounds, 'round')}, mean acceptance length {self.mean_acceptance_length:.2f}")
         if self.round_budgets:
-            counts = Counter(self.round_budgets)
-            parts.append("auto budgets: " + ", ".join(f"{b} x{counts[b]}" for b in sorted(counts)))
+            parts.append(self.budget_counts())
         if self.stage_seconds:
             total = sum(self.stage_seconds.values()) or 1.0
             parts.append("stages: " + ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in self.stage_seconds.items()))
