@@ -179,9 +179,9 @@ class BudgetChooser:
         r = self.calibration
         drafts = {b: r * m for b, m in zip(self.budgets, self.curve)}
         trees = {b: costs[b] for b in self.budgets}
-        if NO_DRAFT not in costs or self.drafted < NO_DRAFT_AFTER:
-            return best_budget(trees, drafts)
         budget = best_budget(trees, drafts)
+        if NO_DRAFT not in costs or self.drafted < NO_DRAFT_AFTER:
+            return budget
         if (1.0 + drafts[budget]) / costs[budget] * NO_DRAFT_MARGIN >= 1.0 / costs[NO_DRAFT]:
             self.undrafted = 0
             return budget
