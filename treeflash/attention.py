@@ -1,4 +1,4 @@
-"""Attention of new tokens over a slot's cache: one `attend`, two ways to say what each token sees.
+"""Attention of new tokens over a slot's cache: one `attend`, three ways to say what each token sees.
 
 The new tokens of a round (a draft block, a draft tree, one decode step) see every committed row of
 their slot plus the new rows their own mask allows. Two representations of that visibility:
@@ -9,6 +9,10 @@ their slot plus the new rows their own mask allows. Two representations of that 
   evaluated), the blocks holding the new rows evaluate the ancestor mask, and blocks past the slot's
   length are skipped, so a round costs what the slot's context costs, not what the cache could hold.
   It runs through a Triton kernel compiled by `torch.compile` (CUDA only; never needed on the CPU).
+- "splitkv": the slots' committed lengths and the [B, T, T] mask among the new rows, read by our own
+  Triton kernels (treeflash/splitkv_attention.py): each KV head's query heads folded together, the
+  visible rows split over many programs and merged. Like flex it reads only the slot's context
+  (CUDA only).
 
 FlexAttention has two kernels: a decoding kernel that packs the query rows of one KV head's query heads
 (T x groups) into one block and reads each KV row once for all of them, and the general kernel (one
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 from dataclasses import dataclass
 
 import torch
@@ -32,7 +37,7 @@ import torch.nn.functional as F
 
 from treeflash.kv_cache import append_layout
 
-BACKENDS = ("sdpa", "flex")
+BACKENDS = ("sdpa", "flex", "splitkv")
 FLEX_BLOCK = 128  # rows per FlexAttention block (its default sparse block size)
 # When FlexAttention's decoding kernel runs (see the module docstring): for at most FLEX_DECODE_TOKENS
 # new tokens per slot AND at most FLEX_DECODE_ROWS packed rows (tokens x query heads per KV head).
@@ -56,16 +61,41 @@ class FlexMask:
         return self.block_mask.shape
 
 
-def default_backend(device: torch.device | str) -> str:
-    """The backend a device uses when none is asked for: see benchmarks/attention/README.md."""
-    return "flex" if torch.device(device).type == "cuda" else "sdpa"
+@dataclass(frozen=True)
+class SplitKVMask:
+    """A round's mask for the splitkv kernels: committed rows per slot, then who sees whom among the new."""
+
+    seq_lens: torch.Tensor  # [B] int32
+    new_mask: torch.Tensor  # [B, T, T] uint8, 1 = visible
+    kv_len: int
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (*self.new_mask.shape[:2], self.kv_len)
+
+
+def default_backend(device: torch.device | str, heads: int | None = None, kv_heads: int | None = None,
+                    head_dim: int | None = None) -> str:
+    """The backend a device uses when none is asked for, by measurement (H200): "sdpa" on the CPU; on
+    CUDA "splitkv" where FlexAttention has no decoding kernel (query heads per KV head not a power of
+    two, e.g. SmolLM2's 9/3: splitkv rounds took 0.55-0.76x flex's, benchmarks/h200-splitkv), else
+    "flex" (Qwen3-8B's 32/8: flex ahead or even, benchmarks/attention/README.md, h200-splitkv)."""
+    if torch.device(device).type != "cuda":
+        return "sdpa"
+    if heads and kv_heads and head_dim:
+        groups = heads // kv_heads
+        if groups & (groups - 1) and head_dim >= 16 and not head_dim & (head_dim - 1):
+            return "splitkv"
+    return "flex"
 
 
 def check_backend(backend: str, device: torch.device | str) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"attention backend must be one of {BACKENDS}, got {backend!r}")
-    if backend == "flex" and torch.device(device).type != "cuda":
-        raise ValueError("the flex attention backend needs a CUDA device (the CPU uses 'sdpa')")
+    # Triton's interpreter runs the splitkv kernels on CPU tensors (the tests' way to run them here).
+    interpreted = backend == "splitkv" and os.environ.get("TRITON_INTERPRET") == "1"
+    if backend != "sdpa" and torch.device(device).type != "cuda" and not interpreted:
+        raise ValueError(f"the {backend} attention backend needs a CUDA device (the CPU uses 'sdpa')")
     return backend
 
 
@@ -74,13 +104,16 @@ def round_layout(seq_lens: torch.Tensor, new_mask: torch.Tensor, kv_len: int, ba
     """Cache rows of T new tokens and their visibility over cache rows [0, kv_len).
 
     seq_lens: [B] committed rows; new_mask: [B, T, T] visibility among the new tokens.
-    Returns rows [B, T] and a mask for `attend`: a bool tensor [B, T, kv_len] ("sdpa") or a
-    FlexMask ("flex"; its kernel chosen by `flex_decode_tokens`); both have `.shape[-1] == kv_len`.
+    Returns rows [B, T] and a mask for `attend`: a bool tensor [B, T, kv_len] ("sdpa"), a
+    FlexMask ("flex"; its kernel chosen by `flex_decode_tokens`) or a SplitKVMask ("splitkv"); each
+    has `.shape[-1] == kv_len`.
     """
     if backend == "sdpa":
         return append_layout(seq_lens, new_mask, kv_len)
     t = new_mask.shape[1]
     rows = seq_lens[:, None] + torch.arange(t, device=new_mask.device)
+    if backend == "splitkv":
+        return rows, SplitKVMask(seq_lens.to(torch.int32), new_mask.to(torch.uint8), kv_len)
     return rows, FlexMask(block_mask(seq_lens, new_mask, kv_len), decode_kernel=t <= flex_decode_tokens)
 
 
@@ -131,9 +164,13 @@ def _compiled_flex():
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
-    """q: [B, H, T, D]; k, v: [B, Hkv, L, D]; mask: [B, T, L] bool (True = visible) or a FlexMask
-    over the same rows -> [B, T, H*D]."""
+    """q: [B, H, T, D]; k, v: [B, Hkv, L, D]; mask: [B, T, L] bool (True = visible), or a FlexMask or
+    SplitKVMask over the same rows -> [B, T, H*D]."""
     b, h, t, d = q.shape
+    if isinstance(mask, SplitKVMask):
+        from treeflash.splitkv_attention import splitkv_attention
+
+        return splitkv_attention(q, k, v, mask.seq_lens, mask.new_mask)
     if isinstance(mask, FlexMask):
         # The decoding kernel packs the query rows of one KV head (t x groups) into one block; past
         # FLEX_DECODE_ROWS it turns slow (measured), past FLEX_BLOCK it has no valid configuration.

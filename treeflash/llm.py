@@ -175,7 +175,9 @@ class LLM:
     cuda_graph_sizes: the batch buckets captured (default: powers of two up to max_num_seqs); a round
     over n running slots replays the smallest >= n. A capture costs seconds, so a job whose slots stay
     full (data generation, evaluation) may capture just [max_num_seqs].
-    attention: "flex" (FlexAttention, CUDA only) or "sdpa" (dense mask); default: flex on CUDA.
+    attention: "flex" (FlexAttention), "splitkv" (our split-KV Triton kernels; both CUDA only) or "sdpa"
+    (dense mask); default: sdpa on the CPU; on CUDA splitkv where query heads per KV head are not a power
+    of two (SmolLM2), else flex (treeflash/attention.py: default_backend).
     compile_kernels: on CUDA (default True; ignored on the CPU), fuse the q/k/v and gate/up projections
     and run norms, rotary, silu*mul and residual sums through torch.compile (treeflash/models/kernels.py);
     False keeps the eager model code (like vLLM's enforce_eager, with CUDA graphs still on).

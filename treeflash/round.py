@@ -141,7 +141,8 @@ class PrefillBatch:
 class Speculator:
     """Owns the target, the optional drafter, their caches and the per-slot state; runs prefill and rounds.
 
-    attention: "sdpa" or "flex" (treeflash/attention.py); default: the device's measured choice.
+    attention: "sdpa", "flex" or "splitkv" (treeflash/attention.py); default: the measured choice for the
+        device and head layout (`default_backend`).
     flex_decode_tokens: new tokens up to which FlexAttention uses its decoding kernel (attention.py).
     compile_kernels: on CUDA, fused q/k/v and gate/up projections and torch.compile'd norm, rotary,
     silu*mul and residual pieces (treeflash/models/kernels.py) for the models' forwards; False: the
@@ -156,7 +157,9 @@ class Speculator:
             raise ValueError(f"spec={spec.method!r} needs a draft model")
         self.target, self.drafter, self.spec = target, drafter if spec.method != "none" else None, spec
         self.device = target.embed_tokens.weight.device
-        self.attention = check_backend(attention or default_backend(self.device), self.device)
+        c = target.config
+        self.attention = check_backend(attention or default_backend(self.device, c.num_heads, c.num_kv_heads, c.head_dim),
+                                       self.device)
         self.flex_decode_tokens = flex_decode_tokens
         if self.device.type == "cuda":
             # The models are switched as a whole (shared with any other speculator on them): the last

@@ -1,0 +1,95 @@
+"""The splitkv attention kernels (treeflash/splitkv_attention.py), run by Triton's interpreter on CPU
+tensors: the same visibility as the dense-mask reference, and whole rounds that decode exactly as
+plain decoding does. float32 only (the interpreter's bfloat16 dot is not exact); bf16 on the GPU is
+covered by scripts/gpu_check.py.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are defined (test collection imports nothing else)
+triton = pytest.importorskip("triton")
+
+from treeflash.attention import SplitKVMask, attend, check_backend, round_layout  # noqa: E402
+from treeflash.kv_cache import append_layout  # noqa: E402
+from treeflash.llm import LLM  # noqa: E402
+from treeflash.sampling import SamplingParams  # noqa: E402
+from spec_helpers import make_drafter, make_target  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _interpreter_scalars(monkeypatch):
+    # Triton 3.6's interpreter turns a loaded scalar into int() of a 1-element array, which NumPy >= 2.4
+    # refuses (a loop bounded by a loaded value fails); take the element instead.
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+
+    def patch(tensor, scope):
+        original(tensor, scope)
+        tensor.__index__ = lambda self: int(self.handle.data.item())
+
+    monkeypatch.setattr(interpreter, "_patch_lang_tensor", patch)
+
+
+def random_tree_mask(batch: int, t: int, gen: torch.Generator) -> torch.Tensor:
+    """[B, T, T] ancestor-or-self masks of random trees (parents precede children)."""
+    mask = torch.eye(t, dtype=torch.bool).repeat(batch, 1, 1)
+    for b in range(batch):
+        for i in range(1, t):
+            mask[b, i] |= mask[b, int(torch.randint(0, i, (1,), generator=gen))]
+    return mask
+
+
+CASES = [  # batch, heads, kv_heads, new tokens, head_dim, capacity, committed rows, programs wanted
+    (1, 9, 3, 1, 64, 256, [100], None),  # a decode step, SmolLM2's 3 query heads per KV head
+    (1, 9, 3, 5, 64, 256, [100], 64),  # many splits, most of them past the context
+    (2, 9, 3, 17, 64, 512, [0, 300], 64),  # an empty prefix beside a long one
+    (2, 4, 2, 33, 32, 512, [1, 450], None),
+    (2, 4, 1, 65, 16, 256, [64, 128], 1),  # one split: the partial kernel writes the output itself
+    (3, 8, 8, 9, 16, 128, [0, 63, 64], 16),  # no grouping; contexts at a block's edges
+    (1, 4, 1, 3, 128, 8192, [5000], 4096),  # splits capped at MAX_SPLITS; a one-row merge tile
+]
+
+
+@pytest.mark.parametrize("batch,heads,kv_heads,t,head_dim,capacity,seqs,programs", CASES)
+def test_splitkv_matches_the_dense_mask(monkeypatch, batch, heads, kv_heads, t, head_dim, capacity, seqs, programs):
+    import treeflash.splitkv_attention as kernels
+
+    if programs is not None:
+        monkeypatch.setattr(kernels, "_programs_wanted", lambda device: programs)
+    gen = torch.Generator().manual_seed(t)
+    q = torch.randn(batch, heads, t, head_dim, generator=gen)
+    k = torch.randn(batch, kv_heads, capacity, head_dim, generator=gen)
+    v = torch.randn(batch, kv_heads, capacity, head_dim, generator=gen)
+    seq_lens = torch.tensor(seqs)
+    new_mask = random_tree_mask(batch, t, gen)
+    _, dense = append_layout(seq_lens, new_mask, capacity)
+    rows, mask = round_layout(seq_lens, new_mask, capacity, "splitkv")
+    assert isinstance(mask, SplitKVMask) and mask.shape == (batch, t, capacity)
+    assert torch.equal(rows, seq_lens[:, None] + torch.arange(t))
+    out = attend(q, k, v, mask)
+    torch.testing.assert_close(out, attend(q, k, v, dense), rtol=1e-5, atol=1e-5)
+
+
+def test_splitkv_needs_cuda_outside_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        check_backend("splitkv", "cpu")
+
+
+@pytest.mark.parametrize("spec,budget", [("ddtree", 8), ("dflash", 64)])
+def test_splitkv_rounds_decode_as_plain_decoding(tmp_path, spec, budget):
+    target = make_target(tmp_path / "target", vocab=64, hidden=64, heads=4, kv_heads=2, layers=2)
+    drafter = make_drafter(tmp_path / "drafter", target, block_size=4)
+    prompts = [[5, 17, 42, 8, 99 % 64, 3], [1, 2, 3]]
+    params = [SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)] * 2
+    plain = LLM(str(target), device="cpu", dtype="float32", spec="none", max_num_seqs=2)
+    expected = [o.token_ids for o in plain.generate(prompt_token_ids=prompts, sampling_params=params)]
+    llm = LLM(str(target), device="cpu", dtype="float32", draft_model=str(drafter), spec=spec, tree_budget=budget,
+              max_num_seqs=2, attention="splitkv")
+    assert [o.token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=params)] == expected

@@ -1,0 +1,177 @@
+"""Split-KV attention of a few new tokens (a decode step, a draft block, a draft tree) over a slot's cache.
+
+The `"splitkv"` attention backend (treeflash/attention.py). A round's new tokens sit at rows
+[seq_len, seq_len + T) of their slot's cache; each sees every committed row plus the new rows its
+[T, T] mask allows (the ancestor mask of a tree). Two Triton kernels:
+
+1. partial: one program per (slot x KV head, block of query rows, KV split). The query rows of one KV
+   head's query heads are folded together (G x T rows: the KV rows are read once for all of them),
+   and the slot's visible rows [0, seq_len + T) are cut into NUM_SPLITS equal ranges, sized on the
+   device from seq_len, so every split has work whatever the context and nothing past it is read.
+   Each program keeps an online softmax over its range (running max, sum, weighted values).
+2. merge: combines the splits' partial results (log-sum-exp weights) into the output.
+
+With one split the partial kernel normalises and writes the output itself. NUM_SPLITS is fixed per
+(batch, T, capacity) call shape, so a round is still one CUDA graph replayed at any context length:
+it is chosen to give about two programs per SM (`num_splits`). Why not FlexAttention, measured in
+benchmarks/h200-splitkv: its general kernel runs one program per (query head, 128 query rows),
+so a SmolLM2 tree (9 heads, 65 rows) got 9 programs walking the whole context, and its decoding
+kernel needs a power-of-two grouping of query heads.
+Imported lazily (CUDA only); under TRITON_INTERPRET=1 the same kernels run on CPU tensors (tests).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_N = 64  # KV rows per inner step
+MAX_BLOCK_M = 64  # folded query rows per program
+MAX_SPLITS = 64
+MERGE_TILE = 8192  # elements of the merge kernel's [splits, rows, head_dim] tile, at most
+
+
+@triton.jit
+def _partial(Q, K, V, SeqLens, NewMask, Out, PartAcc, PartMax, PartSum,
+             sq_b, sq_h, sq_t, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sm_b, sm_q, sm_k, so_b, so_t,
+             scale, KV_HEADS, GROUPS, T, ROWS,
+             NUM_SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+             PRECISION: tl.constexpr):
+    bh = tl.program_id(0)
+    m_block = tl.program_id(1)
+    split = tl.program_id(2)
+    b = bh // KV_HEADS
+    h = bh % KV_HEADS
+    seq = tl.load(SeqLens + b)
+    end = seq + T  # rows [0, end) are visible to someone
+    per_split = tl.cdiv(tl.cdiv(end, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * per_split
+    stop = tl.minimum(start + per_split, end)
+
+    rows = m_block * BLOCK_M + tl.arange(0, BLOCK_M)  # folded row r = g * T + t
+    row_ok = rows < ROWS
+    g = rows // T
+    t = rows % T
+    d = tl.arange(0, HEAD_DIM)
+    q = tl.load(Q + b * sq_b + (h * GROUPS + g)[:, None] * sq_h + t[:, None] * sq_t + d[None, :],
+                mask=row_ok[:, None], other=0.0)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    k_base = K + b * sk_b + h * sk_h
+    v_base = V + b * sv_b + h * sv_h
+    for n0 in range(start, stop, BLOCK_N):
+        cols = n0 + tl.arange(0, BLOCK_N)
+        col_ok = cols < stop
+        k = tl.load(k_base + cols[:, None] * sk_n + d[None, :], mask=col_ok[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+        rel = cols - seq  # >= 0: a new row, visible where the new tokens' mask says
+        is_new = (rel >= 0) & col_ok
+        allowed = tl.load(NewMask + b * sm_b + t[:, None] * sm_q + tl.maximum(rel, 0)[None, :] * sm_k,
+                          mask=row_ok[:, None] & is_new[None, :], other=0)
+        visible = ((rel < 0) & col_ok)[None, :] | (allowed != 0)
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing yet
+        p = tl.exp(s - m_use[:, None])
+        alpha = tl.exp(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + cols[:, None] * sv_n + d[None, :], mask=col_ok[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+
+    if NUM_SPLITS == 1:
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        tl.store(Out + b * so_b + t[:, None] * so_t + (h * GROUPS + g)[:, None] * HEAD_DIM + d[None, :],
+                 out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        part = (bh * NUM_SPLITS + split) * (tl.num_programs(1) * BLOCK_M) + rows
+        tl.store(PartAcc + part[:, None] * HEAD_DIM + d[None, :], acc)
+        tl.store(PartMax + part, m_i)
+        tl.store(PartSum + part, l_i)
+
+
+@triton.jit
+def _merge(Out, PartAcc, PartMax, PartSum, so_b, so_t, KV_HEADS, GROUPS, T, ROWS, PADDED,
+           NUM_SPLITS: tl.constexpr, MERGE_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+    # Every split of MERGE_M rows at once (a [splits, rows, head_dim] tile): one round of loads, not a
+    # loop over the splits, whose dependent loads made this kernel cost twice the partial one.
+    bh = tl.program_id(0)
+    b = bh // KV_HEADS
+    h = bh % KV_HEADS
+    rows = tl.program_id(1) * MERGE_M + tl.arange(0, MERGE_M)
+    d = tl.arange(0, HEAD_DIM)
+    part = (bh * NUM_SPLITS + tl.arange(0, NUM_SPLITS))[:, None] * PADDED + rows[None, :]  # [splits, rows]
+    m = tl.load(PartMax + part)
+    m_all = tl.max(m, 0)
+    w = tl.exp(m - tl.where(m_all == float("-inf"), 0.0, m_all)[None, :])  # an empty split: exp(-inf) = 0
+    total = tl.sum(w * tl.load(PartSum + part), 0)
+    acc = tl.sum(w[:, :, None] * tl.load(PartAcc + part[:, :, None] * HEAD_DIM + d[None, None, :]), 0)
+    out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
+    g = rows // T
+    t = rows % T
+    tl.store(Out + b * so_b + t[:, None] * so_t + (h * GROUPS + g)[:, None] * HEAD_DIM + d[None, :],
+             out.to(Out.dtype.element_ty), mask=(rows < ROWS)[:, None])
+
+
+@functools.cache
+def _programs_wanted(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 8
+    return 2 * torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def num_splits(programs: int, capacity: int, device: torch.device) -> int:
+    """KV splits per (slot x KV head, row block): about two programs per SM over the whole grid, at most
+    one per BLOCK_N rows of the cache and MAX_SPLITS, a power of two (few distinct kernels)."""
+    want = max(1, _programs_wanted(device) // max(1, programs))
+    want = min(want, max(1, capacity // BLOCK_N), MAX_SPLITS)
+    return 1 << (want.bit_length() - 1)
+
+
+def supported(head_dim: int) -> bool:
+    return head_dim >= 16 and head_dim & (head_dim - 1) == 0
+
+
+def splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor,
+                      new_mask: torch.Tensor) -> torch.Tensor:
+    """q: [B, H, T, D] new tokens' queries; k, v: [B, Hkv, L, D] the cache (new rows already written at
+    seq_lens + t); seq_lens: [B] int32 committed rows; new_mask: [B, T, T] uint8 (1 = visible).
+    Returns [B, T, H*D]."""
+    batch, heads, t, head_dim = q.shape
+    kv_heads, capacity = k.shape[1], k.shape[2]
+    groups = heads // kv_heads
+    rows = groups * t
+    block_m = min(MAX_BLOCK_M, max(16, triton.next_power_of_2(rows)))
+    m_blocks = triton.cdiv(rows, block_m)
+    splits = num_splits(batch * kv_heads * m_blocks, capacity, q.device)
+    out = torch.empty(batch, t, heads * head_dim, dtype=q.dtype, device=q.device)
+    if splits > 1:
+        parts = batch * kv_heads * splits * m_blocks * block_m
+        part_acc = torch.empty(parts, head_dim, dtype=torch.float32, device=q.device)
+        part_max = torch.empty(parts, dtype=torch.float32, device=q.device)
+        part_sum = torch.empty(parts, dtype=torch.float32, device=q.device)
+    else:
+        part_acc = part_max = part_sum = out  # unused
+    if q.stride(3) != 1 or k.stride(3) != 1 or v.stride(3) != 1:
+        raise ValueError("splitkv attention needs the head dimension contiguous")
+    _partial[(batch * kv_heads, m_blocks, splits)](
+        q, k, v, seq_lens, new_mask, out, part_acc, part_max, part_sum,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), new_mask.stride(0), new_mask.stride(1), new_mask.stride(2),
+        out.stride(0), out.stride(1), head_dim ** -0.5, kv_heads, groups, t, rows,
+        NUM_SPLITS=splits, BLOCK_M=block_m, BLOCK_N=BLOCK_N, HEAD_DIM=head_dim,
+        # float32 stays float32 (TF32 would round the operands to 10 bits: the float32 equality checks
+        # compare rounds of different shapes); 16-bit operands are exact in either.
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+    if splits > 1:
+        merge_m = max(1, min(16, MERGE_TILE // (splits * head_dim)))
+        merge_m = 1 << (merge_m.bit_length() - 1)
+        _merge[(batch * kv_heads, triton.cdiv(rows, merge_m))](
+            out, part_acc, part_max, part_sum, out.stride(0), out.stride(1), kv_heads, groups, t, rows,
+            m_blocks * block_m, NUM_SPLITS=splits, MERGE_M=merge_m, HEAD_DIM=head_dim)
+    return out
