@@ -278,3 +278,31 @@ def test_a_budget_below_the_block_needs_only_its_own_depths():
         for name in ("tokens", "parents", "depths", "valid", "scores"):
             assert torch.equal(getattr(full, name), getattr(cut, name)), (budget, name)
         assert int(full.depths.max()) <= budget
+
+
+
+@pytest.mark.parametrize("budget", [1, 3, 8, 24, 64])
+@pytest.mark.parametrize("levels", [3, None])  # 3: few distinct log-probs, ties everywhere
+def test_pruned_beam_ranking_equals_the_full_one(monkeypatch, budget, levels):
+    from treeflash import tree as tree_module
+
+    gen = torch.Generator().manual_seed(budget)
+    lp = torch.randn(3, 5, 40, generator=gen)
+    if levels:
+        lp = (lp * levels).round() / levels
+    lp = lp.log_softmax(-1)
+    bonus = torch.zeros(3, dtype=torch.long)
+    pruned = build_tree(bonus, lp, budget=budget)
+    k = min(budget, 40)
+    pairs, beam_of, child_of = tree_module._beam_pairs(budget, k, torch.device("cpu"))
+    assert torch.equal(pairs, beam_of * k + child_of)
+    assert all((i + 1) * (j + 1) <= budget for i, j in zip(beam_of.tolist(), child_of.tolist()))
+
+    def every_pair(budget, k, device):  # the ranking before pruning: all budget x K pairs, i-major
+        i, j = torch.meshgrid(torch.arange(budget), torch.arange(k), indexing="ij")
+        return torch.arange(budget * k), i.flatten(), j.flatten()
+
+    monkeypatch.setattr(tree_module, "_beam_pairs", every_pair)
+    full = build_tree(bonus, lp, budget=budget)
+    for field in ("tokens", "parents", "depths", "valid", "scores", "ranked_scores"):
+        assert torch.equal(getattr(pruned, field), getattr(full, field)), field
