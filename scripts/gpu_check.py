@@ -14,7 +14,7 @@ C. no host synchronisation inside an eager round: every round runs under
 D. with --smollm2: the real model, greedy float32 identical to transformers on the GPU, and bf16 runs.
 E. graphed == eager (float32): the same requests (greedy and seeded sampling, mixed in one batch) give
    identical tokens with CUDA graphs on and off (rounds and prefill), for none / dflash / ddtree, with
-   both attention backends; tree_budget="auto" greedy equals plain decoding.
+   every attention backend; tree_budget="auto" greedy equals plain decoding.
 F. no host synchronisation inside a replayed round (set_sync_debug_mode("error") around replays).
 G. with --timings: per-round milliseconds, eager vs graphed, at the SmolLM2-135M and Qwen3-8B shapes
    (random bf16 weights, context 1024, batch 1 and 8; AR step, dflash, ddtree 64/256), the stage
@@ -115,12 +115,12 @@ def check_speculative(target: Path, drafter: Path) -> dict:
     return results
 
 
-def check_no_sync(target: Path, drafter: Path) -> dict:
+def check_no_sync(target: Path, drafter: Path, attention: str = "flex") -> dict:
     results = {}
     for spec in ("none", "dflash", "ddtree"):
         llm = LLM(target, device=DEVICE, dtype="float32", draft_model=None if spec == "none" else drafter, spec=spec,
                   tree_budget=16, time_stages=False)
-        speculator = mixed_speculator(llm, attention="flex")
+        speculator = mixed_speculator(llm, attention=attention)
         torch.cuda.synchronize()
         ok = True
         try:
@@ -147,14 +147,14 @@ def mixed_speculator(llm: LLM, attention: str) -> Speculator:
 
 
 # --- E, F: CUDA graphs -------------------------------------------------------------------------------
-def check_graphs_equal_eager(target: Path, drafter: Path) -> dict:
+def check_graphs_equal_eager(target: Path, drafter: Path, attentions=("flex", "sdpa", "splitkv")) -> dict:
     results = {}
     # Four requests in four slots, the longest last: every round runs at batch 4, graphed or not.
     prompts = PROMPTS + [[11, 13, 17, 19, 23]]
     params = [SamplingParams(temperature=0.8, top_p=0.9, top_k=50, max_tokens=30, seed=1234, ignore_eos=True),
               SamplingParams(temperature=1.0, min_p=0.05, max_tokens=25, seed=7, ignore_eos=True),
               greedy(40), greedy(48)]
-    for attention in ("flex", "sdpa") if DEVICE == "cuda" else ("sdpa",):
+    for attention in attentions if DEVICE == "cuda" else ("sdpa",):
         reference = None
         for spec, budget in [("none", 64), ("dflash", 64), ("ddtree", 16), ("ddtree", 64)]:
             outs = {}
@@ -180,12 +180,12 @@ def check_graphs_equal_eager(target: Path, drafter: Path) -> dict:
     return results
 
 
-def check_no_sync_in_replay(target: Path, drafter: Path) -> dict:
+def check_no_sync_in_replay(target: Path, drafter: Path, attention: str = "flex") -> dict:
     results = {}
     for spec in ("none", "dflash", "ddtree"):
         llm = LLM(target, device=DEVICE, dtype="float32", draft_model=None if spec == "none" else drafter, spec=spec,
                   tree_budget=16, time_stages=False)
-        speculator = mixed_speculator(llm, attention="flex")
+        speculator = mixed_speculator(llm, attention=attention)
         for time_stages in (False, True):
             runner = GraphRunner(speculator, time_stages=time_stages, log=None)
             runner.round(4)  # capture outside the check
@@ -366,6 +366,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("gpu_check.json"))
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--sections", default="ABCEF", help="which of A B C E F to run on the tiny models (default all)")
+    ap.add_argument("--attentions", default="flex,sdpa,splitkv", help="attention backends section E checks (C and F: the first)")
     ap.add_argument("--timings", default="", help="comma-separated shapes for G: smollm2-135m,qwen3-8b")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--context", type=int, default=1024)
@@ -400,9 +401,11 @@ def main() -> int:
         targets = tiny_targets(Path(tmp)) if set(args.sections) & set("ABCEF") else {}
         drafter = tiny_drafter(Path(tmp)) if targets else None
         if "E" in args.sections:
-            run("E. CUDA graphs == eager", check_graphs_equal_eager, targets["qwen3"], drafter)
+            run("E. CUDA graphs == eager", check_graphs_equal_eager, targets["qwen3"], drafter,
+                tuple(args.attentions.split(",")))
         if "F" in args.sections and cuda:
-            run("F. host synchronisation in replayed rounds", check_no_sync_in_replay, targets["qwen3"], drafter)
+            run("F. host synchronisation in replayed rounds", check_no_sync_in_replay, targets["qwen3"], drafter,
+                args.attentions.split(",")[0])
         batches = tuple(int(b) for b in args.batches.split(","))
         for name in filter(None, args.timings.split(",")):
             run(f"G. timings {name}", time_shape, name, args.context, batches, deadline, print)
@@ -411,7 +414,8 @@ def main() -> int:
         if "B" in args.sections:
             run("B. speculative greedy and seeded sampling", check_speculative, targets["qwen3"], drafter)
         if "C" in args.sections and cuda:
-            run("C. host synchronisation in eager rounds", check_no_sync, targets["qwen3"], drafter)
+            run("C. host synchronisation in eager rounds", check_no_sync, targets["qwen3"], drafter,
+                args.attentions.split(",")[0])
     if args.smollm2:
         run("D. SmolLM2-135M-Instruct", check_smollm2, args.smollm2)
     failed = [k for section in results.values() if isinstance(section, dict) for k, v in section.items()

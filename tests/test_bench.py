@@ -275,6 +275,16 @@ def test_synthetic_variants_per_batch_methods_and_auto(tmp_path, monkeypatch):
     assert bench("--synthetic", "tiny", "--batch-methods", "2=none,ddtree:auto", "--out", str(out)) != 0
 
 
+def test_variant_names_an_attention_backend():
+    from treeflash.bench.synthetic import Variant
+
+    assert Variant.parse("compiled/16/splitkv").engine_options() == {
+        "compile_kernels": True, "flex_decode_tokens": 16, "attention": "splitkv"}
+    assert Variant.parse("eager/1").engine_options()["attention"] is None
+    with pytest.raises(ValueError, match="ATTENTION one of"):
+        Variant.parse("compiled/16/flash")
+
+
 def test_synthetic_skips_what_would_not_fit(tmp_path, monkeypatch):
     monkeypatch.setitem(SHAPES, "tiny", Shape("tiny", TINY, mask_token_id=5, drafter_layers=1, block_size=4))
     out = tmp_path / "s.json"

@@ -6,10 +6,11 @@ caches holding `context` committed rows; each round is timed, and split by stage
 The floor is the target's weight bytes over the copy bandwidth measured in the same run: a decode
 step cannot beat reading every weight once.
 
-Variants (`--variants KERNELS/N,...`) time the same combinations with other engine kernels on the same
-weights, in one run: KERNELS "compiled" (fused projections + compiled pieces, the CUDA default) or
-"eager" (compile_kernels=False), N the new tokens up to which FlexAttention's decoding kernel runs
-(flex_decode_tokens). Each (batch, method) runs every variant in turn, so a run cut short still has
+Variants (`--variants KERNELS/N[/ATTENTION],...`) time the same combinations with other engine kernels
+on the same weights, in one run: KERNELS "compiled" (fused projections + compiled pieces, the CUDA
+default) or "eager" (compile_kernels=False), N the new tokens up to which FlexAttention's decoding
+kernel runs (flex_decode_tokens), ATTENTION an attention backend (treeflash/attention.py; default: the
+device's). Each (batch, method) runs every variant in turn, so a run cut short still has
 whole comparisons. `ddtree:auto` runs the engine's budget chooser on a cost profile made of the fixed
 budgets measured before it (same variant and batch), so it probes only the round without a draft
 (budget 0, which the profile lacks). With random weights the drafter is never confident: auto drafts
@@ -44,7 +45,7 @@ from treeflash.bench.shapes import (build_drafter, build_target, drafter_config,
                                     weight_bytes)
 from treeflash.bench.report import environment
 from treeflash.bench.timing import copy_bandwidth, time_engine_rounds
-from treeflash.attention import FLEX_DECODE_TOKENS
+from treeflash.attention import BACKENDS, FLEX_DECODE_TOKENS
 from treeflash.config import ModelConfig
 from treeflash.engine import Engine
 from treeflash.models.dflash import DrafterConfig
@@ -55,22 +56,28 @@ KERNELS = ("compiled", "eager")
 
 @dataclass(frozen=True)
 class Variant:
-    """Engine kernels a synthetic row ran with, written KERNELS/N (e.g. compiled/1, eager/32)."""
+    """Engine kernels a synthetic row ran with, written KERNELS/N[/ATTENTION] (e.g. compiled/1, eager/32,
+    compiled/16/splitkv)."""
 
     label: str
     compile_kernels: bool
     flex_decode_tokens: int
+    attention: str | None = None  # None: the device's default backend
 
     @staticmethod
     def parse(text: str) -> "Variant":
-        kernels, _, tokens = text.strip().partition("/")
-        if kernels not in KERNELS or not tokens.isdigit():
-            raise ValueError(f"variant {text!r}: expected KERNELS/N with KERNELS one of {KERNELS} and N the "
-                             f"new tokens up to which FlexAttention's decoding kernel runs (e.g. compiled/1)")
-        return Variant(f"{kernels}/{int(tokens)}", kernels == "compiled", int(tokens))
+        kernels, _, rest = text.strip().partition("/")
+        tokens, _, attention = rest.partition("/")
+        if kernels not in KERNELS or not tokens.isdigit() or (attention and attention not in BACKENDS):
+            raise ValueError(f"variant {text!r}: expected KERNELS/N[/ATTENTION] with KERNELS one of {KERNELS}, N "
+                             f"the new tokens up to which FlexAttention's decoding kernel runs and ATTENTION one "
+                             f"of {BACKENDS} (e.g. compiled/1, compiled/16/splitkv)")
+        label = f"{kernels}/{int(tokens)}" + (f"/{attention}" if attention else "")
+        return Variant(label, kernels == "compiled", int(tokens), attention or None)
 
     def engine_options(self) -> dict:
-        return {"compile_kernels": self.compile_kernels, "flex_decode_tokens": self.flex_decode_tokens}
+        return {"compile_kernels": self.compile_kernels, "flex_decode_tokens": self.flex_decode_tokens,
+                "attention": self.attention}
 
 
 DEFAULT_VARIANT = f"compiled/{FLEX_DECODE_TOKENS}"
