@@ -46,3 +46,20 @@ def test_sampler_cost_runs(tmp_path):
         sampler_cost.main(["--device", "cpu", "--rows", "2", "--vocab", "5000", "--repeats", "1", "--out", str(out)])
     assert set(json.loads(out.read_text())["median_ms"]) == {"softmax", "float32_cdf", "float64_cdf", "two_level",
                                                              "exp_race"}
+
+
+def test_kernel_profile_runs_on_the_cpu(tmp_path, monkeypatch):
+    # On the CPU it lists operators instead of kernels: enough to check the script end to end.
+    import kernel_profile
+    from treeflash.bench.shapes import SHAPES, Shape
+
+    config = {"architectures": ["LlamaForCausalLM"], "vocab_size": 96, "hidden_size": 32, "intermediate_size": 64,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "rope_theta": 10000.0}
+    monkeypatch.setitem(SHAPES, "tiny", Shape("tiny", config, mask_token_id=5, drafter_layers=1, block_size=4))
+    out = tmp_path / "prof.txt"
+    with one_thread():
+        assert kernel_profile.main(["--device", "cpu", "--shape", "tiny", "--methods", "none,ddtree:4",
+                                    "--modes", "eager", "--context", "8", "--rounds", "2", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "== none batch 1 eager default attention" in text and "== ddtree:4 batch 1 eager" in text
