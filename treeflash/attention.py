@@ -22,7 +22,8 @@ FLEX_DECODE_TOKENS is the default; the synthetic benchmark times others (`--flex
 
 Both are built from device tensors alone (no host synchronisation) with shapes fixed by the cache
 capacity, so a round can be captured in a CUDA graph once and replayed at any context length.
-Which backend the GPU uses was chosen by measurement: benchmarks/attention/README.md.
+Which backend the GPU uses was chosen by measurement: benchmarks/attention/README.md (sdpa vs flex),
+benchmarks/h200-splitkv (flex vs splitkv).
 """
 
 from __future__ import annotations
