@@ -14,8 +14,8 @@ import torch
 os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are defined (test collection imports nothing else)
 triton = pytest.importorskip("triton")
 
-from treeflash.attention import SplitKVMask, attend, check_backend, round_layout  # noqa: E402
-from treeflash.kv_cache import append_layout  # noqa: E402
+from treeflash.attention import SplitKVMask, attend, attend_new, check_backend, round_layout  # noqa: E402
+from treeflash.kv_cache import KVCache, append_layout  # noqa: E402
 from treeflash.llm import LLM  # noqa: E402
 from treeflash.sampling import SamplingParams  # noqa: E402
 from spec_helpers import make_drafter, make_target  # noqa: E402
@@ -74,6 +74,32 @@ def test_splitkv_matches_the_dense_mask(monkeypatch, batch, heads, kv_heads, t, 
     assert torch.equal(rows, seq_lens[:, None] + torch.arange(t))
     out = attend(q, k, v, mask)
     torch.testing.assert_close(out, attend(q, k, v, dense), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("batch,heads,kv_heads,t,head_dim,capacity,seqs,programs", CASES[:5])
+def test_splitkv_stores_the_new_rows_as_it_attends(monkeypatch, batch, heads, kv_heads, t, head_dim, capacity, seqs,
+                                                   programs):
+    import treeflash.splitkv_attention as kernels
+
+    if programs is not None:
+        monkeypatch.setattr(kernels, "_programs_wanted", lambda device: programs)
+    gen = torch.Generator().manual_seed(t + 1)
+    cache = KVCache.allocate(2, batch, kv_heads, capacity, head_dim, torch.float32, "cpu")
+    for tensor in cache.stacked:
+        tensor.copy_(torch.randn(tensor.shape, generator=gen))
+    expected = KVCache._of(*(tensor.clone() for tensor in cache.stacked))
+    q = torch.randn(batch, heads, t, head_dim, generator=gen)
+    k = torch.randn(batch, kv_heads, t, head_dim, generator=gen)
+    v = torch.randn(batch, t, kv_heads, head_dim, generator=gen).transpose(1, 2)  # strided, as the model's
+    seq_lens = torch.tensor(seqs)
+    new_mask = random_tree_mask(batch, t, gen)
+    rows, dense = append_layout(seq_lens, new_mask, capacity)
+    want = attend(q, *expected.extend(1, k, v, rows, capacity), dense)
+    _, mask = round_layout(seq_lens, new_mask, capacity, "splitkv")
+    got = attend_new(q, k, v, cache, 1, rows, mask)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for mine, theirs in zip(cache.stacked, expected.stacked):
+        assert torch.equal(mine, theirs)  # the new rows stored, nothing else touched (layer 0 neither)
 
 
 def test_splitkv_needs_cuda_outside_the_interpreter(monkeypatch):

@@ -35,11 +35,11 @@ MERGE_TILE = 8192  # elements of the merge kernel's [splits, rows, head_dim] til
 
 
 @triton.jit
-def _partial(Q, K, V, SeqLens, NewMask, Out, PartAcc, PartMax, PartSum,
-             sq_b, sq_h, sq_t, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sm_b, sm_q, sm_k, so_b, so_t,
-             scale, KV_HEADS, GROUPS, T, ROWS,
+def _partial(Q, K, V, NewK, NewV, SeqLens, NewMask, Out, PartAcc, PartMax, PartSum,
+             sq_b, sq_h, sq_t, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, snk_b, snk_h, snk_t, snv_b, snv_h, snv_t,
+             sm_b, sm_q, sm_k, so_b, so_t, scale, KV_HEADS, GROUPS, T, ROWS,
              NUM_SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-             PRECISION: tl.constexpr):
+             PRECISION: tl.constexpr, STORE_NEW: tl.constexpr):
     bh = tl.program_id(0)
     m_block = tl.program_id(1)
     split = tl.program_id(2)
@@ -64,13 +64,32 @@ def _partial(Q, K, V, SeqLens, NewMask, Out, PartAcc, PartMax, PartSum,
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     k_base = K + b * sk_b + h * sk_h
     v_base = V + b * sv_b + h * sv_h
+    new_k_base = NewK + b * snk_b + h * snk_h
+    new_v_base = NewV + b * snv_b + h * snv_h
+    if STORE_NEW:
+        # The new rows go into the cache here, by one program per (slot, KV head); every program reads
+        # them from NewK/NewV, never from the cache, so no program waits on another's store.
+        if (m_block == 0) & (split == 0):
+            for t0 in range(0, T, BLOCK_N):
+                tt = t0 + tl.arange(0, BLOCK_N)
+                ok = (tt < T)[:, None]
+                tl.store(k_base + (seq + tt)[:, None] * sk_n + d[None, :],
+                         tl.load(new_k_base + tt[:, None] * snk_t + d[None, :], mask=ok), mask=ok)
+                tl.store(v_base + (seq + tt)[:, None] * sv_n + d[None, :],
+                         tl.load(new_v_base + tt[:, None] * snv_t + d[None, :], mask=ok), mask=ok)
     for n0 in range(start, stop, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
         col_ok = cols < stop
-        k = tl.load(k_base + cols[:, None] * sk_n + d[None, :], mask=col_ok[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
         rel = cols - seq  # >= 0: a new row, visible where the new tokens' mask says
         is_new = (rel >= 0) & col_ok
+        if STORE_NEW:
+            old = ((rel < 0) & col_ok)[:, None]
+            new_rows = tl.maximum(rel, 0)[:, None]
+            k = tl.load(k_base + cols[:, None] * sk_n + d[None, :], mask=old, other=0.0) + \
+                tl.load(new_k_base + new_rows * snk_t + d[None, :], mask=is_new[:, None], other=0.0)
+        else:
+            k = tl.load(k_base + cols[:, None] * sk_n + d[None, :], mask=col_ok[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
         allowed = tl.load(NewMask + b * sm_b + t[:, None] * sm_q + tl.maximum(rel, 0)[None, :] * sm_k,
                           mask=row_ok[:, None] & is_new[None, :], other=0)
         visible = ((rel < 0) & col_ok)[None, :] | (allowed != 0)
@@ -80,7 +99,11 @@ def _partial(Q, K, V, SeqLens, NewMask, Out, PartAcc, PartMax, PartSum,
         p = tl.exp(s - m_use[:, None])
         alpha = tl.exp(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + cols[:, None] * sv_n + d[None, :], mask=col_ok[:, None], other=0.0)
+        if STORE_NEW:
+            v = tl.load(v_base + cols[:, None] * sv_n + d[None, :], mask=old, other=0.0) + \
+                tl.load(new_v_base + new_rows * snv_t + d[None, :], mask=is_new[:, None], other=0.0)
+        else:
+            v = tl.load(v_base + cols[:, None] * sv_n + d[None, :], mask=col_ok[:, None], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
@@ -138,10 +161,12 @@ def supported(head_dim: int) -> bool:
 
 
 def splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor,
-                      new_mask: torch.Tensor) -> torch.Tensor:
-    """q: [B, H, T, D] new tokens' queries; k, v: [B, Hkv, L, D] the cache (new rows already written at
-    seq_lens + t); seq_lens: [B] int32 committed rows; new_mask: [B, T, T] uint8 (1 = visible).
-    Returns [B, T, H*D]."""
+                      new_mask: torch.Tensor, new_k: torch.Tensor | None = None,
+                      new_v: torch.Tensor | None = None) -> torch.Tensor:
+    """q: [B, H, T, D] new tokens' queries; k, v: [B, Hkv, L, D] the cache; seq_lens: [B] int32 committed
+    rows; new_mask: [B, T, T] uint8 (1 = visible). new_k, new_v: [B, Hkv, T, D], the new tokens' keys
+    and values, stored at rows seq_lens + t by the kernel itself (one launch instead of two scatters
+    and the attention); None: those rows are in the cache already. Returns [B, T, H*D]."""
     batch, heads, t, head_dim = q.shape
     kv_heads, capacity = k.shape[1], k.shape[2]
     groups = heads // kv_heads
@@ -157,17 +182,21 @@ def splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len
         part_sum = torch.empty(parts, dtype=torch.float32, device=q.device)
     else:
         part_acc = part_max = part_sum = out  # unused
-    if q.stride(3) != 1 or k.stride(3) != 1 or v.stride(3) != 1:
+    store_new = new_k is not None
+    if not store_new:
+        new_k = new_v = k  # unused
+    if any(x.stride(3) != 1 for x in (q, k, v, new_k, new_v)):
         raise ValueError("splitkv attention needs the head dimension contiguous")
     _partial[(batch * kv_heads, m_blocks, splits)](
-        q, k, v, seq_lens, new_mask, out, part_acc, part_max, part_sum,
+        q, k, v, new_k, new_v, seq_lens, new_mask, out, part_acc, part_max, part_sum,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), new_mask.stride(0), new_mask.stride(1), new_mask.stride(2),
-        out.stride(0), out.stride(1), head_dim ** -0.5, kv_heads, groups, t, rows,
+        v.stride(0), v.stride(1), v.stride(2), new_k.stride(0), new_k.stride(1), new_k.stride(2),
+        new_v.stride(0), new_v.stride(1), new_v.stride(2), new_mask.stride(0), new_mask.stride(1),
+        new_mask.stride(2), out.stride(0), out.stride(1), head_dim ** -0.5, kv_heads, groups, t, rows,
         NUM_SPLITS=splits, BLOCK_M=block_m, BLOCK_N=BLOCK_N, HEAD_DIM=head_dim,
         # float32 stays float32 (TF32 would round the operands to 10 bits: the float32 equality checks
         # compare rounds of different shapes); 16-bit operands are exact in either.
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", STORE_NEW=store_new)
     if splits > 1:
         merge_m = max(1, min(16, MERGE_TILE // (splits * head_dim)))
         merge_m = 1 << (merge_m.bit_length() - 1)

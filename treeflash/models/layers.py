@@ -8,7 +8,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from treeflash.attention import attend  # noqa: F401  (the model code's attention: treeflash/attention.py)
 from treeflash.config import RopeConfig
 from treeflash.models.kernels import EAGER, Kernels, apply_rotary  # noqa: F401  (apply_rotary: re-exported)
 

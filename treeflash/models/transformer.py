@@ -11,10 +11,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from treeflash.attention import attend_new
 from treeflash.config import ModelConfig
 from treeflash.kv_cache import KVCache, PrefixKV
 from treeflash.models.kernels import EAGER, Kernels
-from treeflash.models.layers import MLP, RMSNorm, Rotary, attend
+from treeflash.models.layers import MLP, RMSNorm, Rotary
 
 
 class Attention(nn.Module):
@@ -65,8 +66,7 @@ class Attention(nn.Module):
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q = self._norm_rotary(q, self.q_norm, cos, sin)
         k, v = self._kv(x, k, v, cos, sin)
-        keys, values = cache.extend(layer, k, v, rows, mask.shape[-1])
-        return self.o_proj(attend(q, keys, values, mask))
+        return self.o_proj(attend_new(q, k, v, cache, layer, rows, mask))
 
 
 class DecoderLayer(nn.Module):
