@@ -79,8 +79,8 @@ def default_backend(device: torch.device | str, heads: int | None = None, kv_hea
                     head_dim: int | None = None) -> str:
     """The backend a device uses when none is asked for, by measurement (H200): "sdpa" on the CPU; on
     CUDA "splitkv" where FlexAttention has no decoding kernel (query heads per KV head not a power of
-    two, e.g. SmolLM2's 9/3: splitkv rounds took 0.55-0.76x flex's, benchmarks/h200-splitkv), else
-    "flex" (Qwen3-8B's 32/8: flex ahead or even, benchmarks/attention/README.md, h200-splitkv)."""
+    two, e.g. SmolLM2's 9/3: splitkv rounds took 0.52-0.71x flex's, benchmarks/h200-splitkv), else
+    "flex" (Qwen3-8B's 32/8: splitkv's AR step is 0.94x flex's but its large trees 1.3x: h200-splitkv)."""
     if torch.device(device).type != "cuda":
         return "sdpa"
     if heads and kv_heads and head_dim:
