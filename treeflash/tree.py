@@ -64,21 +64,30 @@ def build_tree(bonus: torch.Tensor, logprobs: torch.Tensor, budget: int, branchi
     # Beam of depth 1: the root's K children, padded to the budget.
     beam_scores = neg_inf.clone()
     beam_scores[:, :k] = top_scores[:, 0]
-    beam_tokens = torch.zeros(slots, budget, dtype=torch.long, device=logprobs.device)
-    beam_tokens[:, :k] = top_tokens[:, 0]
-    scores, tokens, parent_beam = [beam_scores], [beam_tokens], [torch.zeros_like(beam_tokens)]
+    first_tokens = torch.zeros(slots, budget, dtype=torch.long, device=logprobs.device)
+    first_tokens[:, :k] = top_tokens[:, 0]
+    # Each depth ranks its candidate pairs and keeps the best `budget` (scores and which pair); tokens
+    # and parents are looked up for all depths at once afterwards: on a GPU every op here is a kernel
+    # launch that costs more than its work, so the loop holds only what depends on the previous beam.
     pairs, beam_of, child_of = _beam_pairs(budget, k, logprobs.device)
+    scores, orders = [beam_scores], []
     for d in range(1, depth_count):
         candidates = (beam_scores[:, :, None] + top_scores[:, d, None, :]).flatten(1)[:, pairs]  # [S, pairs]
         if k == 1:  # a chain: the beam plus one child score each is still in order (the stable sort's)
-            order = torch.arange(budget, device=logprobs.device).expand(slots, budget)
+            beam_scores = candidates
+            orders.append(torch.arange(budget, device=logprobs.device).expand(slots, budget))
         else:
-            order = candidates.sort(dim=-1, descending=True, stable=True).indices[:, :budget]
-        beam_scores = candidates.gather(1, order)
-        beam_tokens = top_tokens[:, d].gather(1, child_of[order])
+            ranked_pairs = candidates.sort(dim=-1, descending=True, stable=True)
+            beam_scores = ranked_pairs.values[:, :budget]
+            orders.append(ranked_pairs.indices[:, :budget])
         scores.append(beam_scores)
-        tokens.append(beam_tokens)
-        parent_beam.append(beam_of[order])
+    if orders:
+        order = torch.stack(orders, dim=1)  # [S, D-1, budget]: the pair each beam entry came from
+        deeper_tokens = top_tokens[:, 1:].gather(2, child_of[order]).flatten(1)
+        tokens = torch.cat([first_tokens, deeper_tokens], dim=1)
+        parent_beams = torch.cat([torch.zeros_like(first_tokens), beam_of[order].flatten(1)], dim=1)
+    else:
+        tokens, parent_beams = first_tokens, torch.zeros_like(first_tokens)
 
     # Global choice among all depths; candidate c = d * budget + j (depth-major).
     all_scores = torch.cat(scores, dim=1)  # [S, D * budget]
@@ -89,7 +98,7 @@ def build_tree(bonus: torch.Tensor, logprobs: torch.Tensor, budget: int, branchi
     node_of.scatter_(1, chosen, torch.arange(1, budget + 1, device=logprobs.device).expand(slots, budget))
 
     depth0 = chosen // budget  # 0-based depth of each chosen candidate
-    parent_candidate = (depth0 - 1) * budget + torch.cat(parent_beam, dim=1).gather(1, chosen)
+    parent_candidate = (depth0 - 1) * budget + parent_beams.gather(1, chosen)
     parent = node_of.gather(1, parent_candidate.clamp_min(0))
     node_scores = all_scores.gather(1, chosen)
     valid = node_scores > -torch.inf
@@ -97,7 +106,7 @@ def build_tree(bonus: torch.Tensor, logprobs: torch.Tensor, budget: int, branchi
 
     zero = torch.zeros(slots, 1, dtype=torch.long, device=logprobs.device)
     return DraftTree(
-        tokens=torch.cat([bonus[:, None], torch.cat(tokens, dim=1).gather(1, chosen)], dim=1),
+        tokens=torch.cat([bonus[:, None], tokens.gather(1, chosen)], dim=1),
         parents=torch.cat([zero, parent], dim=1),
         depths=torch.cat([zero, depth0 + 1], dim=1),
         valid=torch.cat([torch.ones_like(zero, dtype=torch.bool), valid], dim=1),
