@@ -1,7 +1,7 @@
 """Attention of new tokens over a slot's cache: one `attend`, three ways to say what each token sees.
 
 The new tokens of a round (a draft block, a draft tree, one decode step) see every committed row of
-their slot plus the new rows their own mask allows. Two representations of that visibility:
+their slot plus the new rows their own mask allows. Three representations of that visibility:
 
 - "sdpa": a dense boolean mask [B, T, L] and `scaled_dot_product_attention`. The reference, the CPU
   path and prefill; on a GPU it reads all L rows of the cache whatever the slot's length.
@@ -20,7 +20,7 @@ query head's rows per block). Which one a block of T new tokens uses is `flex_de
 decoding kernel for T <= it and at most FLEX_DECODE_ROWS packed rows, the general one past either.
 FLEX_DECODE_TOKENS is the default; the synthetic benchmark times others (`--flex-decode-tokens`).
 
-Both are built from device tensors alone (no host synchronisation) with shapes fixed by the cache
+All three are built from device tensors alone (no host synchronisation) with shapes fixed by the cache
 capacity, so a round can be captured in a CUDA graph once and replayed at any context length.
 Which backend the GPU uses was chosen by measurement: benchmarks/attention/README.md (sdpa vs flex),
 benchmarks/h200-splitkv (flex vs splitkv).
@@ -169,7 +169,7 @@ def attend_new(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache, layer: 
     """New tokens (queries q [B, H, T, D], keys and values k, v [B, Hkv, T, D]) stored in `cache` at
     `rows`, then attending over it (`attend`) -> [B, T, H*D]. With a SplitKVMask over a KVCache the
     splitkv kernels do both in one launch (the new rows read from k, v and stored as they go): two
-    scatters fewer per layer, a fifth of a SmolLM2 round's launches."""
+    scatter kernels fewer per layer (benchmarks/h200-splitkv)."""
     if isinstance(mask, SplitKVMask) and isinstance(cache, KVCache):
         from treeflash.splitkv_attention import splitkv_attention
 

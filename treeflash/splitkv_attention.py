@@ -8,7 +8,9 @@ The `"splitkv"` attention backend (treeflash/attention.py). A round's new tokens
    head's query heads are folded together (G x T rows: the KV rows are read once for all of them),
    and the slot's visible rows [0, seq_len + T) are cut into NUM_SPLITS equal ranges, sized on the
    device from seq_len, so every split has work whatever the context and nothing past it is read.
-   Each program keeps an online softmax over its range (running max, sum, weighted values).
+   Each program keeps an online softmax over its range (running max, sum, weighted values). Given
+   the new tokens' keys and values, it reads the new rows from them and one program per (slot, KV
+   head) stores them in the cache (no separate cache write, and no program reads another's store).
 2. merge: combines the splits' partial results (log-sum-exp weights) into the output.
 
 With one split the partial kernel normalises and writes the output itself. NUM_SPLITS is fixed per
