@@ -127,8 +127,10 @@ def test_replot_redraws_from_the_json_alone(pair, prompts_file, tmp_path):
     target, _ = pair
     out = tmp_path / "results.json"
     assert bench("--model", str(target), "--dataset", str(prompts_file), "--num-prompts", "1", "--out", str(out),
-                 "--no-plots") == 0
+                 "--no-plots", "--attention", "sdpa") == 0
     assert not list(tmp_path.glob("*.png"))
+    assert {m["attention"] for m in json.loads(out.read_text())["methods"]} == {"sdpa"}
+    assert ", sdpa attention" in (tmp_path / "results.txt").read_text().splitlines()[0]
     assert main(["bench", "--replot", str(out), "--plot", str(tmp_path / "plots")]) == 0
     assert (tmp_path / "plots" / "stage_split.png").is_file()
 
@@ -138,6 +140,13 @@ def test_bench_refuses_speculative_methods_without_a_drafter(prompts_file, pair,
     assert bench("--model", str(target), "--dataset", str(prompts_file), "--methods", "none,dflash",
                  "--out", str(tmp_path / "r.json")) == 1
     assert "--draft-model" in capsys.readouterr().err and not (tmp_path / "r.json").exists()
+
+
+def test_bench_refuses_an_unknown_attention_backend(prompts_file, pair, tmp_path, capsys):
+    target, _ = pair
+    assert bench("--model", str(target), "--dataset", str(prompts_file), "--attention", "flash",
+                 "--out", str(tmp_path / "r.json")) == 1
+    assert "--attention must be one of sdpa, flex, splitkv" in capsys.readouterr().err
 
 
 def test_bench_help_documents_the_modes(capsys):

@@ -72,12 +72,18 @@ def _cell(value, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
+def _attention_note(methods: list[dict]) -> str:
+    """", splitkv attention" when the methods' engines used one backend (older results: nothing)."""
+    backends = {m.get("attention") for m in methods} - {None}
+    return f", {backends.pop()} attention" if len(backends) == 1 else ""
+
+
 def format_bench(result: dict) -> str:
     """The methods and baselines as a text table."""
     env = result["environment"]
     lines = [f"{result['dataset']} x {result['num_prompts']} prompts, max {result['config']['max_tokens']} tokens, "
              f"temperature {result['config']['temperature']}, batch size {result['config']['batch_size']} | "
-             f"{env['device']}, {env['dtype']}"]
+             f"{env['device']}, {env['dtype']}" + _attention_note(result["methods"])]
     lines += [f"NOTE: {n}" for n in result["notes"]]
     head = f"{'method':<13} {'accept':>6} {'tok/s':>9} {'speedup':>7} {'ms/round':>9} {'same':>6}  " + \
            " ".join(f"{s:>11}" for s in STAGES)

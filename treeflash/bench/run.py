@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from treeflash.attention import BACKENDS
 from treeflash.bench.baselines import BASELINES, BaselineError, RefSetup, build_baseline, load_hf_target, parse_baselines
 from treeflash.bench.datasets import Prompt, load_prompts
 from treeflash.bench.methods import Method, budgets_of, parse_methods
@@ -58,6 +59,7 @@ class BenchConfig:
     tensor_parallel_size: int = 1  # each method's LLM splits the target over this many ranks
     cuda_graph_sizes: tuple[int, ...] | None = None  # batch buckets captured (default: powers of two)
     draft_vocab: bool = True  # use the drafter's draft vocabulary when it ships one
+    attention: str | None = None  # "sdpa", "flex", "splitkv" (treeflash/attention.py); None: the default
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "batch_size", "drafter_layers"):
@@ -71,6 +73,8 @@ class BenchConfig:
             raise ValueError("--warmup and --stage-prompts must be >= 0")
         parse_methods(self.method_list)
         parse_baselines(self.baselines)
+        if self.attention is not None and self.attention not in BACKENDS:
+            raise ValueError(f"--attention must be one of {', '.join(BACKENDS)}, got {self.attention!r}")
         if self.tensor_parallel_size != 1 and self.baselines:
             raise ValueError("--baselines run on one device: drop them or --tensor-parallel-size")
 
@@ -181,7 +185,8 @@ def _make_llm(cfg: BenchConfig, method: Method, drafter_dir, device, dtype, skip
         return LLM(cfg.model, device=device, dtype=dtype, max_model_len=cfg.max_model_len,
                    draft_model=drafter_dir if method.spec != "none" else None, max_num_seqs=cfg.batch_size,
                    time_stages=time_stages, tensor_parallel_size=cfg.tensor_parallel_size,
-                   cuda_graph_sizes=cfg.cuda_graph_sizes, draft_vocab=cfg.draft_vocab, **method.llm_kwargs())
+                   cuda_graph_sizes=cfg.cuda_graph_sizes, draft_vocab=cfg.draft_vocab, attention=cfg.attention,
+                   **method.llm_kwargs())
     except ValueError as e:
         if method.budget != "auto":
             raise
@@ -226,8 +231,9 @@ def _run_method(llm, method: Method, ids: list[list[int]], cfg: BenchConfig, log
     wall = time.perf_counter() - start
     tokens = sum(o.metrics.num_generated_tokens for o in outs)
     log(f"  {method.label}: {tokens} tokens in {wall:.2f} s ({tokens / wall:.1f} tokens/s)")
+    speculator = getattr(llm.engine, "speculator", None)  # (a tensor-parallel group's mirror has none)
     return {"method": method, "outs": outs, "wall": wall, "stage_outs": outs,
-            "tree_budget": getattr(llm.spec, "tree_budget", None)}
+            "tree_budget": getattr(llm.spec, "tree_budget", None), "attention": getattr(speculator, "attention", None)}
 
 
 def _stage_pass(llm, ids: list[list[int]], cfg: BenchConfig) -> list:
@@ -252,6 +258,7 @@ def _summarise(runs: list[dict], cfg: BenchConfig) -> list[dict]:
             same = sum(o.token_ids == b.token_ids for o, b in zip(outs, base["outs"])) / len(outs)
         summaries.append({
             "method": m.label, "spec": m.spec, "budget": m.budget, "tree_budget_used": r["tree_budget"],
+            "attention": r.get("attention"),
             "tokens_per_second": _tps(r), "wall_seconds": r["wall"],
             "generated_tokens": sum(o.metrics.num_generated_tokens for o in outs), "rounds": rounds,
             "mean_acceptance_length": sum(accepted) / len(accepted) if accepted else 0.0,
