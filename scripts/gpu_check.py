@@ -13,8 +13,8 @@ C. no host synchronisation inside an eager round: every round runs under
    torch.cuda.set_sync_debug_mode("error") (greedy + sampled rows, top-k/top-p/min-p on).
 D. with --smollm2: the real model, greedy float32 identical to transformers on the GPU, and bf16 runs.
 E. graphed == eager (float32): the same requests (greedy and seeded sampling, mixed in one batch) give
-   identical tokens with CUDA graphs on and off (rounds and prefill), for none / dflash / ddtree, with
-   every attention backend; tree_budget="auto" greedy equals plain decoding.
+   identical tokens with CUDA graphs on and off (rounds and prefill), for none / dflash / ddtree (and
+   ddtree with the Triton tree builder), with every attention backend; tree_budget="auto" greedy equals plain decoding.
 F. no host synchronisation inside a replayed round (set_sync_debug_mode("error") around replays).
 G. with --timings: per-round milliseconds, eager vs graphed, at the SmolLM2-135M and Qwen3-8B shapes
    (random bf16 weights, context 1024, batch 1 and 8; AR step, dflash, ddtree 64/256), the stage
@@ -156,18 +156,23 @@ def check_graphs_equal_eager(target: Path, drafter: Path, attentions=("flex", "s
               greedy(40), greedy(48)]
     for attention in attentions if DEVICE == "cuda" else ("sdpa",):
         reference = None
-        for spec, budget in [("none", 64), ("dflash", 64), ("ddtree", 16), ("ddtree", 64)]:
+        for spec, budget, tree_kernel in [("none", 64, False), ("dflash", 64, False), ("ddtree", 16, False),
+                                          ("ddtree", 64, False), ("ddtree", 64, True)]:
+            if tree_kernel and DEVICE != "cuda":  # a Triton kernel: CUDA only (the tests run it interpreted)
+                continue
             outs = {}
             for graphs in (True, False):
                 llm = LLM(target, device=DEVICE, dtype="float32", draft_model=None if spec == "none" else drafter,
                           spec=spec, tree_budget=budget, max_num_seqs=4, cuda_graphs=graphs, attention=attention)
+                llm.engine.speculator.tree_kernel = tree_kernel  # before the first round (and capture)
                 outs[graphs] = [o.token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=params,
                                                                   use_tqdm=False)]
-            results[f"{attention} {spec}-{budget}: graphed == eager (greedy + seeded sampling)"] = outs[True] == outs[False]
+            name = f"{attention} {spec}-{budget}" + (" tree kernel" if tree_kernel else "")
+            results[f"{name}: graphed == eager (greedy + seeded sampling)"] = outs[True] == outs[False]
             reference = reference or outs[True]
             if spec != "none":
-                results[f"{attention} {spec}-{budget}: greedy (graphed) == none"] = outs[True][2:] == reference[2:]
-                results[f"{attention} {spec}-{budget}: seeded samples == none (informational: equal up to "
+                results[f"{name}: greedy (graphed) == none"] = outs[True][2:] == reference[2:]
+                results[f"{name}: seeded samples == none (informational: equal up to "
                         f"float rounding at a CDF boundary)"] = str(outs[True][:2] == reference[:2])
     plain = LLM(target, device=DEVICE, dtype="float32", max_num_seqs=2).generate(
         prompt_token_ids=PROMPTS, sampling_params=greedy(40), use_tqdm=False)

@@ -288,10 +288,13 @@ def test_variant_names_an_attention_backend():
     from treeflash.bench.synthetic import Variant
 
     assert Variant.parse("compiled/16/splitkv").engine_options() == {
-        "compile_kernels": True, "flex_decode_tokens": 16, "attention": "splitkv"}
+        "compile_kernels": True, "flex_decode_tokens": 16, "attention": "splitkv", "tree_kernel": False}
     assert Variant.parse("eager/1").engine_options()["attention"] is None
-    with pytest.raises(ValueError, match="ATTENTION one of"):
-        Variant.parse("compiled/16/flash")
+    tree_kernel = Variant.parse("compiled/16/flex/treekernel")
+    assert tree_kernel.label == "compiled/16/flex/treekernel" and tree_kernel.engine_options()["tree_kernel"]
+    for bad in ("compiled/16/flash", "compiled/16/flex/sdpa", "compiled/16/treekernel/treekernel"):
+        with pytest.raises(ValueError, match="ATTENTION one of"):
+            Variant.parse(bad)
 
 
 def test_synthetic_skips_what_would_not_fit(tmp_path, monkeypatch):

@@ -113,6 +113,9 @@ class EngineConfig:
     prefill_tokens_per_step: int | None = None
     compile_kernels: bool = True  # CUDA: fused projections + compiled pieces (models/kernels.py); False: eager
     flex_decode_tokens: int = FLEX_DECODE_TOKENS  # FlexAttention's decoding kernel up to this many new tokens
+    # CUDA: DDTree's builder as one Triton kernel (treeflash/tree_kernel.py) instead of torch ops. Same trees
+    # (tested through Triton's interpreter); off until its speed and graph capture are measured on a GPU.
+    tree_kernel: bool = False
     # Newcomers are admitted only once this many slots are free (or all waiting requests fit, or no
     # slot is busy). Every admission costs an eager prefill forward and a first-token draw; with
     # hundreds of slots and requests ending a few per step, 1 pays that on almost every step. A larger
@@ -149,7 +152,7 @@ class Engine:
         self.speculator = Speculator(target, drafter, spec, config.max_num_seqs,
                                      capacity=min(config.min_capacity, self.max_capacity),
                                      time_stages=config.time_stages, attention=config.attention,
-                                     flex_decode_tokens=config.flex_decode_tokens,
+                                     flex_decode_tokens=config.flex_decode_tokens, tree_kernel=config.tree_kernel,
                                      compile_kernels=config.compile_kernels, draft_vocab=config.draft_vocab)
         sizes = tuple(sorted(set(config.cuda_graph_sizes))) if config.cuda_graph_sizes else None
         self.runner = GraphRunner(self.speculator, enabled=config.cuda_graphs, time_stages=config.time_stages,

@@ -152,7 +152,7 @@ class Speculator:
     def __init__(self, target: Transformer, drafter: DFlashDrafter | None, spec: SpecConfig,
                  slots: int, capacity: int, time_stages: bool = True, attention: str | None = None,
                  flex_decode_tokens: int = FLEX_DECODE_TOKENS, compile_kernels: bool = True,
-                 draft_vocab: bool = True):
+                 draft_vocab: bool = True, tree_kernel: bool = False):
         if spec.method != "none" and drafter is None:
             raise ValueError(f"spec={spec.method!r} needs a draft model")
         self.target, self.drafter, self.spec = target, drafter if spec.method != "none" else None, spec
@@ -161,6 +161,9 @@ class Speculator:
         self.attention = check_backend(attention or default_backend(self.device, c.num_heads, c.num_kv_heads, c.head_dim),
                                        self.device)
         self.flex_decode_tokens = flex_decode_tokens
+        # One Triton launch for DDTree's builder instead of ~120 small kernels (CUDA only; same trees;
+        # opt-in until measured on a GPU: treeflash/tree_kernel.py).
+        self.tree_kernel = tree_kernel and self.device.type == "cuda"
         if self.device.type == "cuda":
             # The models are switched as a whole (shared with any other speculator on them): the last
             # one built decides their eager forwards; captured graphs keep what they recorded.
@@ -448,6 +451,10 @@ class Speculator:
             return root_only(bonus)
         if self.spec.method == "dflash":
             tree = build_tree(bonus, logprobs, budget=logprobs.shape[1], branching=1)
+        elif self.tree_kernel:
+            from treeflash.tree_kernel import build_tree_kernel
+
+            tree = build_tree_kernel(bonus, logprobs, budget=self.budget(budget))
         else:
             tree = build_tree(bonus, logprobs, budget=self.budget(budget))
         if self.draft_tokens is None:

@@ -126,11 +126,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "BATCHES=METHODS groups, e.g. '1=none,ddtree:64 8,32=none,ddtree:4,ddtree:16,ddtree:auto' "
                         "(ddtree:auto uses the fixed budgets listed before it as its cost profile)")
     s.add_argument("--variants", default=None, metavar="LIST",
-                   help="engine kernels to compare on the same weights, comma-separated KERNELS/N[/ATTENTION]: "
+                   help="engine kernels to compare on the same weights, comma-separated KERNELS/N[/ATTENTION]"
+                        "[/treekernel]: "
                         "KERNELS 'compiled' (fused projections + torch.compile'd pieces, the CUDA default) or "
                         "'eager' (compile_kernels=False); N: new tokens up to which FlexAttention's decoding "
                         "kernel runs (flex_decode_tokens); ATTENTION: sdpa, flex or splitkv (default: the "
-                        "device's). Default: the engine's defaults only (e.g. compiled/1,compiled/16/splitkv)")
+                        "device's); treekernel: DDTree's builder as one Triton kernel (opt-in). Default: the engine's defaults only (e.g. compiled/1,compiled/16/splitkv)")
     return p
 
 

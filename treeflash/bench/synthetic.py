@@ -6,11 +6,11 @@ caches holding `context` committed rows; each round is timed, and split by stage
 The floor is the target's weight bytes over the copy bandwidth measured in the same run: a decode
 step cannot beat reading every weight once.
 
-Variants (`--variants KERNELS/N[/ATTENTION],...`) time the same combinations with other engine kernels
+Variants (`--variants KERNELS/N[/ATTENTION][/treekernel],...`) time the same combinations with other engine kernels
 on the same weights, in one run: KERNELS "compiled" (fused projections + compiled pieces, the CUDA
 default) or "eager" (compile_kernels=False), N the new tokens up to which FlexAttention's decoding
 kernel runs (flex_decode_tokens), ATTENTION an attention backend (treeflash/attention.py; default: the
-device's). Each (batch, method) runs every variant in turn, so a run cut short still has
+device's), "treekernel" DDTree's builder as one Triton kernel (treeflash/tree_kernel.py). Each (batch, method) runs every variant in turn, so a run cut short still has
 whole comparisons. `ddtree:auto` runs the engine's budget chooser on a cost profile made of the fixed
 budgets measured before it (same variant and batch), so it probes only the round without a draft
 (budget 0, which the profile lacks). With random weights the drafter is never confident: auto drafts
@@ -52,32 +52,37 @@ from treeflash.models.dflash import DrafterConfig
 from treeflash.sampling import SamplingParams
 
 KERNELS = ("compiled", "eager")
+TREE_KERNEL = "treekernel"
 
 
 @dataclass(frozen=True)
 class Variant:
-    """Engine kernels a synthetic row ran with, written KERNELS/N[/ATTENTION] (e.g. compiled/1, eager/32,
-    compiled/16/splitkv)."""
+    """Engine kernels a synthetic row ran with, written KERNELS/N[/ATTENTION][/treekernel] (e.g. compiled/1,
+    eager/32, compiled/16/splitkv, compiled/16/treekernel)."""
 
     label: str
     compile_kernels: bool
     flex_decode_tokens: int
     attention: str | None = None  # None: the device's default backend
+    tree_kernel: bool = False  # "treekernel": DDTree's builder as one Triton kernel (treeflash/tree_kernel.py)
 
     @staticmethod
     def parse(text: str) -> "Variant":
-        kernels, _, rest = text.strip().partition("/")
-        tokens, _, attention = rest.partition("/")
-        if kernels not in KERNELS or not tokens.isdigit() or (attention and attention not in BACKENDS):
-            raise ValueError(f"variant {text!r}: expected KERNELS/N[/ATTENTION] with KERNELS one of {KERNELS}, N "
-                             f"the new tokens up to which FlexAttention's decoding kernel runs and ATTENTION one "
-                             f"of {BACKENDS} (e.g. compiled/1, compiled/16/splitkv)")
-        label = f"{kernels}/{int(tokens)}" + (f"/{attention}" if attention else "")
-        return Variant(label, kernels == "compiled", int(tokens), attention or None)
+        kernels, tokens, *extra = text.strip().split("/")
+        attention = next((x for x in extra if x in BACKENDS), None)
+        if kernels not in KERNELS or not tokens.isdigit() or len(extra) > 2 or \
+                any(x not in BACKENDS and x != TREE_KERNEL for x in extra) or extra.count(TREE_KERNEL) > 1 or \
+                sum(x in BACKENDS for x in extra) > 1:
+            raise ValueError(f"variant {text!r}: expected KERNELS/N[/ATTENTION][/{TREE_KERNEL}] with KERNELS one of "
+                             f"{KERNELS}, N the new tokens up to which FlexAttention's decoding kernel runs, "
+                             f"ATTENTION one of {BACKENDS} and {TREE_KERNEL} for the Triton tree builder "
+                             f"(e.g. compiled/1, compiled/16/splitkv)")
+        label = "/".join([kernels, str(int(tokens)), *extra])
+        return Variant(label, kernels == "compiled", int(tokens), attention, TREE_KERNEL in extra)
 
     def engine_options(self) -> dict:
         return {"compile_kernels": self.compile_kernels, "flex_decode_tokens": self.flex_decode_tokens,
-                "attention": self.attention}
+                "attention": self.attention, "tree_kernel": self.tree_kernel}
 
 
 DEFAULT_VARIANT = f"compiled/{FLEX_DECODE_TOKENS}"

@@ -1,0 +1,141 @@
+"""`build_tree` as one Triton kernel per round (CUDA): the same tree, from one launch instead of ~120.
+
+On a GPU the tree stage of a round is launch-bound: `tree.build_tree` is ~85 small torch ops (a beam
+step per depth: add, index, sort), each a kernel or more that costs more than its work. Here one
+program per slot runs the whole builder in registers and a small scratch area: per depth the pruned
+(beam entry, child) pairs (`tree._beam_pairs`) are ranked by one bitonic sort of packed 64-bit keys
+(the score's order-preserving bits, then the pair's position reversed, so that equal scores keep the
+stable sort's order), then the global choice among all depths likewise, then parents by lookup.
+The result is `build_tree`'s, field for field (tests: through Triton's interpreter on the CPU).
+`build_tree` stays the reference and the CPU path. Opt-in (`EngineConfig(tree_kernel=True)`, bench
+variant `.../treekernel`) until its speed and its capture in CUDA graphs are measured on a GPU:
+`scripts/gpu_check.py` section E checks the latter.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from treeflash.tree import DraftTree, _beam_pairs
+
+
+@triton.jit
+def _sortable(x):
+    # float32 -> int64 in [0, 2^32) with the floats' order (-0.0 counted as +0.0, as comparisons do).
+    b = (x + 0.0).to(tl.int32, bitcast=True).to(tl.int64)
+    return tl.where(b >= 0, b + 2147483648, 2147483647 - (b & 2147483647))
+
+
+@triton.jit
+def _float_of(key):
+    # The inverse of _sortable.
+    b = tl.where(key >= 2147483648, key - 2147483648, -1 - key)
+    return b.to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _build(TopScores, TopTokens, Bonus, BeamOf, ChildOf, Scores, ParentBeam, Tokens, Keys, NodeOf,
+           OutTokens, OutParents, OutDepths, OutValid, OutScores, OutRanked,
+           sts_s, sts_d, stt_s, stt_d, BUDGET, K, DEPTHS, PAIRS,
+           BP: tl.constexpr, P2: tl.constexpr, N2: tl.constexpr, KEYS: tl.constexpr):
+    s = tl.program_id(0)
+    cands = DEPTHS * BUDGET  # candidate c = depth0 * BUDGET + beam position
+    row = s * cands
+    keys = Keys + s * KEYS
+    j = tl.arange(0, BP)
+    in_beam = j < BUDGET
+    neg_inf = float("-inf")
+
+    # Depth 1: the root's K best children, padded to the budget.
+    tl.store(Scores + row + j, tl.load(TopScores + s * sts_s + j, mask=j < K, other=neg_inf), mask=in_beam)
+    tl.store(Tokens + row + j, tl.load(TopTokens + s * stt_s + j, mask=j < K, other=0), mask=in_beam)
+    tl.store(ParentBeam + row + j, tl.zeros([BP], tl.int64), mask=in_beam)
+
+    p = tl.arange(0, P2)
+    is_pair = p < PAIRS
+    beam_of = tl.load(BeamOf + p, mask=is_pair, other=0)
+    child_of = tl.load(ChildOf + p, mask=is_pair, other=0)
+    for d in range(1, DEPTHS):
+        tl.debug_barrier()  # the previous depth's beam is in Scores
+        score = tl.load(Scores + row + (d - 1) * BUDGET + beam_of, mask=is_pair, other=neg_inf) + \
+            tl.load(TopScores + s * sts_s + d * sts_d + child_of, mask=is_pair, other=neg_inf)
+        key = tl.where(is_pair, (_sortable(score) << 32) | (P2 - 1 - p), -1)
+        tl.store(keys + p, tl.sort(key, descending=True))
+        tl.debug_barrier()
+        best = tl.load(keys + j, mask=in_beam, other=0)
+        pair = P2 - 1 - (best & 4294967295)
+        tl.store(Scores + row + d * BUDGET + j, _float_of(best >> 32), mask=in_beam)
+        tl.store(ParentBeam + row + d * BUDGET + j, tl.load(BeamOf + pair, mask=in_beam, other=0), mask=in_beam)
+        child = tl.load(ChildOf + pair, mask=in_beam, other=0)
+        tl.store(Tokens + row + d * BUDGET + j,
+                 tl.load(TopTokens + s * stt_s + d * stt_d + child, mask=in_beam, other=0), mask=in_beam)
+
+    # The global choice: the best BUDGET of all candidates, ties to the shallower, then earlier one.
+    tl.debug_barrier()
+    c = tl.arange(0, N2)
+    is_cand = c < cands
+    score = tl.load(Scores + row + c, mask=is_cand, other=neg_inf)
+    ranked = tl.sort(tl.where(is_cand, (_sortable(score) << 32) | (N2 - 1 - c), -1), descending=True)
+    tl.store(keys + c, ranked)
+    tl.store(OutRanked + row + c, _float_of(ranked >> 32), mask=is_cand)
+    tl.store(NodeOf + s * N2 + c, tl.full([N2], -1, tl.int64))
+    tl.debug_barrier()
+    chosen = N2 - 1 - (tl.load(keys + j, mask=in_beam, other=0) & 4294967295)
+    chosen = tl.sort(tl.where(in_beam, chosen, 2 * N2))  # depth-major: parents before children
+    tl.store(NodeOf + s * N2 + chosen, j + 1, mask=in_beam)
+    tl.debug_barrier()
+    depth0 = chosen // BUDGET
+    parent_cand = (depth0 - 1) * BUDGET + tl.load(ParentBeam + row + chosen, mask=in_beam, other=0)
+    parent = tl.load(NodeOf + s * N2 + tl.maximum(parent_cand, 0), mask=in_beam, other=0)
+    node_score = tl.load(Scores + row + chosen, mask=in_beam, other=neg_inf)
+    valid = node_score > neg_inf
+    parent = tl.where((depth0 > 0) & valid, parent, 0)
+
+    out = s * (BUDGET + 1)
+    is_root = j == 0
+    tl.store(OutTokens + out + j, tl.load(Bonus + s + j * 0), mask=is_root)
+    tl.store(OutParents + out + j, tl.zeros([BP], tl.int64), mask=is_root)
+    tl.store(OutDepths + out + j, tl.zeros([BP], tl.int64), mask=is_root)
+    tl.store(OutValid + out + j, tl.full([BP], 1, tl.int8), mask=is_root)
+    tl.store(OutScores + out + j, tl.zeros([BP], tl.float32), mask=is_root)
+    node = out + 1 + j
+    tl.store(OutTokens + node, tl.load(Tokens + row + chosen, mask=in_beam, other=0), mask=in_beam)
+    tl.store(OutParents + node, parent, mask=in_beam)
+    tl.store(OutDepths + node, depth0 + 1, mask=in_beam)
+    tl.store(OutValid + node, valid.to(tl.int8), mask=in_beam)
+    tl.store(OutScores + node, node_score, mask=in_beam)
+
+
+def build_tree_kernel(bonus: torch.Tensor, logprobs: torch.Tensor, budget: int) -> DraftTree:
+    """`build_tree(bonus, logprobs, budget)` (default branching) in one kernel launch after the top-k.
+    bonus: [S] long; logprobs: [S, D, V]. Returns the same DraftTree."""
+    slots, depths, vocab = logprobs.shape
+    k = min(budget, vocab)
+    top_scores, top_tokens = logprobs.float().topk(k, dim=-1)
+    pairs, beam_of, child_of = _beam_pairs(budget, k, logprobs.device)
+    cands = depths * budget
+    p2, n2 = triton.next_power_of_2(len(pairs)), triton.next_power_of_2(cands)
+    dev = logprobs.device
+    scratch_scores = torch.empty(slots, cands, dtype=torch.float32, device=dev)
+    scratch_parent = torch.empty(slots, cands, dtype=torch.long, device=dev)
+    scratch_tokens = torch.empty(slots, cands, dtype=torch.long, device=dev)
+    keys = torch.empty(slots, max(p2, n2), dtype=torch.long, device=dev)
+    node_of = torch.empty(slots, n2, dtype=torch.long, device=dev)
+    n = budget + 1
+    tokens = torch.empty(slots, n, dtype=torch.long, device=dev)
+    parents = torch.empty(slots, n, dtype=torch.long, device=dev)
+    depth = torch.empty(slots, n, dtype=torch.long, device=dev)
+    valid = torch.empty(slots, n, dtype=torch.int8, device=dev)
+    scores = torch.empty(slots, n, dtype=torch.float32, device=dev)
+    ranked = torch.empty(slots, cands, dtype=torch.float32, device=dev)
+    _build[(slots,)](
+        top_scores, top_tokens, bonus.long(), beam_of, child_of, scratch_scores, scratch_parent, scratch_tokens,
+        keys, node_of, tokens, parents, depth, valid, scores, ranked,
+        top_scores.stride(0), top_scores.stride(1), top_tokens.stride(0), top_tokens.stride(1),
+        budget, k, depths, len(pairs),
+        BP=triton.next_power_of_2(budget), P2=p2, N2=n2, KEYS=max(p2, n2),
+        num_warps=4 if n2 <= 1024 else 8)
+    return DraftTree(tokens=tokens, parents=parents, depths=depth, valid=valid.bool(), scores=scores,
+                     max_depth=depths, ranked_scores=ranked)
