@@ -102,6 +102,12 @@ def test_splitkv_stores_the_new_rows_as_it_attends(monkeypatch, batch, heads, kv
         assert torch.equal(mine, theirs)  # the new rows stored, nothing else touched (layer 0 neither)
 
 
+def test_splitkv_refuses_a_head_dimension_it_cannot_tile():
+    with pytest.raises(ValueError, match="power-of-two head dimension of at least 16; this model's is 80"):
+        check_backend("splitkv", "cpu", head_dim=80)
+    assert check_backend("splitkv", "cpu", head_dim=64) == "splitkv"
+
+
 def test_splitkv_needs_cuda_outside_the_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET")
     with pytest.raises(ValueError, match="needs a CUDA device"):

@@ -85,14 +85,22 @@ def default_backend(device: torch.device | str, heads: int | None = None, kv_hea
         return "sdpa"
     if heads and kv_heads and head_dim:
         groups = heads // kv_heads
-        if groups & (groups - 1) and head_dim >= 16 and not head_dim & (head_dim - 1):
+        if groups & (groups - 1) and splitkv_fits(head_dim):
             return "splitkv"
     return "flex"
 
 
-def check_backend(backend: str, device: torch.device | str) -> str:
+def splitkv_fits(head_dim: int) -> bool:
+    """The splitkv kernels tile the head dimension whole: a power of two, at least 16 (tl.dot's minimum)."""
+    return head_dim >= 16 and not head_dim & (head_dim - 1)
+
+
+def check_backend(backend: str, device: torch.device | str, head_dim: int | None = None) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"attention backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "splitkv" and head_dim is not None and not splitkv_fits(head_dim):
+        raise ValueError(f"the splitkv attention backend needs a power-of-two head dimension of at least 16; "
+                         f"this model's is {head_dim} (use 'flex' or 'sdpa')")
     # Triton's interpreter runs the splitkv kernels on CPU tensors (the tests' way to run them here).
     interpreted = backend == "splitkv" and os.environ.get("TRITON_INTERPRET") == "1"
     if backend != "sdpa" and torch.device(device).type != "cuda" and not interpreted:

@@ -159,7 +159,7 @@ class Speculator:
         self.device = target.embed_tokens.weight.device
         c = target.config
         self.attention = check_backend(attention or default_backend(self.device, c.num_heads, c.num_kv_heads, c.head_dim),
-                                       self.device)
+                                       self.device, c.head_dim)
         self.flex_decode_tokens = flex_decode_tokens
         # One Triton launch for DDTree's builder instead of ~120 small kernels (CUDA only; same trees;
         # opt-in until measured on a GPU: treeflash/tree_kernel.py).

@@ -158,10 +158,6 @@ def num_splits(programs: int, capacity: int, device: torch.device) -> int:
     return 1 << (want.bit_length() - 1)
 
 
-def supported(head_dim: int) -> bool:
-    return head_dim >= 16 and head_dim & (head_dim - 1) == 0
-
-
 def splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor,
                       new_mask: torch.Tensor, new_k: torch.Tensor | None = None,
                       new_v: torch.Tensor | None = None) -> torch.Tensor:
