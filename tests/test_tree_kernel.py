@@ -22,7 +22,9 @@ def _interpreter_scalars(monkeypatch):
     # As in test_splitkv_attention: Triton 3.6's interpreter and NumPy >= 2.4 disagree on int(1-element array).
     from triton.runtime import interpreter
 
-    original = interpreter._patch_lang_tensor
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if original is None:  # another Triton: nothing to mend
+        return
 
     def patch(tensor, scope):
         original(tensor, scope)
