@@ -1,41 +1,23 @@
 """The splitkv attention kernels (treeflash/splitkv_attention.py), run by Triton's interpreter on CPU
 tensors: the same visibility as the dense-mask reference, and whole rounds that decode exactly as
-plain decoding does. float32 only (the interpreter's bfloat16 dot is not exact); bf16 on the GPU is
-covered by scripts/gpu_check.py.
+plain decoding does. float32 only (the interpreter's bfloat16 dot is not exact); on a GPU
+scripts/gpu_check.py checks the same in float32 and the H200 runs use bfloat16 (benchmarks/h200-splitkv).
 """
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are defined (test collection imports nothing else)
-triton = pytest.importorskip("triton")
-
-from treeflash.attention import SplitKVMask, attend, attend_new, check_backend, round_layout  # noqa: E402
-from treeflash.kv_cache import KVCache, append_layout  # noqa: E402
-from treeflash.llm import LLM  # noqa: E402
-from treeflash.sampling import SamplingParams  # noqa: E402
-from spec_helpers import make_drafter, make_target  # noqa: E402
+from triton_interpreter import mend  # noqa: F401  (first: it turns the interpreter on)
+from treeflash.attention import SplitKVMask, attend, attend_new, check_backend, round_layout
+from treeflash.kv_cache import KVCache, append_layout
+from treeflash.llm import LLM
+from treeflash.sampling import SamplingParams
+from spec_helpers import make_drafter, make_target
 
 
-@pytest.fixture(autouse=True)
-def _interpreter_scalars(monkeypatch):
-    # Triton 3.6's interpreter turns a loaded scalar into int() of a 1-element array, which NumPy >= 2.4
-    # refuses (a loop bounded by a loaded value fails); take the element instead.
-    from triton.runtime import interpreter
-
-    original = getattr(interpreter, "_patch_lang_tensor", None)
-    if original is None:  # another Triton: nothing to mend
-        return
-
-    def patch(tensor, scope):
-        original(tensor, scope)
-        tensor.__index__ = lambda self: int(self.handle.data.item())
-
-    monkeypatch.setattr(interpreter, "_patch_lang_tensor", patch)
+pytestmark = pytest.mark.usefixtures("mend")
 
 
 def random_tree_mask(batch: int, t: int, gen: torch.Generator) -> torch.Tensor:

@@ -3,34 +3,15 @@ tensors: field for field the tree `build_tree` builds, ties and invalid nodes in
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-os.environ["TRITON_INTERPRET"] = "1"  # before the kernel is defined
-pytest.importorskip("triton")
-
-from treeflash.tree import build_tree  # noqa: E402
-from treeflash.tree_kernel import build_tree_kernel  # noqa: E402
+from triton_interpreter import mend  # noqa: F401  (first: it turns the interpreter on)
+from treeflash.tree import build_tree
+from treeflash.tree_kernel import build_tree_kernel
 
 FIELDS = ("tokens", "parents", "depths", "valid", "scores", "ranked_scores")
-
-
-@pytest.fixture(autouse=True)
-def _interpreter_scalars(monkeypatch):
-    # As in test_splitkv_attention: Triton 3.6's interpreter and NumPy >= 2.4 disagree on int(1-element array).
-    from triton.runtime import interpreter
-
-    original = getattr(interpreter, "_patch_lang_tensor", None)
-    if original is None:  # another Triton: nothing to mend
-        return
-
-    def patch(tensor, scope):
-        original(tensor, scope)
-        tensor.__index__ = lambda self: int(self.handle.data.item())
-
-    monkeypatch.setattr(interpreter, "_patch_lang_tensor", patch)
+pytestmark = pytest.mark.usefixtures("mend")
 
 
 @pytest.mark.parametrize("slots,depth,vocab,budget,levels", [
