@@ -248,10 +248,11 @@ class Speculator:
         committed rows alone: they only write past them, where the next piece overwrites).
         """
         batch = self.prefill_batch(pieces)
+        lengths = [p.end - p.start for p in pieces]
         real = None
-        if bool((batch.lengths < batch.tokens.shape[1]).any()):  # (batch, token) of the real tokens: prefill may sync
-            valid = torch.arange(batch.tokens.shape[1], device=self.device)[None, :] < batch.lengths[:, None]
-            real = valid.nonzero(as_tuple=True)
+        if min(lengths) < max(lengths):  # (batch, token) of the real tokens, from the host's lengths: no device read
+            valid = torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]
+            real = tuple(x.to(self.device) for x in valid.nonzero(as_tuple=True))
         last = self.prefill_forward(batch, max(p.end for p in pieces), real)
         self.commit_prefill(pieces)
         return self.target.logits(last)
