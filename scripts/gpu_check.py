@@ -4,7 +4,7 @@ Checks that the CUDA path (CUDA graphs on, the default) is the same engine as th
 the round eagerly and graphed. Prints the results and writes a JSON file (updated after each section).
 
   python scripts/gpu_check.py --out results/gpu_check.json [--smollm2 /path/SmolLM2-135M-Instruct.Q4_1.gguf]
-                              [--sections EFABC] [--timings qwen3-8b,smollm2-135m] [--budget-s SECONDS]
+                              [--sections TEFABC] [--timings qwen3-8b,smollm2-135m] [--budget-s SECONDS]
 
 A. tiny random Llama / Qwen2 / Qwen3 (float32): greedy tokens identical to transformers on the GPU.
 B. tiny random DFlash drafter: dflash and ddtree greedy identical to plain decoding; seeded sampling
@@ -16,6 +16,9 @@ E. graphed == eager (float32): the same requests (greedy and seeded sampling, mi
    identical tokens with CUDA graphs on and off (rounds and prefill), for none / dflash / ddtree (and
    ddtree with the Triton tree builder), with every attention backend; tree_budget="auto" greedy equals plain decoding.
 F. no host synchronisation inside a replayed round (set_sync_debug_mode("error") around replays).
+T. the Triton tree builder (treeflash/tree_kernel.py) builds field for field the tree `build_tree` builds,
+   on random log-probs at drafter shapes (15 depths, vocabularies of 16,384 and 49,152, budgets 1-512,
+   1 and 8 slots, with and without ties).
 G. with --timings: per-round milliseconds, eager vs graphed, at the SmolLM2-135M and Qwen3-8B shapes
    (random bf16 weights, context 1024, batch 1 and 8; AR step, dflash, ddtree 64/256), the stage
    split of graphed rounds, and the weight-read floor (weight bytes / 4.3 TB/s).
@@ -144,6 +147,28 @@ def mixed_speculator(llm: LLM, attention: str) -> Speculator:
     for slot, (prompt, p) in enumerate(zip(PROMPTS + PROMPTS[:1], params)):
         speculator.admit(slot, prompt, p, seed=slot)
     return speculator
+
+
+# --- T: the Triton tree builder ---------------------------------------------------------------------
+def check_tree_kernel() -> dict:
+    from treeflash.tree import build_tree
+    from treeflash.tree_kernel import build_tree_kernel
+
+    results = {}
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    for slots, vocab, budget, ties in [(1, 16384, 16, False), (1, 16384, 64, False), (8, 16384, 64, True),
+                                       (1, 49152, 256, False), (2, 16384, 512, True), (4, 16384, 1, False),
+                                       (1, 100, 200, True)]:
+        lp = torch.randn(slots, 15, vocab, device=DEVICE, generator=gen) * 3
+        if ties:  # few distinct values: ties everywhere, where a sort's order shows
+            lp = lp.round()
+        lp = lp.log_softmax(-1)
+        bonus = torch.arange(slots, device=DEVICE) + 7
+        want, got = build_tree(bonus, lp, budget), build_tree_kernel(bonus, lp, budget)
+        fields = ("tokens", "parents", "depths", "valid", "scores", "ranked_scores")
+        results[f"slots {slots} vocab {vocab} budget {budget}{' ties' if ties else ''}"] = all(
+            torch.equal(getattr(got, f), getattr(want, f)) for f in fields)
+    return results
 
 
 # --- E, F: CUDA graphs -------------------------------------------------------------------------------
@@ -370,7 +395,7 @@ def main() -> int:
     ap.add_argument("--smollm2", type=Path, default=None, help="path of the SmolLM2 GGUF on the GPU machine")
     ap.add_argument("--out", type=Path, default=Path("gpu_check.json"))
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--sections", default="ABCEF", help="which of A B C E F to run on the tiny models (default all)")
+    ap.add_argument("--sections", default="ABCEF", help="which of A B C E F T to run (default all but T)")
     ap.add_argument("--attentions", default="flex,sdpa,splitkv", help="attention backends section E checks (C and F: the first)")
     ap.add_argument("--timings", default="", help="comma-separated shapes for G: smollm2-135m,qwen3-8b")
     ap.add_argument("--batches", default="1,8")
@@ -405,6 +430,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         targets = tiny_targets(Path(tmp)) if set(args.sections) & set("ABCEF") else {}
         drafter = tiny_drafter(Path(tmp)) if targets else None
+        if "T" in args.sections and cuda:
+            run("T. tree kernel == build_tree", check_tree_kernel)
         if "E" in args.sections:
             run("E. CUDA graphs == eager", check_graphs_equal_eager, targets["qwen3"], drafter,
                 tuple(args.attentions.split(",")))
