@@ -306,3 +306,16 @@ def test_pruned_beam_ranking_equals_the_full_one(monkeypatch, budget, levels):
     full = build_tree(bonus, lp, budget=budget)
     for field in ("tokens", "parents", "depths", "valid", "scores", "ranked_scores"):
         assert torch.equal(getattr(pruned, field), getattr(full, field)), field
+
+
+def test_tree_kernel_default_is_small_trees_on_cuda_only():
+    from treeflash.round import use_tree_kernel
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    # 15 depths (block size 16): 15 x 64 = 960 -> 1024 candidates sorted, measured faster; 15 x 128 is not.
+    assert all(use_tree_kernel(None, cuda, 15, b) for b in (1, 4, 16, 64))
+    assert use_tree_kernel(None, cuda, 15, 68) and not use_tree_kernel(None, cuda, 15, 69)  # 1020 vs 1035
+    assert not any(use_tree_kernel(None, cuda, 15, b) for b in (128, 256, 512))
+    assert use_tree_kernel(None, cuda, 4, 256) and not use_tree_kernel(None, cuda, 5, 256)  # 1024 vs 1280
+    assert use_tree_kernel(True, cuda, 15, 512) and not use_tree_kernel(False, cuda, 15, 16)
+    assert not any(use_tree_kernel(s, cpu, 15, 16) for s in (None, True, False))  # Triton: CUDA only

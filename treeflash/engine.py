@@ -113,9 +113,9 @@ class EngineConfig:
     prefill_tokens_per_step: int | None = None
     compile_kernels: bool = True  # CUDA: fused projections + compiled pieces (models/kernels.py); False: eager
     flex_decode_tokens: int = FLEX_DECODE_TOKENS  # FlexAttention's decoding kernel up to this many new tokens
-    # CUDA: DDTree's builder as one Triton kernel (treeflash/tree_kernel.py) instead of torch ops. Same trees
-    # (tested through Triton's interpreter); off until its speed and graph capture are measured on a GPU.
-    tree_kernel: bool = False
+    # CUDA: DDTree's builder as one Triton kernel (treeflash/tree_kernel.py) instead of torch ops; same trees.
+    # None: where it measured faster (round.use_tree_kernel: budget <= 64 at 15 depths); True/False: always/never.
+    tree_kernel: bool | None = None
     # Newcomers are admitted only once this many slots are free (or all waiting requests fit, or no
     # slot is busy). Every admission costs an eager prefill forward and a first-token draw; with
     # hundreds of slots and requests ending a few per step, 1 pays that on almost every step. A larger

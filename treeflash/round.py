@@ -36,6 +36,23 @@ PREFILL_CHUNK = 512  # prompt tokens per prefill forward
 MAX_TREE_BUDGET = 4096
 
 
+# The most candidates (depths x budget, padded to a power of two as the Triton builder sorts them) at
+# which it measured faster than the torch ops on the H200 (benchmarks/h200-treekernel/, SmolLM2-135M
+# shape): rounds 0.84-0.88x at budgets 16 and 64 (15 x 64 = 960 -> 1024), but 1.03x at 256 (4096).
+TREE_KERNEL_MAX_CANDIDATES = 1024
+
+
+def use_tree_kernel(setting: bool | None, device: torch.device, depths: int, budget: int) -> bool:
+    """Whether a round builds DDTree's tree with the Triton kernel (treeflash/tree_kernel.py) rather than
+    `build_tree`'s torch ops. setting: True/False force it on CUDA; None picks it for trees small enough
+    to be faster. Never off CUDA (Triton). depths and budget are host ints: deciding costs no sync."""
+    if device.type != "cuda":
+        return False
+    if setting is not None:
+        return setting
+    return 1 << (depths * budget - 1).bit_length() <= TREE_KERNEL_MAX_CANDIDATES
+
+
 @dataclass(frozen=True)
 class SpecConfig:
     method: str = "none"  # "none" (autoregressive), "dflash" (chain) or "ddtree" (tree)
@@ -152,7 +169,7 @@ class Speculator:
     def __init__(self, target: Transformer, drafter: DFlashDrafter | None, spec: SpecConfig,
                  slots: int, capacity: int, time_stages: bool = True, attention: str | None = None,
                  flex_decode_tokens: int = FLEX_DECODE_TOKENS, compile_kernels: bool = True,
-                 draft_vocab: bool = True, tree_kernel: bool = False):
+                 draft_vocab: bool = True, tree_kernel: bool | None = None):
         if spec.method != "none" and drafter is None:
             raise ValueError(f"spec={spec.method!r} needs a draft model")
         self.target, self.drafter, self.spec = target, drafter if spec.method != "none" else None, spec
@@ -161,9 +178,7 @@ class Speculator:
         self.attention = check_backend(attention or default_backend(self.device, c.num_heads, c.num_kv_heads, c.head_dim),
                                        self.device, c.head_dim)
         self.flex_decode_tokens = flex_decode_tokens
-        # One Triton launch for DDTree's builder instead of ~120 small kernels (CUDA only; same trees;
-        # opt-in until measured on a GPU: treeflash/tree_kernel.py).
-        self.tree_kernel = tree_kernel and self.device.type == "cuda"
+        self.tree_kernel = tree_kernel  # use_tree_kernel's setting, read per round (gpu_check E flips it)
         if self.device.type == "cuda":
             # The models are switched as a whole (shared with any other speculator on them): the last
             # one built decides their eager forwards; captured graphs keep what they recorded.
@@ -452,7 +467,7 @@ class Speculator:
             return root_only(bonus)
         if self.spec.method == "dflash":
             tree = build_tree(bonus, logprobs, budget=logprobs.shape[1], branching=1)
-        elif self.tree_kernel:
+        elif use_tree_kernel(self.tree_kernel, self.device, logprobs.shape[1], self.budget(budget)):
             from treeflash.tree_kernel import build_tree_kernel
 
             tree = build_tree_kernel(bonus, logprobs, budget=self.budget(budget))

@@ -131,7 +131,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "KERNELS 'compiled' (fused projections + torch.compile'd pieces, the CUDA default) or "
                         "'eager' (compile_kernels=False); N: new tokens up to which FlexAttention's decoding "
                         "kernel runs (flex_decode_tokens); ATTENTION: sdpa, flex or splitkv (default: the "
-                        "device's); treekernel: DDTree's builder as one Triton kernel (opt-in). Default: the engine's defaults only (e.g. compiled/1,compiled/16/splitkv)")
+                        "device's); treekernel: DDTree's builder as one Triton kernel at every budget (without it: torch ops at every budget; the engine's default picks per budget). Default: the engine's defaults only (e.g. compiled/1,compiled/16/splitkv)")
     return p
 
 

@@ -10,7 +10,8 @@ Variants (`--variants KERNELS/N[/ATTENTION][/treekernel],...`) time the same com
 on the same weights, in one run: KERNELS "compiled" (fused projections + compiled pieces, the CUDA
 default) or "eager" (compile_kernels=False), N the new tokens up to which FlexAttention's decoding
 kernel runs (flex_decode_tokens), ATTENTION an attention backend (treeflash/attention.py; default: the
-device's), "treekernel" DDTree's builder as one Triton kernel (treeflash/tree_kernel.py). Each (batch, method) runs every variant in turn, so a run cut short still has
+device's), "treekernel" DDTree's builder as one Triton kernel (treeflash/tree_kernel.py) at every budget
+(without it: torch ops at every budget). Each (batch, method) runs every variant in turn, so a run cut short still has
 whole comparisons. `ddtree:auto` runs the engine's budget chooser on a cost profile made of the fixed
 budgets measured before it (same variant and batch), so it probes only the round without a draft
 (budget 0, which the profile lacks). With random weights the drafter is never confident: auto drafts
@@ -64,7 +65,9 @@ class Variant:
     compile_kernels: bool
     flex_decode_tokens: int
     attention: str | None = None  # None: the device's default backend
-    tree_kernel: bool = False  # "treekernel": DDTree's builder as one Triton kernel (treeflash/tree_kernel.py)
+    # "treekernel": DDTree's builder as one Triton kernel (treeflash/tree_kernel.py) at every budget; without
+    # it, torch ops at every budget (not the engine's per-budget default), so the two variants are an A/B.
+    tree_kernel: bool = False
 
     @staticmethod
     def parse(text: str) -> "Variant":
