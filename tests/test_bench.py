@@ -288,11 +288,13 @@ def test_variant_names_an_attention_backend():
     from treeflash.bench.synthetic import Variant
 
     assert Variant.parse("compiled/16/splitkv").engine_options() == {
-        "compile_kernels": True, "flex_decode_tokens": 16, "attention": "splitkv", "tree_kernel": False}
+        "compile_kernels": True, "flex_decode_tokens": 16, "attention": "splitkv", "tree_kernel": None}
     assert Variant.parse("eager/1").engine_options()["attention"] is None
     tree_kernel = Variant.parse("compiled/16/flex/treekernel")
     assert tree_kernel.label == "compiled/16/flex/treekernel" and tree_kernel.engine_options()["tree_kernel"]
-    for bad in ("compiled/16/flash", "compiled/16/flex/sdpa", "compiled/16/treekernel/treekernel"):
+    assert Variant.parse("compiled/16/treeops").engine_options()["tree_kernel"] is False
+    for bad in ("compiled/16/flash", "compiled/16/flex/sdpa", "compiled/16/treekernel/treekernel",
+                "compiled/16/treekernel/treeops"):
         with pytest.raises(ValueError, match="ATTENTION one of"):
             Variant.parse(bad)
 

@@ -6,12 +6,12 @@ caches holding `context` committed rows; each round is timed, and split by stage
 The floor is the target's weight bytes over the copy bandwidth measured in the same run: a decode
 step cannot beat reading every weight once.
 
-Variants (`--variants KERNELS/N[/ATTENTION][/treekernel],...`) time the same combinations with other engine kernels
+Variants (`--variants KERNELS/N[/ATTENTION][/treekernel|/treeops],...`) time the same combinations with other engine kernels
 on the same weights, in one run: KERNELS "compiled" (fused projections + compiled pieces, the CUDA
 default) or "eager" (compile_kernels=False), N the new tokens up to which FlexAttention's decoding
 kernel runs (flex_decode_tokens), ATTENTION an attention backend (treeflash/attention.py; default: the
-device's), "treekernel" DDTree's builder as one Triton kernel (treeflash/tree_kernel.py) at every budget
-(without it: torch ops at every budget). Each (batch, method) runs every variant in turn, so a run cut short still has
+device's), "treekernel" / "treeops" DDTree's builder as one Triton kernel (treeflash/tree_kernel.py) /
+as torch ops at every budget (neither: the engine's choice per budget). Each (batch, method) runs every variant in turn, so a run cut short still has
 whole comparisons. `ddtree:auto` runs the engine's budget chooser on a cost profile made of the fixed
 budgets measured before it (same variant and batch), so it probes only the round without a draft
 (budget 0, which the profile lacks). With random weights the drafter is never confident: auto drafts
@@ -53,35 +53,35 @@ from treeflash.models.dflash import DrafterConfig
 from treeflash.sampling import SamplingParams
 
 KERNELS = ("compiled", "eager")
-TREE_KERNEL = "treekernel"
+TREE_BUILDERS = {"treekernel": True, "treeops": False}  # DDTree's builder forced: Triton kernel / torch ops
 
 
 @dataclass(frozen=True)
 class Variant:
-    """Engine kernels a synthetic row ran with, written KERNELS/N[/ATTENTION][/treekernel] (e.g. compiled/1,
-    eager/32, compiled/16/splitkv, compiled/16/treekernel)."""
+    """Engine kernels a synthetic row ran with, written KERNELS/N[/ATTENTION][/treekernel|/treeops] (e.g.
+    compiled/1, eager/32, compiled/16/splitkv, compiled/16/treeops)."""
 
     label: str
     compile_kernels: bool
     flex_decode_tokens: int
     attention: str | None = None  # None: the device's default backend
-    # "treekernel": DDTree's builder as one Triton kernel (treeflash/tree_kernel.py) at every budget; without
-    # it, torch ops at every budget (not the engine's per-budget default), so the two variants are an A/B.
-    tree_kernel: bool = False
+    tree_kernel: bool | None = None  # None: the engine's choice per budget (round.use_tree_kernel)
 
     @staticmethod
     def parse(text: str) -> "Variant":
         kernels, tokens, *extra = text.strip().split("/")
         attention = next((x for x in extra if x in BACKENDS), None)
+        builders = [x for x in extra if x in TREE_BUILDERS]
         if kernels not in KERNELS or not tokens.isdigit() or len(extra) > 2 or \
-                any(x not in BACKENDS and x != TREE_KERNEL for x in extra) or extra.count(TREE_KERNEL) > 1 or \
+                any(x not in BACKENDS and x not in TREE_BUILDERS for x in extra) or len(builders) > 1 or \
                 sum(x in BACKENDS for x in extra) > 1:
-            raise ValueError(f"variant {text!r}: expected KERNELS/N[/ATTENTION][/{TREE_KERNEL}] with KERNELS one of "
-                             f"{KERNELS}, N the new tokens up to which FlexAttention's decoding kernel runs, "
-                             f"ATTENTION one of {BACKENDS} and {TREE_KERNEL} for the Triton tree builder "
-                             f"(e.g. compiled/1, compiled/16/splitkv)")
+            raise ValueError(f"variant {text!r}: expected KERNELS/N[/ATTENTION][/treekernel|/treeops] with KERNELS "
+                             f"one of {KERNELS}, N the new tokens up to which FlexAttention's decoding kernel runs, "
+                             f"ATTENTION one of {BACKENDS}, treekernel / treeops to force DDTree's Triton / torch "
+                             f"tree builder (e.g. compiled/1, compiled/16/splitkv, compiled/16/treeops)")
         label = "/".join([kernels, str(int(tokens)), *extra])
-        return Variant(label, kernels == "compiled", int(tokens), attention, TREE_KERNEL in extra)
+        return Variant(label, kernels == "compiled", int(tokens), attention,
+                       TREE_BUILDERS[builders[0]] if builders else None)
 
     def engine_options(self) -> dict:
         return {"compile_kernels": self.compile_kernels, "flex_decode_tokens": self.flex_decode_tokens,
