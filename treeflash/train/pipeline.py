@@ -63,6 +63,34 @@ def init_drafter(cfg: DrafterConfig, std: float, seed: int, target: Transformer)
     return drafter.to(target.embed_tokens.weight.device)
 
 
+class StepCount:
+    """--train-minutes as a number of optimiser steps, from the measured step time.
+
+    Measured twice: steps stay slower for a while after the first ones (the allocator's cache grows to the
+    batches' varied shapes: on the H200 steps 5-25 took 278 ms, later ones ~160), so the count made after
+    step 25 (timed from step 5, after the one-time costs) only holds until the one made after step 125
+    (timed over the 100 steps between) replaces it. Both come before a usual warm-up ends, where the count
+    does not yet change the learning rate."""
+
+    MARKS = (5, 25, 125)  # steps after the first; a count at each but the first
+
+    def __init__(self, minutes: float, start: float, cap: int):
+        self.seconds, self.start, self.cap = 60 * minutes, start, cap
+        self.mark: tuple[int, float] | None = None
+
+    def after(self, done: int, step: int, now: float) -> tuple[int, float] | None:
+        """After `done` steps of this run (now at `step`, clock `now`): (total steps, seconds per step) when
+        a count is made, else None."""
+        if done not in self.MARKS:
+            return None
+        count = None
+        if self.mark is not None:
+            per_step = (now - self.mark[1]) / (done - self.mark[0])
+            count = max(step + 1, min(self.cap, step + int((self.seconds - (now - self.start)) / per_step))), per_step
+        self.mark = done, now
+        return count
+
+
 def start_from(drafter: DFlashDrafter, directory: str) -> None:
     """Copy the weights of the drafter in `directory` (e.g. a shipped one, to train it on more data) into
     `drafter`; its block, mask token, target layers and every tensor it has must match in shape.
@@ -209,21 +237,19 @@ def train_drafter(opts: TrainDrafterOptions) -> dict:
     train_start = time.monotonic()
     # --train-minutes counts optimiser steps only: evaluations cost what --eval-every makes them cost,
     # and an untrained drafter's evaluation (one token per round) says little about a trained one's.
-    calibrate = opts.train_minutes is not None and state is None
-    first_step, mark = trainer.step, None
+    counter = StepCount(opts.train_minutes, train_start, trainer.cfg.steps) \
+        if opts.train_minutes is not None and state is None else None
+    first_step = trainer.step
     bar = tqdm(total=trainer.total_steps, initial=trainer.step, desc="train", unit="step",
                disable=None if opts.progress is None else not opts.progress)
     while trainer.step < trainer.total_steps:
         result, lr, grad_norm = trainer.train_step()
         bar.update(1)
         step = trainer.step
-        if step - first_step == 5:
-            mark = time.monotonic()  # after the first steps' one-time costs (allocator, kernel choice)
-        if calibrate and step - first_step == 25:
-            per_step = (time.monotonic() - mark) / 20
-            fit = int((60 * opts.train_minutes - (time.monotonic() - train_start)) / per_step)
-            trainer.total_steps = max(step + 1, min(trainer.total_steps, step + fit))
-            bar.total, calibrate = trainer.total_steps, False
+        count = counter and counter.after(step - first_step, step, time.monotonic())
+        if count:
+            trainer.total_steps, per_step = count
+            bar.total = trainer.total_steps
             log(f"{per_step * 1e3:.0f} ms/step: {trainer.total_steps} steps fit in --train-minutes {opts.train_minutes}")
         if step % opts.log_every == 0 or step == trainer.total_steps:
             record = {"step": step, "loss": float(result.loss.detach()), "lr": lr, "grad_norm": grad_norm,
