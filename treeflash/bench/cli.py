@@ -127,12 +127,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "(ddtree:auto uses the fixed budgets listed before it as its cost profile)")
     s.add_argument("--variants", default=None, metavar="LIST",
                    help="engine kernels to compare on the same weights, comma-separated KERNELS/N[/ATTENTION]"
-                        "[/treekernel|/treeops]: KERNELS 'compiled' (fused projections + torch.compile'd pieces, the CUDA default) or "
-                        "'eager' (compile_kernels=False); N: new tokens up to which FlexAttention's decoding "
-                        "kernel runs (flex_decode_tokens); ATTENTION: sdpa, flex or splitkv (default: the "
-                        "device's); treekernel / treeops: DDTree's builder forced to one Triton kernel / torch ops "
-                        "(neither: the engine's choice per budget). Default: the engine's defaults only (e.g. compiled/1,compiled/16/splitkv,"
-                        "compiled/16/treeops)")
+                        "[/treekernel|/treeops]: KERNELS 'compiled' (fused projections + torch.compile'd "
+                        "pieces, the CUDA default) or 'eager' (compile_kernels=False); N: new tokens up to which "
+                        "FlexAttention's decoding kernel runs (flex_decode_tokens); ATTENTION: sdpa, flex or "
+                        "splitkv (default: the device's); treekernel / treeops: DDTree's builder forced to one "
+                        "Triton kernel / torch ops (neither: the engine's choice per budget). Default: the "
+                        "engine's defaults only (e.g. compiled/1,compiled/16/splitkv,compiled/16/treeops)")
     return p
 
 

@@ -66,11 +66,11 @@ def init_drafter(cfg: DrafterConfig, std: float, seed: int, target: Transformer)
 class StepCount:
     """--train-minutes as a number of optimiser steps, from the measured step time.
 
-    Measured twice: steps stay slower for a while after the first ones (the allocator's cache grows to the
-    batches' varied shapes: on the H200 steps 5-25 took 278 ms, later ones ~160), so the count made after
-    step 25 (timed from step 5, after the one-time costs) only holds until the one made after step 125
-    (timed over the 100 steps between) replaces it. Both come before a usual warm-up ends, where the count
-    does not yet change the learning rate."""
+    Measured twice: steps can stay slower for a while after the first ones (on the H200 steps 5-25 of the
+    sixth SmolLM2 run took 278 ms and the later ones ~160 ms, so 8 minutes bought 4.4), so the count made
+    after step 25 (timed from step 5, after the one-time costs) only holds until the one made after step
+    125 (timed over the 100 steps between) replaces it. Both come before a usual warm-up ends, where the
+    count does not yet change the learning rate."""
 
     MARKS = (5, 25, 125)  # steps after the first; a count at each but the first
 
