@@ -156,6 +156,19 @@ def test_branching_one_is_the_argmax_chain(depth, vocab):
     assert torch.equal(tree.depths, torch.arange(depth + 1).expand(4, depth + 1))
 
 
+@pytest.mark.parametrize("depth,vocab", [(1, 4), (3, 6), (7, 11), (15, 3)])
+def test_chain_is_build_trees_branching_one_tree(depth, vocab):
+    from treeflash.tree import build_chain
+
+    lp = random_logprobs(4, depth, vocab, seed=depth)
+    bonus = torch.tensor([1, 2, 3, 0])
+    chain, tree = build_chain(bonus, lp), build_tree(bonus, lp, budget=depth, branching=1)
+    for field in ("tokens", "parents", "depths", "valid"):
+        assert torch.equal(getattr(chain, field), getattr(tree, field)), field
+    torch.testing.assert_close(chain.scores, tree.scores)  # a running sum vs one add per depth
+    assert chain.max_depth == depth and chain.ranked_scores is None
+
+
 @pytest.mark.parametrize("branching,budget", [(2, 5), (2, 14), (3, 20)])
 def test_branching_limits_children_to_top_tokens(branching, budget):
     lp = random_logprobs(2, 3, 6, seed=branching * budget)

@@ -25,7 +25,7 @@ from treeflash.models.dflash import DFlashDrafter
 from treeflash.models.kernels import COMPILED, EAGER, use_fast_path
 from treeflash.models.transformer import Transformer
 from treeflash.sampling import SamplingParams, SamplingTensors, derive, static_flags
-from treeflash.tree import DraftTree, Walk, ancestor_mask, build_tree, root_only, walk
+from treeflash.tree import DraftTree, Walk, ancestor_mask, build_chain, build_tree, root_only, walk
 
 METHODS = ("none", "dflash", "ddtree")
 STAGES = ("draft", "tree", "verify", "derive_walk", "commit")
@@ -466,7 +466,7 @@ class Speculator:
         if logprobs is None:
             return root_only(bonus)
         if self.spec.method == "dflash":
-            tree = build_tree(bonus, logprobs, budget=logprobs.shape[1], branching=1)
+            tree = build_chain(bonus, logprobs)
         elif use_tree_kernel(self.tree_kernel, self.device, logprobs.shape[1], self.budget(budget)):
             from treeflash.tree_kernel import build_tree_kernel
 

@@ -116,6 +116,35 @@ def build_tree(bonus: torch.Tensor, logprobs: torch.Tensor, budget: int, branchi
     )
 
 
+def build_chain(bonus: torch.Tensor, logprobs: torch.Tensor) -> DraftTree:
+    """The DFlash chain: the most probable token at every depth, each the child of the one before.
+
+    The tree `build_tree(bonus, logprobs, budget=D, branching=1)` builds (its scores up to float rounding:
+    a running sum here), in a handful of ops instead of its per-depth loop: on a GPU each op is a
+    launch that costs more than its work. bonus: [S]; logprobs: [S, D, V].
+    """
+    slots, depth_count, _ = logprobs.shape
+    best, tokens = logprobs.float().max(dim=-1)  # [S, D]
+    scores = torch.cat([best.new_zeros(slots, 1), best.cumsum(dim=1)], dim=1)
+    depths, parents = _chain_links(depth_count, logprobs.device)
+    return DraftTree(
+        tokens=torch.cat([bonus[:, None], tokens], dim=1),
+        parents=parents.expand(slots, -1),
+        depths=depths.expand(slots, -1),
+        valid=scores > -torch.inf,
+        scores=scores,
+        max_depth=depth_count,
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def _chain_links(depth_count: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A chain's depths (node i at depth i) and parents (node i - 1; the root its own), made once per
+    shape (the warm-up rounds run before any CUDA graph is captured); shared, so never written to."""
+    depths = torch.arange(depth_count + 1, device=device)
+    return depths, (depths - 1).clamp_min(0)
+
+
 @functools.lru_cache(maxsize=64)
 def _beam_pairs(budget: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The (beam entry i, child rank j) pairs that can make the next beam, in i-major order: their
