@@ -127,10 +127,11 @@ def test_replot_redraws_from_the_json_alone(pair, prompts_file, tmp_path):
     target, _ = pair
     out = tmp_path / "results.json"
     assert bench("--model", str(target), "--dataset", str(prompts_file), "--num-prompts", "1", "--out", str(out),
-                 "--no-plots", "--attention", "sdpa") == 0
+                 "--no-plots", "--attention", "sdpa", "--tree-builder", "ops") == 0
     assert not list(tmp_path.glob("*.png"))
-    assert {m["attention"] for m in json.loads(out.read_text())["methods"]} == {"sdpa"}
-    assert ", sdpa attention" in (tmp_path / "results.txt").read_text().splitlines()[0]
+    result = json.loads(out.read_text())
+    assert {m["attention"] for m in result["methods"]} == {"sdpa"} and result["config"]["tree_builder"] == "ops"
+    assert ", sdpa attention, tree builder: ops" in (tmp_path / "results.txt").read_text().splitlines()[0]
     assert main(["bench", "--replot", str(out), "--plot", str(tmp_path / "plots")]) == 0
     assert (tmp_path / "plots" / "stage_split.png").is_file()
 

@@ -196,3 +196,11 @@ def test_capture_graphs_takes_every_bucket_up_to_the_batch_with_its_flags(pair):
     assert measured == [(1, False), (2, False)]
     with pytest.raises(ValueError, match="cuda_graph_sizes"):
         LLM(str(target), device="cpu", max_num_seqs=8, cuda_graph_sizes=[16])
+
+
+def test_the_tree_builder_setting_reaches_the_round(pair):
+    # (On the CPU the Triton builder never runs: round.use_tree_kernel; the setting still travels.)
+    target, drafter = pair
+    for setting in (None, True, False):
+        llm = LLM(str(target), device="cpu", draft_model=str(drafter), tree_budget=8, tree_kernel=setting)
+        assert llm.engine.speculator.tree_kernel is setting

@@ -181,6 +181,9 @@ class LLM:
     compile_kernels: on CUDA (default True; ignored on the CPU), fuse the q/k/v and gate/up projections
     and run norms, rotary, silu*mul and residual sums through torch.compile (treeflash/models/kernels.py);
     False keeps the eager model code (like vLLM's enforce_eager, with CUDA graphs still on).
+    tree_kernel: on CUDA, build DDTree's tree with one Triton kernel (treeflash/tree_kernel.py) instead of
+    ~85 torch ops; same trees. None (default): where it measured faster, budgets up to 64 at block size 16
+    (round.use_tree_kernel); True / False: always / never. Ignored on the CPU.
     budget_profile: a JSON file holding the auto budget's cost profile: loaded if present, else
     measured at first use and written there.
     prefill_tokens_per_step: prompt tokens the engine prefills per step, over all waiting requests,
@@ -200,7 +203,8 @@ class LLM:
                  cuda_graphs: bool | None = None, attention: str | None = None, budget_profile: str | None = None,
                  tensor_parallel_size: int = 1, prefill_tokens_per_step: int | None = None,
                  compile_kernels: bool = True, admit_batch: int = 1,
-                 cuda_graph_sizes: Sequence[int] | None = None, draft_vocab: bool = True):
+                 cuda_graph_sizes: Sequence[int] | None = None, draft_vocab: bool = True,
+                 tree_kernel: bool | None = None):
         draft_model = default_draft_model(model, draft_model, spec)
         self.parallel = None  # the tensor-parallel group (workers), when tensor_parallel_size > 1
         self.spec = SpecConfig(method=spec or ("ddtree" if draft_model else "none"), tree_budget=tree_budget)
@@ -236,7 +240,7 @@ class LLM:
             record_trees=record_trees, cuda_graphs=True if cuda_graphs is None else bool(cuda_graphs),
             attention=attention, budget_profile=budget_profile, prefill_tokens_per_step=prefill_tokens_per_step,
             admit_batch=admit_batch, cuda_graph_sizes=_sizes(cuda_graph_sizes), draft_vocab=bool(draft_vocab),
-            compile_kernels=bool(compile_kernels),
+            compile_kernels=bool(compile_kernels), tree_kernel=tree_kernel,
             # On CUDA every cache growth recaptures the graphs and recompiles attention kernels (seconds):
             # start with room for typical requests there; on the CPU grow from small, as memory is dearer.
             min_capacity=CUDA_MIN_CAPACITY if self.device.type == "cuda" else EngineConfig.min_capacity)

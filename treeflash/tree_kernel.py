@@ -9,7 +9,7 @@ stable sort's order), then the global choice among all depths likewise, then par
 The result is `build_tree`'s, field for field (tests: through Triton's interpreter on the CPU).
 `build_tree` stays the reference and the CPU path. On CUDA this kernel is the default for trees of at
 most 1024 candidates (next_power_of_2(depths * budget): budget <= 64 at 15 depths; `round.use_tree_kernel`,
-`EngineConfig(tree_kernel=True/False)` forces it on/off). Measured on an H200 (SmolLM2-135M shape, random
+`LLM(tree_kernel=True/False)` forces it on/off). Measured on an H200 (SmolLM2-135M shape, random
 bf16 weights, context 1024, CUDA graphs, splitkv; benchmarks/h200-treekernel/), median ms per round, torch
 ops vs kernel: batch 1 ddtree:16 2.109 vs 1.802, ddtree:64 2.338 vs 1.955, ddtree:256 2.948 vs 3.048
 (slower: the torch ops stay there); batch 8 ddtree:64 3.534 vs 3.125. `scripts/gpu_check.py` checks it

@@ -91,6 +91,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     r.add_argument("--attention", default=None,
                    help="attention backend of every method's engine: sdpa, flex or splitkv (default: the device's "
                         "measured choice; treeflash/attention.py)")
+    r.add_argument("--tree-builder", default="auto", choices=("auto", "kernel", "ops"),
+                   help="DDTree's tree builder on CUDA: one Triton kernel, torch ops, or auto (the kernel up to "
+                        "budget 64; default). Ignored on the CPU")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--warmup", type=int, default=1, help="untimed warm-up prompts per method (default 1)")
     r.add_argument("--stage-prompts", type=int, default=2,
@@ -192,7 +195,8 @@ def _run(args, command: str, progress) -> dict:
                       baselines=args.baselines, baseline_prompts=args.baseline_prompts, ddtree_ref=args.ddtree_ref,
                       ref_budget=args.ref_budget, hf_compile=not args.hf_no_compile,
                       tensor_parallel_size=args.tensor_parallel_size, cuda_graph_sizes=args.cuda_graph_sizes,
-                      draft_vocab=not args.no_draft_vocab, attention=args.attention)
+                      draft_vocab=not args.no_draft_vocab, attention=args.attention,
+                      tree_builder=args.tree_builder)
     return run_bench(cfg, command, log=_log, progress=progress)
 
 

@@ -78,12 +78,19 @@ def _attention_note(methods: list[dict]) -> str:
     return f", {backends.pop()} attention" if len(backends) == 1 else ""
 
 
+def _tree_builder_note(config: dict) -> str:
+    """", tree builder: ops" when the run forced one (--tree-builder kernel / ops)."""
+    builder = config.get("tree_builder", "auto")
+    return "" if builder == "auto" else f", tree builder: {builder}"
+
+
 def format_bench(result: dict) -> str:
     """The methods and baselines as a text table."""
     env = result["environment"]
     lines = [f"{result['dataset']} x {result['num_prompts']} prompts, max {result['config']['max_tokens']} tokens, "
              f"temperature {result['config']['temperature']}, batch size {result['config']['batch_size']} | "
-             f"{env['device']}, {env['dtype']}" + _attention_note(result["methods"])]
+             f"{env['device']}, {env['dtype']}" + _attention_note(result["methods"])
+             + _tree_builder_note(result["config"])]
     lines += [f"NOTE: {n}" for n in result["notes"]]
     head = f"{'method':<13} {'accept':>6} {'tok/s':>9} {'speedup':>7} {'ms/round':>9} {'same':>6}  " + \
            " ".join(f"{s:>11}" for s in STAGES)

@@ -21,6 +21,8 @@ import torch
 from tqdm import tqdm
 
 from treeflash.attention import BACKENDS
+
+TREE_BUILDERS = {"auto": None, "kernel": True, "ops": False}  # --tree-builder -> LLM(tree_kernel=...)
 from treeflash.bench.baselines import BASELINES, BaselineError, RefSetup, build_baseline, load_hf_target, parse_baselines
 from treeflash.bench.datasets import Prompt, load_prompts
 from treeflash.bench.methods import Method, budgets_of, parse_methods
@@ -60,6 +62,7 @@ class BenchConfig:
     cuda_graph_sizes: tuple[int, ...] | None = None  # batch buckets captured (default: powers of two)
     draft_vocab: bool = True  # use the drafter's draft vocabulary when it ships one
     attention: str | None = None  # "sdpa", "flex", "splitkv" (treeflash/attention.py); None: the default
+    tree_builder: str = "auto"  # DDTree's builder on CUDA: "kernel", "ops" or "auto" (LLM(tree_kernel=...))
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "batch_size", "drafter_layers"):
@@ -73,6 +76,8 @@ class BenchConfig:
             raise ValueError("--warmup and --stage-prompts must be >= 0")
         parse_methods(self.method_list)
         parse_baselines(self.baselines)
+        if self.tree_builder not in TREE_BUILDERS:
+            raise ValueError(f"--tree-builder must be one of {', '.join(TREE_BUILDERS)}, got {self.tree_builder!r}")
         if self.attention is not None and self.attention not in BACKENDS:
             raise ValueError(f"--attention must be one of {', '.join(BACKENDS)}, got {self.attention!r}")
         if self.tensor_parallel_size != 1 and self.baselines:
@@ -186,6 +191,7 @@ def _make_llm(cfg: BenchConfig, method: Method, drafter_dir, device, dtype, skip
                    draft_model=drafter_dir if method.spec != "none" else None, max_num_seqs=cfg.batch_size,
                    time_stages=time_stages, tensor_parallel_size=cfg.tensor_parallel_size,
                    cuda_graph_sizes=cfg.cuda_graph_sizes, draft_vocab=cfg.draft_vocab, attention=cfg.attention,
+                   tree_kernel=TREE_BUILDERS[cfg.tree_builder],
                    **method.llm_kwargs())
     except ValueError as e:
         if method.budget != "auto":
