@@ -54,6 +54,7 @@ def test_bench_runs_every_method_on_the_same_prompts_and_writes_json_table_and_p
     env = result["environment"]
     assert env["command"].startswith("treeflash bench --device cpu") and "--methods none,ddtree:8,ddtree:auto" in env["command"]
     assert env["torch"] == torch.__version__ and env["device_type"] == "cpu" and env["date"] and "commit" in env["git"]
+    assert len(env["source_digest"]) == 16
     assert result["complete"] and result["num_prompts"] == 3 and result["prompt_ids"] == ["p0", "p1", "p2"]
     ran = {m["method"]: m for m in result["methods"]}
     assert {"none", "ddtree:8"} <= set(ran)
@@ -356,3 +357,24 @@ def test_reference_code_is_imported_privately(tmp_path):
     ddtree, model_pkg = load_ddtree_reference(tmp_path)
     assert ddtree.who() == ("their dflash", "their model") and model_pkg.WHO == "their model"
     assert {n: sys.modules.get(n) for n in before} == before
+
+
+def test_source_digest_names_the_code_and_finds_its_commit():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from treeflash.bench.report import source_digest
+
+    a, b = {"x.py": b"1", "y.py": b"2"}, {"y.py": b"2", "x.py": b"1"}
+    assert source_digest(a) == source_digest(b) != source_digest({"x.py": b"1", "y.py": b"3"})
+    assert source_digest({"ab.py": b""}) != source_digest({"a.py": b"b.py"})  # paths and bytes kept apart
+    root = Path(__file__).resolve().parents[1]
+    status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "treeflash"],
+                            capture_output=True, text=True)
+    if status.returncode != 0 or status.stdout.strip():
+        pytest.skip("not a clean git checkout of treeflash/: no commit to find")
+    found = subprocess.run([sys.executable, str(root / "scripts" / "which_commit.py"), source_digest(), "--last", "1"],
+                           capture_output=True, text=True)
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    assert found.returncode == 0 and found.stdout.startswith(head.stdout.strip())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import os
 import platform
@@ -27,6 +28,21 @@ def git_commit() -> dict:
         return {"commit": None, "dirty": None}  # not a git checkout (an installed wheel, a copied tree)
 
 
+def source_digest(files: dict[str, bytes] | None = None) -> str:
+    """sha256 (16 hex digits) of the package's Python sources, path and bytes in path order.
+
+    Names the code that ran even where `git_commit` cannot: a copied tree whose .git is stale (the lent
+    GPU machine's copy kept its first commit) or none. `scripts/which_commit.py DIGEST` finds the commit.
+    files: {path relative to the repository: bytes} (default: this checkout's treeflash/**/*.py)."""
+    if files is None:
+        root = Path(__file__).resolve().parents[2]
+        files = {p.relative_to(root).as_posix(): p.read_bytes() for p in (root / "treeflash").rglob("*.py")}
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        digest.update(path.encode() + b"\0" + files[path] + b"\0")
+    return digest.hexdigest()[:16]
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -40,6 +56,7 @@ def environment(device: torch.device, dtype: torch.dtype, command: str | None) -
     return {
         "command": command,
         "git": git_commit(),
+        "source_digest": source_digest(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": device_name(device),
         "device_type": device.type,
