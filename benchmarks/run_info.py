@@ -5,24 +5,20 @@ from __future__ import annotations
 import datetime
 import platform
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from treeflash import provenance  # noqa: E402
+
 
 def git_commit() -> str:
     """The checkout's commit (+ "-dirty" with uncommitted changes), or "unknown" outside a git tree."""
-    root = Path(__file__).resolve().parents[1]
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                                check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return commit + ("-dirty" if dirty else "")
+    git = provenance.git_commit()
+    return "unknown" if git["commit"] is None else git["commit"] + ("-dirty" if git["dirty"] else "")
 
 
 def device_name(device: torch.device) -> str:
@@ -35,6 +31,7 @@ def run_info(device: torch.device) -> dict:
     return {
         "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
         "git_commit": git_commit(),
+        "source_digest": provenance.source_digest(),  # scripts/which_commit.py finds its commit
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": device_name(device),
         "torch": torch.__version__,

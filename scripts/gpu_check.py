@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from treeflash import LLM, SamplingParams  # noqa: E402
 from treeflash.models.dflash import DFlashDrafter, DrafterConfig, save_drafter  # noqa: E402
+from treeflash.provenance import source_digest  # noqa: E402
 from treeflash.round import SpecConfig, Speculator  # noqa: E402
 from treeflash.runner import GraphRunner  # noqa: E402
 
@@ -408,7 +409,7 @@ def main() -> int:
     assert not cuda or torch.cuda.is_available(), "needs a CUDA device"
     deadline = time.monotonic() + args.budget_s
     results = {"device": torch.cuda.get_device_name() if cuda else DEVICE, "torch": torch.__version__,
-               "command": " ".join(sys.argv)}
+               "command": " ".join(sys.argv), "source_digest": source_digest()}  # scripts/which_commit.py
 
     def save(section: str, value) -> None:
         results[section] = value

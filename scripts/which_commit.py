@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from treeflash.bench.report import source_digest  # noqa: E402
+from treeflash.provenance import source_digest  # noqa: E402
 
 
 def git(*args: str) -> bytes:

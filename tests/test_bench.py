@@ -364,7 +364,7 @@ def test_source_digest_names_the_code_and_finds_its_commit():
     import sys
     from pathlib import Path
 
-    from treeflash.bench.report import source_digest
+    from treeflash.provenance import source_digest
 
     a, b = {"x.py": b"1", "y.py": b"2"}, {"y.py": b"2", "x.py": b"1"}
     assert source_digest(a) == source_digest(b) != source_digest({"x.py": b"1", "y.py": b"3"})

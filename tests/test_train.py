@@ -371,6 +371,7 @@ def test_cli_trains_end_to_end_and_resumes(chat_target, tmp_path, capsys):
     assert (out / "loss.png").stat().st_size > 0 and (out / "acceptance.png").stat().st_size > 0
     history = json.loads((out / "history.json").read_text())
     assert [e["step"] for e in history["history"]["eval"]] == [0, 6, 12] and 32 < history["examples"] <= 48
+    assert len(history["source_digest"]) == 16 and "commit" in history["git"]
     vocab = DraftVocab.load(out / "drafter")
     assert len(vocab.token_ids) == 20 and "draft vocabulary: the 20 most frequent" in (out / "train.log").read_text()
     cfg = json.loads((out / "drafter" / "config.json").read_text())

@@ -19,6 +19,7 @@ import torch
 from treeflash.config import ModelConfig, RopeConfig
 from treeflash.models.dflash import DFlashDrafter, DraftVocab, DrafterConfig, default_target_layer_ids, save_drafter
 from treeflash.models.transformer import Transformer
+from treeflash.provenance import git_commit, source_digest
 from treeflash.train.config import TrainDrafterOptions
 from treeflash.train.data import GREEDY, SamplingMode, generate_responses, prompt_token_ids
 from treeflash.train.loop import Trainer
@@ -279,7 +280,8 @@ def train_drafter(opts: TrainDrafterOptions) -> dict:
                "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                "eval": {"prompts": len(eval_ids), "budget": opts.eval_budget,
                         "max_new_tokens": opts.eval_max_new_tokens},
-               "options": dataclasses.asdict(opts), "history": history}
+               "options": dataclasses.asdict(opts), "git": git_commit(), "source_digest": source_digest(),
+               "history": history}
     (out / "history.json").write_text(json.dumps(summary, indent=1))
     plot_history(history, out)
     log(f"done: {trainer.total_steps} steps in {train_seconds:.0f} s; drafter in {out / 'drafter'}")
