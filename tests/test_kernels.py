@@ -143,3 +143,17 @@ def test_stacked_cache_compacts_every_layer_like_per_layer_tensors():
     grown = stacked.grown(32)
     assert grown.stacked is not None and grown.capacity == 32
     assert all(torch.equal(g[:, :, :16], k) for g, k in zip(grown.keys, stacked.keys))
+
+
+def test_hybrid_takes_splitkv_where_flex_would_decode_and_flex_past_it():
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    from treeflash.attention import FLEX_DECODE_ROWS, HybridMask, SplitKVMask
+
+    seq = torch.tensor([130, 7])
+    for t, groups, want in [(1, 4, SplitKVMask), (16, 4, SplitKVMask), (17, 4, FlexMask), (16, 5, FlexMask),
+                            (2, FLEX_DECODE_ROWS // 2, SplitKVMask), (65, 1, FlexMask)]:
+        new = torch.ones(2, t, t, dtype=torch.bool).tril()
+        rows, mask = round_layout(seq, new, 512, "hybrid")
+        assert isinstance(mask, HybridMask) and mask.shape[-1] == 512 and torch.equal(rows[:, 0], seq)
+        assert isinstance(mask.pick(t, groups), want), (t, groups)
+        assert torch.equal(mask.splitkv.new_mask.bool(), new) and torch.equal(mask.splitkv.seq_lens, seq.int())

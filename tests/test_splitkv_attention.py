@@ -98,8 +98,11 @@ def test_splitkv_needs_cuda_outside_the_interpreter(monkeypatch):
         check_backend("splitkv", "cpu")
 
 
-@pytest.mark.parametrize("spec,budget", [("ddtree", 8), ("dflash", 64)])
-def test_splitkv_rounds_decode_as_plain_decoding(tmp_path, spec, budget):
+# hybrid: every call here (9-node trees, 4-token blocks, 2 query heads per KV head) picks splitkv; the
+# flex half of a hybrid round needs CUDA.
+@pytest.mark.parametrize("spec,budget,attention", [("ddtree", 8, "splitkv"), ("dflash", 64, "splitkv"),
+                                                   ("ddtree", 8, "hybrid")])
+def test_splitkv_rounds_decode_as_plain_decoding(tmp_path, spec, budget, attention):
     target = make_target(tmp_path / "target", vocab=64, hidden=64, heads=4, kv_heads=2, layers=2)
     drafter = make_drafter(tmp_path / "drafter", target, block_size=4)
     prompts = [[5, 17, 42, 8, 99 % 64, 3], [1, 2, 3]]
@@ -107,5 +110,6 @@ def test_splitkv_rounds_decode_as_plain_decoding(tmp_path, spec, budget):
     plain = LLM(str(target), device="cpu", dtype="float32", spec="none", max_num_seqs=2)
     expected = [o.token_ids for o in plain.generate(prompt_token_ids=prompts, sampling_params=params)]
     llm = LLM(str(target), device="cpu", dtype="float32", draft_model=str(drafter), spec=spec, tree_budget=budget,
-              max_num_seqs=2, attention="splitkv")
+              max_num_seqs=2, attention=attention)
+    assert llm.engine.speculator.attention == attention
     assert [o.token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=params)] == expected

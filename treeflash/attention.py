@@ -13,6 +13,10 @@ their slot plus the new rows their own mask allows. Three representations of tha
   Triton kernels (treeflash/splitkv_attention.py): each KV head's query heads folded together, the
   visible rows split over many programs and merged. Like flex it reads only the slot's context
   (CUDA only).
+- "hybrid": both, chosen per call: splitkv where FlexAttention would run its decoding kernel (the AR
+  step, draft blocks: at most FLEX_DECODE_ROWS folded rows), flex's general kernel for larger trees.
+  At Qwen3-8B's shape splitkv took 0.94x flex's time for the AR step and 1.3x for large trees
+  (benchmarks/h200-splitkv); opt-in until the mix itself is measured.
 
 FlexAttention has two kernels: a decoding kernel that packs the query rows of one KV head's query heads
 (T x groups) into one block and reads each KV row once for all of them, and the general kernel (one
@@ -38,7 +42,7 @@ import torch.nn.functional as F
 
 from treeflash.kv_cache import KVCache, append_layout
 
-BACKENDS = ("sdpa", "flex", "splitkv")
+BACKENDS = ("sdpa", "flex", "splitkv", "hybrid")
 FLEX_BLOCK = 128  # rows per FlexAttention block (its default sparse block size)
 # When FlexAttention's decoding kernel runs (see the module docstring): for at most FLEX_DECODE_TOKENS
 # new tokens per slot AND at most FLEX_DECODE_ROWS packed rows (tokens x query heads per KV head).
@@ -75,6 +79,22 @@ class SplitKVMask:
         return (*self.new_mask.shape[:2], self.kv_len)
 
 
+@dataclass(frozen=True)
+class HybridMask:
+    """A round's masks for both kernels; each call takes one by its folded query rows (`pick`)."""
+
+    flex: FlexMask
+    splitkv: SplitKVMask
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.flex.shape
+
+    def pick(self, tokens: int, groups: int) -> FlexMask | SplitKVMask:
+        """splitkv where FlexAttention would run its decoding kernel, else flex (its general kernel)."""
+        return self.splitkv if self.flex.decode_kernel and tokens * groups <= FLEX_DECODE_ROWS else self.flex
+
+
 def default_backend(device: torch.device | str, heads: int | None = None, kv_heads: int | None = None,
                     head_dim: int | None = None) -> str:
     """The backend a device uses when none is asked for, by measurement (H200): "sdpa" on the CPU; on
@@ -98,11 +118,12 @@ def splitkv_fits(head_dim: int) -> bool:
 def check_backend(backend: str, device: torch.device | str, head_dim: int | None = None) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"attention backend must be one of {BACKENDS}, got {backend!r}")
-    if backend == "splitkv" and head_dim is not None and not splitkv_fits(head_dim):
-        raise ValueError(f"the splitkv attention backend needs a power-of-two head dimension of at least 16; "
+    if backend in ("splitkv", "hybrid") and head_dim is not None and not splitkv_fits(head_dim):
+        raise ValueError(f"the {backend} attention backend needs a power-of-two head dimension of at least 16; "
                          f"this model's is {head_dim} (use 'flex' or 'sdpa')")
-    # Triton's interpreter runs the splitkv kernels on CPU tensors (the tests' way to run them here).
-    interpreted = backend == "splitkv" and os.environ.get("TRITON_INTERPRET") == "1"
+    # Triton's interpreter runs the splitkv kernels on CPU tensors (the tests' way to run them here; a
+    # hybrid round there must keep to calls that pick splitkv).
+    interpreted = backend in ("splitkv", "hybrid") and os.environ.get("TRITON_INTERPRET") == "1"
     if backend != "sdpa" and torch.device(device).type != "cuda" and not interpreted:
         raise ValueError(f"the {backend} attention backend needs a CUDA device (the CPU uses 'sdpa')")
     return backend
@@ -114,8 +135,8 @@ def round_layout(seq_lens: torch.Tensor, new_mask: torch.Tensor, kv_len: int, ba
 
     seq_lens: [B] committed rows; new_mask: [B, T, T] visibility among the new tokens.
     Returns rows [B, T] and a mask for `attend`: a bool tensor [B, T, kv_len] ("sdpa"), a
-    FlexMask ("flex"; its kernel chosen by `flex_decode_tokens`) or a SplitKVMask ("splitkv"); each
-    has `.shape[-1] == kv_len`.
+    FlexMask ("flex"; its kernel chosen by `flex_decode_tokens`), a SplitKVMask ("splitkv") or a
+    HybridMask of the last two ("hybrid"); each has `.shape[-1] == kv_len`.
     """
     if backend == "sdpa":
         return append_layout(seq_lens, new_mask, kv_len)
@@ -123,7 +144,10 @@ def round_layout(seq_lens: torch.Tensor, new_mask: torch.Tensor, kv_len: int, ba
     rows = seq_lens[:, None] + torch.arange(t, device=new_mask.device)
     if backend == "splitkv":
         return rows, SplitKVMask(seq_lens.to(torch.int32), new_mask.to(torch.uint8), kv_len)
-    return rows, FlexMask(block_mask(seq_lens, new_mask, kv_len), decode_kernel=t <= flex_decode_tokens)
+    flex = FlexMask(block_mask(seq_lens, new_mask, kv_len), decode_kernel=t <= flex_decode_tokens)
+    if backend == "hybrid":
+        return rows, HybridMask(flex, SplitKVMask(seq_lens.to(torch.int32), new_mask.to(torch.uint8), kv_len))
+    return rows, flex
 
 
 def block_mask(seq_lens: torch.Tensor, new_mask: torch.Tensor, kv_len: int):
@@ -178,6 +202,8 @@ def attend_new(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache, layer: 
     `rows`, then attending over it (`attend`) -> [B, T, H*D]. With a SplitKVMask over a KVCache the
     splitkv kernels do both in one launch (the new rows read from k, v and stored as they go): two
     scatter kernels fewer per layer (benchmarks/h200-splitkv)."""
+    if isinstance(mask, HybridMask):
+        mask = mask.pick(q.shape[2], q.shape[1] // k.shape[1])
     if isinstance(mask, SplitKVMask) and isinstance(cache, KVCache):
         from treeflash.splitkv_attention import splitkv_attention
 
@@ -189,8 +215,10 @@ def attend_new(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache, layer: 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
     """q: [B, H, T, D]; k, v: [B, Hkv, L, D]; mask: [B, T, L] bool (True = visible), or a FlexMask or
-    SplitKVMask over the same rows -> [B, T, H*D]."""
+    SplitKVMask (or a HybridMask of both) over the same rows -> [B, T, H*D]."""
     b, h, t, d = q.shape
+    if isinstance(mask, HybridMask):
+        mask = mask.pick(t, h // k.shape[1])
     if isinstance(mask, SplitKVMask):
         from treeflash.splitkv_attention import splitkv_attention
 

@@ -105,7 +105,7 @@ class EngineConfig:
     # two up to max_num_seqs. Each capture costs seconds (kernels compiled for its shape); one large
     # size suits a throughput job whose slots are always nearly full.
     cuda_graph_sizes: tuple[int, ...] | None = None
-    attention: str | None = None  # "sdpa", "flex" or "splitkv" (treeflash/attention.py); None: the default
+    attention: str | None = None  # "sdpa", "flex", "splitkv", "hybrid" (treeflash/attention.py); None: the default
     budget_profile: str | None = None  # tree_budget="auto": a stored CostProfile (JSON) to load or write
     prefill_chunk: int = PREFILL_CHUNK  # a long prompt is prefilled in chunks of this many tokens, one per step
     # Prompt tokens prefilled per step at most, over all requests (None: prefill_chunk). Larger admits

@@ -175,8 +175,9 @@ class LLM:
     cuda_graph_sizes: the batch buckets captured (default: powers of two up to max_num_seqs); a round
     over n running slots replays the smallest >= n. A capture costs seconds, so a job whose slots stay
     full (data generation, evaluation) may capture just [max_num_seqs].
-    attention: "flex" (FlexAttention), "splitkv" (our split-KV Triton kernels; both CUDA only) or "sdpa"
-    (dense mask); default: sdpa on the CPU; on CUDA splitkv where query heads per KV head are not a power
+    attention: "flex" (FlexAttention), "splitkv" (our split-KV Triton kernels), "hybrid" (splitkv for
+    the AR step and draft blocks, flex for larger trees; opt-in, to be measured; these three CUDA only) or
+    "sdpa" (dense mask); default: sdpa on the CPU; on CUDA splitkv where query heads per KV head are not a power
     of two (SmolLM2), else flex (treeflash/attention.py: default_backend).
     compile_kernels: on CUDA (default True; ignored on the CPU), fuse the q/k/v and gate/up projections
     and run norms, rotary, silu*mul and residual sums through torch.compile (treeflash/models/kernels.py);

@@ -158,7 +158,7 @@ class PrefillBatch:
 class Speculator:
     """Owns the target, the optional drafter, their caches and the per-slot state; runs prefill and rounds.
 
-    attention: "sdpa", "flex" or "splitkv" (treeflash/attention.py); default: the measured choice for the
+    attention: "sdpa", "flex", "splitkv" or "hybrid" (treeflash/attention.py); default: the measured choice for the
         device and head layout (`default_backend`).
     flex_decode_tokens: new tokens up to which FlexAttention uses its decoding kernel (attention.py).
     compile_kernels: on CUDA, fused q/k/v and gate/up projections and torch.compile'd norm, rotary,
@@ -212,7 +212,7 @@ class Speculator:
 
     def _rounded(self, capacity: int) -> int:
         # FlexAttention works in blocks of 128 rows: a whole number of them keeps its kernels simple.
-        return -(-capacity // FLEX_BLOCK) * FLEX_BLOCK if self.attention == "flex" else capacity
+        return -(-capacity // FLEX_BLOCK) * FLEX_BLOCK if self.attention in ("flex", "hybrid") else capacity
 
     def layout(self, seq_lens: torch.Tensor, new_mask: torch.Tensor) -> tuple[torch.Tensor, object]:
         """Rows and attention mask of new tokens over the whole cache (see treeflash/attention.py)."""

@@ -89,7 +89,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="batch sizes captured as CUDA graphs (default: powers of two up to --batch-size); "
                         "--cuda-graph-sizes B captures one graph per method, where acceptance, not speed, is wanted")
     r.add_argument("--attention", default=None,
-                   help="attention backend of every method's engine: sdpa, flex or splitkv (default: the device's "
+                   help="attention backend of every method's engine: sdpa, flex, splitkv or hybrid (default: the device's "
                         "measured choice; treeflash/attention.py)")
     r.add_argument("--tree-builder", default="auto", choices=("auto", "kernel", "ops"),
                    help="DDTree's tree builder on CUDA: one Triton kernel, torch ops, or auto (the kernel up to "
@@ -132,8 +132,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="engine kernels to compare on the same weights, comma-separated KERNELS/N[/ATTENTION]"
                         "[/treekernel|/treeops]: KERNELS 'compiled' (fused projections + torch.compile'd "
                         "pieces, the CUDA default) or 'eager' (compile_kernels=False); N: new tokens up to which "
-                        "FlexAttention's decoding kernel runs (flex_decode_tokens); ATTENTION: sdpa, flex or "
-                        "splitkv (default: the device's); treekernel / treeops: DDTree's builder forced to one "
+                        "FlexAttention's decoding kernel runs (flex_decode_tokens); ATTENTION: sdpa, flex, "
+                        "splitkv or hybrid (default: the device's); treekernel / treeops: DDTree's builder forced to one "
                         "Triton kernel / torch ops (neither: the engine's choice per budget). Default: the "
                         "engine's defaults only (e.g. compiled/1,compiled/16/splitkv,compiled/16/treeops)")
     return p

@@ -61,7 +61,7 @@ class BenchConfig:
     tensor_parallel_size: int = 1  # each method's LLM splits the target over this many ranks
     cuda_graph_sizes: tuple[int, ...] | None = None  # batch buckets captured (default: powers of two)
     draft_vocab: bool = True  # use the drafter's draft vocabulary when it ships one
-    attention: str | None = None  # "sdpa", "flex", "splitkv" (treeflash/attention.py); None: the default
+    attention: str | None = None  # "sdpa", "flex", "splitkv", "hybrid" (treeflash/attention.py); None: the default
     tree_builder: str = "auto"  # DDTree's builder on CUDA: "kernel", "ops" or "auto" (LLM(tree_kernel=...))
 
     def __post_init__(self) -> None:
