@@ -1,7 +1,7 @@
 """Attention of new tokens over a slot's cache: one `attend`, three ways to say what each token sees.
 
 The new tokens of a round (a draft block, a draft tree, one decode step) see every committed row of
-their slot plus the new rows their own mask allows. Three representations of that visibility:
+their slot plus the new rows their own mask allows. Three representations of that visibility (and a mix):
 
 - "sdpa": a dense boolean mask [B, T, L] and `scaled_dot_product_attention`. The reference, the CPU
   path and prefill; on a GPU it reads all L rows of the cache whatever the slot's length.
