@@ -158,8 +158,8 @@ class PrefillBatch:
 class Speculator:
     """Owns the target, the optional drafter, their caches and the per-slot state; runs prefill and rounds.
 
-    attention: "sdpa", "flex", "splitkv" or "hybrid" (treeflash/attention.py); default: the measured choice for the
-        device and head layout (`default_backend`).
+    attention: "sdpa", "flex", "splitkv" or "hybrid" (treeflash/attention.py); default: the measured
+        choice for the device and head layout (`default_backend`).
     flex_decode_tokens: new tokens up to which FlexAttention uses its decoding kernel (attention.py).
     compile_kernels: on CUDA, fused q/k/v and gate/up projections and torch.compile'd norm, rotary,
     silu*mul and residual pieces (treeflash/models/kernels.py) for the models' forwards; False: the

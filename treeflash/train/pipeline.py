@@ -251,7 +251,8 @@ def train_drafter(opts: TrainDrafterOptions) -> dict:
         if count:
             trainer.total_steps, per_step = count
             bar.total = trainer.total_steps
-            log(f"{per_step * 1e3:.0f} ms/step: {trainer.total_steps} steps fit in --train-minutes {opts.train_minutes}")
+            log(f"{per_step * 1e3:.0f} ms/step: {trainer.total_steps} steps fit in "
+                f"--train-minutes {opts.train_minutes}")
         if step % opts.log_every == 0 or step == trainer.total_steps:
             record = {"step": step, "loss": float(result.loss.detach()), "lr": lr, "grad_norm": grad_norm,
                       "chain": float(result.chain_length), "acc1": float(result.accuracy[0])}
