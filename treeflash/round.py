@@ -40,6 +40,8 @@ MAX_TREE_BUDGET = 4096
 # which it measured faster than the torch ops on the H200 (benchmarks/h200-treekernel/, SmolLM2-135M
 # shape): rounds 0.84-0.88x at budgets 16 and 64 (15 x 64 = 960 -> 1024), but 1.03x at 256 (4096).
 TREE_KERNEL_MAX_CANDIDATES = 1024
+# The tree_kernel settings by name (bench --tree-builder; synthetic variants /treekernel, /treeops).
+TREE_BUILDERS = {"auto": None, "kernel": True, "ops": False}
 
 
 def use_tree_kernel(setting: bool | None, device: torch.device, depths: int, budget: int) -> bool:

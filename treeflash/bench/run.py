@@ -21,13 +21,11 @@ import torch
 from tqdm import tqdm
 
 from treeflash.attention import BACKENDS
-
-TREE_BUILDERS = {"auto": None, "kernel": True, "ops": False}  # --tree-builder -> LLM(tree_kernel=...)
 from treeflash.bench.baselines import BASELINES, BaselineError, RefSetup, build_baseline, load_hf_target, parse_baselines
 from treeflash.bench.datasets import Prompt, load_prompts
 from treeflash.bench.methods import Method, budgets_of, parse_methods
 from treeflash.bench.report import environment
-from treeflash.round import STAGES
+from treeflash.round import STAGES, TREE_BUILDERS
 
 DEFAULT_METHODS = "none,dflash,ddtree:16,ddtree:64,ddtree:256"
 

@@ -51,10 +51,12 @@ from treeflash.attention import BACKENDS, FLEX_DECODE_TOKENS
 from treeflash.config import ModelConfig
 from treeflash.engine import Engine
 from treeflash.models.dflash import DrafterConfig
+from treeflash.round import TREE_BUILDERS
 from treeflash.sampling import SamplingParams
 
 KERNELS = ("compiled", "eager")
-TREE_BUILDERS = {"treekernel": True, "treeops": False}  # DDTree's builder forced: Triton kernel / torch ops
+# DDTree's builder forced (round.TREE_BUILDERS): /treekernel the Triton kernel, /treeops torch ops
+FORCED_BUILDERS = {f"tree{name}": setting for name, setting in TREE_BUILDERS.items() if setting is not None}
 
 
 @dataclass(frozen=True)
@@ -72,9 +74,9 @@ class Variant:
     def parse(text: str) -> "Variant":
         kernels, tokens, *extra = text.strip().split("/")
         attention = next((x for x in extra if x in BACKENDS), None)
-        builders = [x for x in extra if x in TREE_BUILDERS]
+        builders = [x for x in extra if x in FORCED_BUILDERS]
         if kernels not in KERNELS or not tokens.isdigit() or len(extra) > 2 or \
-                any(x not in BACKENDS and x not in TREE_BUILDERS for x in extra) or len(builders) > 1 or \
+                any(x not in BACKENDS and x not in FORCED_BUILDERS for x in extra) or len(builders) > 1 or \
                 sum(x in BACKENDS for x in extra) > 1:
             raise ValueError(f"variant {text!r}: expected KERNELS/N[/ATTENTION][/treekernel|/treeops] with KERNELS "
                              f"one of {KERNELS}, N the new tokens up to which FlexAttention's decoding kernel runs, "
@@ -82,7 +84,7 @@ class Variant:
                              f"tree builder (e.g. compiled/1, compiled/16/splitkv, compiled/16/treeops)")
         label = "/".join([kernels, str(int(tokens)), *extra])
         return Variant(label, kernels == "compiled", int(tokens), attention,
-                       TREE_BUILDERS[builders[0]] if builders else None)
+                       FORCED_BUILDERS[builders[0]] if builders else None)
 
     def engine_options(self) -> dict:
         return {"compile_kernels": self.compile_kernels, "flex_decode_tokens": self.flex_decode_tokens,
