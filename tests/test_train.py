@@ -19,7 +19,7 @@ from treeflash.round import SpecConfig, Speculator
 from treeflash.sampling import SamplingParams, SamplingTensors
 from treeflash.train.config import TrainConfig
 from treeflash.train.data import (GREEDY, DataCacheError, Example, SamplingMode, generate_responses, prompt_key,
-                                  prompt_token_ids)
+                                  prompt_token_ids, sampling_modes)
 from treeflash.train.loop import Trainer, batch_indices, learning_rate
 from treeflash.train.loss import (SequenceBatch, block_attention_mask, decay_weights, drafter_loss,
                                   sample_anchors)
@@ -249,6 +249,39 @@ def test_data_cache_resumes_after_a_crash(chat_target, tmp_path):
     assert [e.response_ids for e in fresh] == [e.response_ids for e in examples]  # seeded: the crash changed nothing
     with pytest.raises(DataCacheError, match="other settings"):
         generate_responses(llm, prompts, tmp_path / "data", modes, 7, 32, seed=0, progress=False)
+
+
+def test_sampling_modes_name_each_sample():
+    sampled = SamplingMode("sampled", 0.2, 0.9)
+    assert sampling_modes(sampled) == (GREEDY, sampled)
+    names = [m.name for m in sampling_modes(sampled, (1.0,), samples=3)]
+    assert names == ["greedy", "sampled", "sampled.2", "sampled.3", "t1", "t1.2", "t1.3"]
+    assert sampling_modes(sampled, (1.0,), samples=2)[-1] == SamplingMode("t1.2", 1.0)
+    with pytest.raises(ValueError, match="at least 1"):
+        sampling_modes(sampled, samples=0)
+
+
+def test_data_cache_takes_more_samples_later(chat_target, tmp_path):
+    llm = LLM(str(chat_target), device="cpu", dtype="float32", max_num_seqs=4)
+    prompts = [f"abc{c}" for c in "defghi"]
+    sampled = SamplingMode("sampled", 1.0)
+    first = generate_responses(llm, prompts, tmp_path / "data", sampling_modes(sampled), 6, 32, seed=0,
+                               progress=False)
+    added = []
+    add = llm.engine.add
+    llm.engine.add = lambda r: added.append(r) or add(r)
+    more = generate_responses(llm, prompts, tmp_path / "data", sampling_modes(sampled, samples=2), 6, 32, seed=0,
+                              progress=False)
+    assert len(added) == len(prompts)  # only the second samples were generated
+    assert more[:2 * len(prompts)] == first
+    second = [e.response_ids for e in more[2 * len(prompts):]]
+    assert second != [e.response_ids for e in first[len(prompts):]]  # their own seeds: other samples
+    meta = json.loads((tmp_path / "data" / "meta.json").read_text())
+    assert [m["name"] for m in meta["modes"]] == ["greedy", "sampled", "sampled.2"]
+    # A mode the cache has, asked for with other settings, is refused rather than mixed.
+    with pytest.raises(DataCacheError, match="'sampled' responses"):
+        generate_responses(llm, prompts, tmp_path / "data", sampling_modes(SamplingMode("sampled", 0.5)), 6, 32,
+                           seed=0, progress=False)
 
 
 def test_data_deadline_starts_nothing_new(chat_target, tmp_path):

@@ -188,8 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
 TRAIN_EPILOG = """\
 stages (re-running the same command resumes each one):
   1. data: the target's own responses to the prompts (chat messages under its chat template, completions
-     as is), greedy and with its recommended sampling (and at each --extra-temperatures), streamed through
-     the batched engine and appended to OUT/data/*.jsonl as they finish (a throughput line every 30 s);
+     as is), greedy and with its recommended sampling (and at each --extra-temperatures; --samples-per-prompt
+     responses in each sampled mode), streamed through the batched engine and appended to OUT/data/*.jsonl
+     as they finish (a throughput line every 30 s); a later run with more modes or samples makes only those;
   2. training: random anchors in each response open blocks [anchor, MASK x (block-1)] that see the target's
      features strictly before the anchor; weighted cross-entropy, AdamW, warm-up + cosine; checkpoints in
      OUT/checkpoint; the held-out acceptance length (DFlash chain and DDTree, through the engine) every
@@ -227,6 +228,10 @@ def _add_train_parser(sub) -> None:
     t.add_argument("--extra-temperatures", default="",
                    help="comma-separated temperatures of more sampled responses per prompt (top_p 1), e.g. 1.0 so "
                         "the drafter also sees the target's full distribution (default none)")
+    t.add_argument("--samples-per-prompt", type=int, default=1,
+                   help="responses per prompt in each sampled mode (the recommended sampling and each extra "
+                        "temperature; greedy is made once); raising it on an existing --data-dir generates only "
+                        "the new samples (default 1)")
     t.add_argument("--draft-vocab-size", type=int, default=0,
                    help="ship the N most frequent response tokens as the drafter's draft vocabulary "
                         "(draft_vocab.json: its lm_head then covers those only; output unchanged); default 0: none")
@@ -427,6 +432,7 @@ def _train_drafter(args) -> int:
         num_eval_prompts=args.num_eval_prompts, max_prompt_tokens=args.max_prompt_tokens,
         max_new_tokens=args.max_new_tokens, sampled_temperature=args.sampled_temperature,
         sampled_top_p=args.sampled_top_p, extra_temperatures=_floats(args.extra_temperatures, "--extra-temperatures"),
+        samples_per_prompt=args.samples_per_prompt,
         draft_vocab_size=args.draft_vocab_size, gen_batch_size=args.gen_batch_size, data_dir=args.data_dir,
         data_minutes=args.data_minutes, num_layers=args.num_layers, block_size=args.block_size,
         target_layer_ids=ids, mask_token_id=args.mask_token_id, init_from=args.init_from, train=train,

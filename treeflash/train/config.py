@@ -43,6 +43,7 @@ class TrainDrafterOptions:
     sampled_temperature: float = 0.2  # the target's recommended sampling (SmolLM2's model card)
     sampled_top_p: float = 0.9
     extra_temperatures: tuple[float, ...] = ()  # one more response per prompt at each (top_p 1)
+    samples_per_prompt: int = 1  # responses per prompt in each sampled mode (greedy: one)
     gen_batch_size: int = 64  # engine slots (max_num_seqs) while generating data
     data_dir: str | None = None
     data_minutes: float | None = None  # start no new generation request after this long
@@ -70,6 +71,8 @@ class TrainDrafterOptions:
     def __post_init__(self) -> None:
         if self.draft_vocab_size < 0:
             raise ValueError(f"draft_vocab_size must be >= 0 (0: none), got {self.draft_vocab_size}")
+        if self.samples_per_prompt < 1:
+            raise ValueError(f"samples_per_prompt must be at least 1, got {self.samples_per_prompt}")
         temps = self.extra_temperatures
         if not all(t > 0 for t in temps) or len(set(temps)) != len(temps):
             raise ValueError(f"extra temperatures must be distinct and positive (greedy data is always made), got {temps}")

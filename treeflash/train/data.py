@@ -4,7 +4,7 @@ The drafter learns to predict what the target generates, so the data is the targ
 with this project's batched engine, at temperature 0 and at the target's recommended sampling.
 Each sampling mode has one JSONL file in the cache directory; finished responses are appended and
 flushed in groups, so a crash loses at most the responses in flight and a restart generates only what
-is missing.
+is missing. A later run may ask for more modes (say, more samples per prompt): only those are made.
 """
 
 from __future__ import annotations
@@ -39,6 +39,18 @@ GREEDY = SamplingMode("greedy", 0.0)
 RECOMMENDED_SAMPLING = SamplingMode("sampled", 0.2, 0.9)
 
 
+def sampling_modes(sampled: SamplingMode, extra_temperatures: tuple[float, ...] = (),
+                   samples: int = 1) -> tuple[SamplingMode, ...]:
+    """Greedy once (it is deterministic), then `samples` responses per prompt in `sampled` and at each
+    extra temperature (top_p 1). The first sample of a mode keeps its name, so caches made with one
+    sample stay valid; the j-th is `<name>.<j>`: a file, and request seeds, of its own."""
+    if samples < 1:
+        raise ValueError(f"samples per prompt must be at least 1, got {samples}")
+    modes = (sampled, *(SamplingMode(f"t{t:g}", t) for t in extra_temperatures))
+    return (GREEDY, *(m if j == 1 else dataclasses.replace(m, name=f"{m.name}.{j}")
+                      for m in modes for j in range(1, samples + 1)))
+
+
 @dataclass(frozen=True)
 class Example:
     prompt_ids: list[int]
@@ -61,20 +73,30 @@ def _request_seed(seed: int, mode: str, key: str) -> int:
 
 
 class ResponseCache:
-    """`directory/meta.json` (the generation settings) + `directory/<mode>.jsonl` (one record per prompt)."""
+    """`directory/meta.json` (the generation settings) + `directory/<mode>.jsonl` (one record per prompt).
 
-    def __init__(self, directory: str | Path, settings: dict):
+    The settings must match the stored ones, and so must each mode the cache already has; modes it
+    lacks are added (their files start empty)."""
+
+    def __init__(self, directory: str | Path, settings: dict, modes: tuple[SamplingMode, ...]):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         meta = self.directory / "meta.json"
         settings = {"format": CACHE_FORMAT, **settings}
+        known = []
         if meta.is_file():
             stored = json.loads(meta.read_text())
+            known = stored.pop("modes", [])
             if stored != settings:
                 raise DataCacheError(f"{self.directory} holds responses generated with other settings "
                                      f"({stored}, now {settings}); use another --data-dir or delete it")
-        else:
-            meta.write_text(json.dumps(settings, indent=2))
+        by_name = {m["name"]: m for m in known}
+        for mode in map(asdict, modes):
+            if by_name.setdefault(mode["name"], mode) != mode:
+                raise DataCacheError(f"{self.directory} holds {mode['name']!r} responses generated with other "
+                                     f"settings ({by_name[mode['name']]}, now {mode}); use another --data-dir")
+        if not meta.is_file() or len(by_name) > len(known):
+            meta.write_text(json.dumps({**settings, "modes": list(by_name.values())}, indent=2))
 
     def path(self, mode: str) -> Path:
         return self.directory / f"{mode}.jsonl"
@@ -125,7 +147,7 @@ def generate_responses(llm, prompts: list[Prompt], cache_dir: str | Path, modes:
     from tqdm import tqdm
 
     cache = ResponseCache(cache_dir, {"max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens,
-                                      "modes": [asdict(m) for m in modes], "seed": seed})
+                                      "seed": seed}, modes)
     keys = [prompt_key(p) for p in prompts]
     done = {m.name: cache.records(m.name) for m in modes}
     # A prompt's modes are queued together, so a run cut short by the deadline has every mode's share.

@@ -21,7 +21,7 @@ from treeflash.models.dflash import DFlashDrafter, DraftVocab, DrafterConfig, de
 from treeflash.models.transformer import Transformer
 from treeflash.provenance import git_commit, source_digest
 from treeflash.train.config import TrainDrafterOptions
-from treeflash.train.data import GREEDY, SamplingMode, generate_responses, prompt_token_ids
+from treeflash.train.data import SamplingMode, generate_responses, prompt_token_ids, sampling_modes
 from treeflash.train.loop import Trainer
 from treeflash.train.prompts import load_prompts, split_prompts
 
@@ -164,8 +164,8 @@ def train_drafter(opts: TrainDrafterOptions) -> dict:
     prompts = load_prompts(opts.prompts)
     train_prompts, eval_prompts = split_prompts(prompts, opts.num_eval_prompts, opts.train.seed)
     train_prompts = train_prompts[:opts.num_prompts]
-    modes = (GREEDY, SamplingMode("sampled", opts.sampled_temperature, opts.sampled_top_p),
-             *(SamplingMode(f"t{t:g}", t) for t in opts.extra_temperatures))
+    modes = sampling_modes(SamplingMode("sampled", opts.sampled_temperature, opts.sampled_top_p),
+                           opts.extra_temperatures, opts.samples_per_prompt)
     # The context holds a cut prompt, its chat template and the response: caches sized for that, not for
     # the model's whole context (thousands of slots x 8k rows would not fit); no stage timing (it syncs).
     limit = ModelConfig.from_dir(model_dir).max_position_embeddings
