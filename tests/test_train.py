@@ -255,8 +255,10 @@ def test_sampling_modes_name_each_sample():
     sampled = SamplingMode("sampled", 0.2, 0.9)
     assert sampling_modes(sampled) == (GREEDY, sampled)
     names = [m.name for m in sampling_modes(sampled, (1.0,), samples=3)]
-    assert names == ["greedy", "sampled", "sampled.2", "sampled.3", "t1", "t1.2", "t1.3"]
-    assert sampling_modes(sampled, (1.0,), samples=2)[-1] == SamplingMode("t1.2", 1.0)
+    assert names == ["greedy", "sampled", "sampled_s2", "sampled_s3", "t1", "t1_s2", "t1_s3"]
+    assert sampling_modes(sampled, (1.0,), samples=2)[-1] == SamplingMode("t1_s2", 1.0)
+    names = [m.name for m in sampling_modes(sampled, (1.0, 1.2), samples=2)]
+    assert len(set(names)) == len(names)  # a second sample at 1.0 is not the mode of temperature 1.2
     with pytest.raises(ValueError, match="at least 1"):
         sampling_modes(sampled, samples=0)
 
@@ -277,7 +279,7 @@ def test_data_cache_takes_more_samples_later(chat_target, tmp_path):
     second = [e.response_ids for e in more[2 * len(prompts):]]
     assert second != [e.response_ids for e in first[len(prompts):]]  # their own seeds: other samples
     meta = json.loads((tmp_path / "data" / "meta.json").read_text())
-    assert [m["name"] for m in meta["modes"]] == ["greedy", "sampled", "sampled.2"]
+    assert [m["name"] for m in meta["modes"]] == ["greedy", "sampled", "sampled_s2"]
     # A mode the cache has, asked for with other settings, is refused rather than mixed.
     with pytest.raises(DataCacheError, match="'sampled' responses"):
         generate_responses(llm, prompts, tmp_path / "data", sampling_modes(SamplingMode("sampled", 0.5)), 6, 32,

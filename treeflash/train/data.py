@@ -43,11 +43,12 @@ def sampling_modes(sampled: SamplingMode, extra_temperatures: tuple[float, ...] 
                    samples: int = 1) -> tuple[SamplingMode, ...]:
     """Greedy once (it is deterministic), then `samples` responses per prompt in `sampled` and at each
     extra temperature (top_p 1). The first sample of a mode keeps its name, so caches made with one
-    sample stay valid; the j-th is `<name>.<j>`: a file, and request seeds, of its own."""
+    sample stay valid; the j-th is `<name>_s<j>` (no temperature name has "_"): a file, and request
+    seeds, of its own."""
     if samples < 1:
         raise ValueError(f"samples per prompt must be at least 1, got {samples}")
     modes = (sampled, *(SamplingMode(f"t{t:g}", t) for t in extra_temperatures))
-    return (GREEDY, *(m if j == 1 else dataclasses.replace(m, name=f"{m.name}.{j}")
+    return (GREEDY, *(m if j == 1 else dataclasses.replace(m, name=f"{m.name}_s{j}")
                       for m in modes for j in range(1, samples + 1)))
 
 
