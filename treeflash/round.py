@@ -469,12 +469,12 @@ class Speculator:
             return root_only(bonus)
         if self.spec.method == "dflash":
             tree = build_chain(bonus, logprobs)
-        elif use_tree_kernel(self.tree_kernel, self.device, logprobs.shape[1], self.budget(budget)):
+        elif use_tree_kernel(self.tree_kernel, self.device, logprobs.shape[1], nodes := self.budget(budget)):
             from treeflash.tree_kernel import build_tree_kernel
 
-            tree = build_tree_kernel(bonus, logprobs, budget=self.budget(budget))
+            tree = build_tree_kernel(bonus, logprobs, budget=nodes)
         else:
-            tree = build_tree(bonus, logprobs, budget=self.budget(budget))
+            tree = build_tree(bonus, logprobs, budget=nodes)
         if self.draft_tokens is None:
             return tree
         # Drafted nodes hold positions in the draft vocabulary; the root is the bonus token itself.
