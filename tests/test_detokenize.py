@@ -50,6 +50,26 @@ def _incomplete_tail(data: bytes) -> int:
     raise AssertionError
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_a_rounds_tokens_at_once_give_the_same_text_as_one_by_one(seed):
+    import random
+
+    tok = byte_tokenizer()
+    ids = tok.encode(TEXT, add_special_tokens=False)
+    rng = random.Random(seed)
+    one, many = IncrementalDetokenizer(tok), IncrementalDetokenizer(tok)
+    at = 0
+    while at < len(ids):
+        chunk = ids[at:at + rng.randint(1, 6)]  # a round's accepted tokens
+        at += len(chunk)
+        for token in chunk:
+            one.push(token)
+        many.push_many(chunk)
+        # The same text out after every round: complete characters before an incomplete one too.
+        assert many.text == one.text
+    assert many.text == one.text == TEXT
+
+
 def test_a_sequence_ending_mid_character_releases_it_on_flush():
     tok = byte_tokenizer()
     ids = list("ab🌳".encode())[:-1]  # the tree's last byte never comes
@@ -69,6 +89,9 @@ def test_smollm2_tokenizer_text_grows_exactly():
     detok = IncrementalDetokenizer(tok)
     out = "".join(detok.push(t) for t in ids) + detok.flush()
     assert out == detok.text == tok.decode(ids, skip_special_tokens=True)
+    rounds = IncrementalDetokenizer(tok)
+    out = "".join(rounds.push_many(ids[i:i + 3]) for i in range(0, len(ids), 3)) + rounds.flush()
+    assert out == rounds.text == detok.text
 
 
 @pytest.fixture(scope="module")

@@ -411,24 +411,29 @@ class Engine:
         Checking token by token is what makes a many-token round end exactly where one-token rounds
         end: with stop=["hello world", "lo"], "say hello world" stops at "lo", after "say hello".
         Each token is detokenised once, incrementally; a stop string is searched only in the text the
-        token completed (plus the longest stop string's length before it).
+        token completed (plus the longest stop string's length before it). Without stop strings the
+        text waits for the round's kept tokens and is detokenised in one go.
         """
         detok = self._detok(request)
-        kept = []
+        by_token = detok is not None and bool(request.params.stop)
+        kept, text = [], []
         for token in tokens:
             kept.append(token)
             request.output_ids.append(token)
-            if detok is not None and not self._stop_string_hit(request, detok, token):
-                if token in request.stop_ids:
-                    request.finish_reason = "stop"  # the stop token ends the text, it is not part of it
-                else:
-                    detok.push(token)
+            if by_token and self._stop_string_hit(request, detok, token):
+                pass  # (it ended the request)
             elif token in request.stop_ids:
-                request.finish_reason = "stop"
+                request.finish_reason = "stop"  # the stop token ends the text, it is not part of it
+            elif by_token:
+                detok.push(token)
+            else:
+                text.append(token)
             if not request.finished and len(request.output_ids) >= request.max_new_tokens:
                 request.finish_reason = "length"
             if request.finished:
                 break
+        if text and detok is not None:
+            detok.push_many(text)
         if request.finished and detok is not None and request.stop_string_at is None:
             detok.flush()  # a last incomplete character is text too (as U+FFFD), as one decode gives it
         request.metrics.num_generated_tokens = len(request.output_ids)
