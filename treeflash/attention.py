@@ -16,7 +16,8 @@ their slot plus the new rows their own mask allows. Three representations of tha
 - "hybrid": both, chosen per call: splitkv where FlexAttention would run its decoding kernel (the AR
   step, draft blocks: at most FLEX_DECODE_ROWS folded rows), flex's general kernel for larger trees.
   At Qwen3-8B's shape splitkv took 0.94x flex's time for the AR step and 1.3x for large trees
-  (benchmarks/h200-splitkv); opt-in until the mix itself is measured.
+  (benchmarks/h200-splitkv); the mix came within 2% of flex either way there (AR 0.98x, ddtree:64
+  0.99x, batch 8 1.00-1.02x; benchmarks/h200-smollm2-drafter-v7), so it stays opt-in.
 
 FlexAttention has two kernels: a decoding kernel that packs the query rows of one KV head's query heads
 (T x groups) into one block and reads each KV row once for all of them, and the general kernel (one
