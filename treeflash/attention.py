@@ -143,12 +143,12 @@ def round_layout(seq_lens: torch.Tensor, new_mask: torch.Tensor, kv_len: int, ba
         return append_layout(seq_lens, new_mask, kv_len)
     t = new_mask.shape[1]
     rows = seq_lens[:, None] + torch.arange(t, device=new_mask.device)
-    if backend == "splitkv":
-        return rows, SplitKVMask(seq_lens.to(torch.int32), new_mask.to(torch.uint8), kv_len)
+    if backend in ("splitkv", "hybrid"):
+        splitkv = SplitKVMask(seq_lens.to(torch.int32), new_mask.to(torch.uint8), kv_len)
+        if backend == "splitkv":
+            return rows, splitkv
     flex = FlexMask(block_mask(seq_lens, new_mask, kv_len), decode_kernel=t <= flex_decode_tokens)
-    if backend == "hybrid":
-        return rows, HybridMask(flex, SplitKVMask(seq_lens.to(torch.int32), new_mask.to(torch.uint8), kv_len))
-    return rows, flex
+    return rows, HybridMask(flex, splitkv) if backend == "hybrid" else flex
 
 
 def block_mask(seq_lens: torch.Tensor, new_mask: torch.Tensor, kv_len: int):
