@@ -1,0 +1,1 @@
+python3 -m treeflash.cli bench --model /root/smollm2.gguf --max-tokens 128 --no-plots --num-prompts 24 --draft-model /root/run/drafter --dataset mtbench --methods none,ddtree:16,ddtree:32,ddtree:auto --out auto-mtbench-t0.json

@@ -1,0 +1,1 @@
+python3 -m treeflash.cli bench --model /root/smollm2.gguf --max-tokens 128 --no-plots --num-prompts 24 --draft-model treeflash/default_drafter --dataset humaneval --methods none,dflash,ddtree:32,ddtree:64 --out shipped-speed-humaneval-t0.json
