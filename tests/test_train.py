@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -92,9 +93,12 @@ def test_anchors_lie_in_the_response_with_a_token_after_them():
     assert valid.sum(1).tolist() == [3, 1]
 
 
-def test_loss_equals_per_block_inference_through_the_speculator(target_dir):
+@pytest.mark.parametrize("distill", [0.0, 0.5, 1.0])
+def test_loss_equals_per_block_inference_through_the_speculator(target_dir, distill):
     """The one-pass loss over many blocks equals, block by block, what inference computes for that
-    block: prefill the context before the anchor, bonus = the anchor token, one draft pass."""
+    block: prefill the context before the anchor, bonus = the anchor token, one draft pass; with
+    distill, the soft labels are the target's distribution after the tokens before each label (a
+    prefill of them, as decoding would compute it)."""
     target, target_cfg = load_target(target_dir, "cpu", torch.float32)
     drafter = tiny_drafter(target_dir)
     drafter.config.check_target(target_cfg)
@@ -102,7 +106,7 @@ def test_loss_equals_per_block_inference_through_the_speculator(target_dir):
     sequences = [([3, 17, 42, 5], [9, 30, 11, 2, 60, 7, 8, 1, 33]), ([12, 4], [50, 51, 52, 53, 54, 6])]
     batch = SequenceBatch.collate(sequences, "cpu")
     anchors, valid = sample_anchors(batch, 4, torch.Generator().manual_seed(3))
-    out = drafter_loss(drafter, target, batch, anchors, valid, gamma)
+    out = drafter_loss(drafter, target, batch, anchors, valid, gamma, distill)
 
     weights = decay_weights(size, gamma)
     num = den = 0.0
@@ -121,7 +125,12 @@ def test_loss_equals_per_block_inference_through_the_speculator(target_dir):
                 logprobs = sp.draft(sp.state, st)[0]  # [size - 1, V]
             for k in range(1, size):
                 if a + k < len(tokens):
-                    num += float(weights[k - 1] * -logprobs[k - 1, tokens[a + k]])
+                    hard = -logprobs[k - 1, tokens[a + k]]
+                    plain = Speculator(target, None, SpecConfig("none"), slots=1, capacity=64, time_stages=False)
+                    with torch.no_grad():
+                        soft = torch.softmax(plain.prefill(0, tokens[:a + k]), -1)
+                    loss = (1 - distill) * hard - distill * (soft * logprobs[k - 1]).sum()
+                    num += float(weights[k - 1] * loss)
                     den += float(weights[k - 1])
                     correct[k - 1] += int(logprobs[k - 1].argmax() == tokens[a + k])
                     counted[k - 1] += 1
@@ -212,6 +221,17 @@ def test_resume_continues_identically(target_dir, tmp_path):
     other = Trainer(tiny_drafter(target_dir), target, examples, TrainConfig(steps=7))
     with pytest.raises(ValueError, match="other settings"):
         other.load_checkpoint(tmp_path / "ckpt")
+    # A checkpoint from before the distill option (no such key) trained without it: it resumes.
+    state_file = tmp_path / "ckpt" / (tmp_path / "ckpt" / "latest").read_text().strip() / "state.json"
+    old = json.loads(state_file.read_text())
+    del old["config"]["distill"]
+    state_file.write_text(json.dumps(old))
+    assert Trainer(tiny_drafter(target_dir), target, examples, cfg).load_checkpoint(tmp_path / "ckpt")["step"] == 3
+    with pytest.raises(ValueError, match="other settings"):  # ... as one without distillation
+        Trainer(tiny_drafter(target_dir), target, examples, replace(cfg, distill=1.0)).load_checkpoint(
+            tmp_path / "ckpt")
+    with pytest.raises(ValueError, match="distill must be in"):
+        TrainConfig(distill=1.5)
 
 
 # --- data ----------------------------------------------------------------------------------------------------

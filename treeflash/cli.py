@@ -261,6 +261,9 @@ def _add_train_parser(sub) -> None:
     t.add_argument("--grad-clip", type=float, default=d.grad_clip, help=f"(default {d.grad_clip})")
     t.add_argument("--gamma", type=float, default=None,
                    help="loss weight decay over block depths, w_k = exp(-(k-1)/gamma) (default (block-2)/2: 7 for 16)")
+    t.add_argument("--distill", type=float, default=d.distill,
+                   help="share of the loss against the target's distribution for each drafted token (soft "
+                        f"labels) rather than the response token alone, 0..1 (default {d.distill})")
     t.add_argument("--seed", type=int, default=d.seed, help=f"(default {d.seed})")
     t.add_argument("--train-minutes", type=float, default=None,
                    help="fit the optimiser steps (evaluations not counted) into this many minutes: the step "
@@ -426,7 +429,7 @@ def _train_drafter(args) -> int:
         raise ValueError(f"--target-layer-ids must be comma-separated integers, got {args.target_layer_ids!r}") from None
     train = TrainConfig(steps=args.steps, batch_size=args.batch_size, blocks_per_seq=args.blocks_per_seq, lr=args.lr,
                         warmup_steps=args.warmup_steps, weight_decay=args.weight_decay, grad_clip=args.grad_clip,
-                        gamma=args.gamma or default_gamma(args.block_size), seed=args.seed)
+                        gamma=args.gamma or default_gamma(args.block_size), distill=args.distill, seed=args.seed)
     opts = TrainDrafterOptions(
         out=args.out, target=args.target, prompts=args.prompts, num_prompts=args.num_prompts,
         num_eval_prompts=args.num_eval_prompts, max_prompt_tokens=args.max_prompt_tokens,

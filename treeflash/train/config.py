@@ -21,6 +21,7 @@ class TrainConfig:
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     gamma: float = 7.0  # position-decay of the loss weights
+    distill: float = 0.0  # share of the loss against the target's distribution (soft labels)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -29,6 +30,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if not self.lr > 0 or not self.gamma > 0 or self.warmup_steps < 0:
             raise ValueError("lr and gamma must be positive, warmup_steps non-negative")
+        if not 0 <= self.distill <= 1:
+            raise ValueError(f"distill must be in [0, 1], got {self.distill}")
 
 
 @dataclass(frozen=True)

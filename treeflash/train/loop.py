@@ -91,7 +91,8 @@ class Trainer:
             group["lr"] = lr
         batch, anchors, valid = self.batch(self.step)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
-            out = drafter_loss(self.drafter, self.target, batch, anchors, valid, self.cfg.gamma)
+            out = drafter_loss(self.drafter, self.target, batch, anchors, valid, self.cfg.gamma,
+                               self.cfg.distill)
         self.optimizer.zero_grad(set_to_none=True)
         out.loss.backward()
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.cfg.grad_clip))
@@ -137,7 +138,8 @@ class Trainer:
             return None
         path = directory / (directory / "latest").read_text().strip()
         state = json.loads((path / "state.json").read_text())
-        if state["config"] != asdict(self.cfg):
+        # Checkpoints from before the distill option trained without it.
+        if {"distill": 0.0, **state["config"]} != asdict(self.cfg):
             raise ValueError(f"{path} was trained with other settings ({state['config']}); "
                              f"resume with the same options or use another --out")
         weights = load_file(str(path / "drafter.safetensors"))

@@ -6,6 +6,10 @@ features of every position. Random anchor positions `a` in the response each ope
 lets a block see the context features strictly before its anchor (what inference has cached when
 token a is the bonus) and its own block bidirectionally, and no other block. Block position k
 (1..block_size-1) predicts token a + k, weighted exp(-(k-1)/gamma): early depths decide acceptance.
+With `distill` > 0 part of each position's loss is the cross-entropy against the target's own
+distribution for token a + k (its logits at position a + k - 1, from the same target pass): the
+response token says which token the target chose, the distribution also ranks the alternatives,
+which is what a tree drafts and what sampling accepts.
 The drafter pass is the inference module's own forward, over `PrefixKV` instead of a KV cache.
 """
 
@@ -89,13 +93,14 @@ def decay_weights(block_size: int, gamma: float, device=None) -> torch.Tensor:
 
 
 @torch.no_grad()
-def target_features(drafter: DFlashDrafter, target: Transformer, tokens: torch.Tensor) -> torch.Tensor:
-    """One causal target forward over whole sequences [B, L] -> the drafter's features [B, L, K*H]."""
+def target_pass(drafter: DFlashDrafter, target: Transformer, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One causal target forward over whole sequences [B, L] -> the drafter's features [B, L, K*H] and
+    the target's final-normed hidden states [B, L, H] (its logits at a position predict the next token)."""
     b, length = tokens.shape
     positions = torch.arange(length, device=tokens.device)[None].expand(b, length)
     causal = torch.ones(length, length, dtype=torch.bool, device=tokens.device).tril()[None].expand(b, -1, -1)
-    _, captured = target(tokens, positions, PrefixKV(), None, causal, drafter.config.target_layer_ids)
-    return drafter.context_features(target, captured)
+    hidden, captured = target(tokens, positions, PrefixKV(), None, causal, drafter.config.target_layer_ids)
+    return drafter.context_features(target, captured), hidden
 
 
 @dataclass(frozen=True)
@@ -107,11 +112,15 @@ class LossOutput:
 
 
 def drafter_loss(drafter: DFlashDrafter, target: Transformer, batch: SequenceBatch, anchors: torch.Tensor,
-                 valid: torch.Tensor, gamma: float) -> LossOutput:
-    """The weighted cross-entropy of every anchored block of the batch, in one drafter pass."""
+                 valid: torch.Tensor, gamma: float, distill: float = 0.0) -> LossOutput:
+    """The weighted cross-entropy of every anchored block of the batch, in one drafter pass.
+
+    distill in [0, 1]: the share of each position's loss taken against the target's distribution
+    (soft labels) instead of the response token (0: the response token alone).
+    """
     b, length = batch.tokens.shape
     n, size = anchors.shape[1], drafter.config.block_size
-    features = target_features(drafter, target, batch.tokens)
+    features, target_hidden = target_pass(drafter, target, batch.tokens)
     with torch.no_grad():
         blocks = drafter.embed_block(target, batch.tokens.gather(1, anchors))  # [B, n, size, H]
     context_positions = torch.arange(length, device=anchors.device)[None].expand(b, length)
@@ -125,7 +134,18 @@ def drafter_loss(drafter: DFlashDrafter, target: Transformer, batch: SequenceBat
     logits = drafter.logits(hidden[has_label], target.output_weight)
     target_ids = labels[has_label]
     weights = decay_weights(size, gamma, logits.device).expand_as(labels)[has_label]
-    ce = F.cross_entropy(logits, target_ids, reduction="none")
+    if distill > 0:
+        with torch.no_grad():
+            # The target's distribution for token a + k comes from its logits at a + k - 1. One mixed
+            # label distribution, distill * target's + (1 - distill) * the response token's, keeps a
+            # single [labels, V] copy besides the logits (a step has ~30k labels over 49k tokens).
+            before = (anchors[..., None] + torch.arange(size - 1, device=anchors.device))[has_label]
+            rows = torch.arange(b, device=anchors.device)[:, None, None].expand_as(has_label)[has_label]
+            mixed = torch.softmax(target.logits(target_hidden[rows, before]), -1).mul_(distill)
+            mixed[torch.arange(len(target_ids), device=mixed.device), target_ids] += 1 - distill
+        ce = F.cross_entropy(logits, mixed, reduction="none")
+    else:
+        ce = F.cross_entropy(logits, target_ids, reduction="none")
     loss = (weights * ce).sum() / weights.sum().clamp_min(1e-9)
     with torch.no_grad():
         correct = torch.zeros_like(has_label)
