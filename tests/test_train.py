@@ -446,8 +446,9 @@ def test_cli_trains_end_to_end_and_resumes(chat_target, tmp_path, capsys):
     again = [a if a != str(out) else str(more) for a in argv]
     again[again.index("--steps") + 1] = "1"
     flags = ["--data-dir", str(out / "data"), "--data-minutes", "0", "--eval-every", "100"]
-    assert main(again + flags + ["--init-from", str(out / "drafter")]) == 0
+    assert main(again + flags + ["--init-from", str(out / "drafter"), "--distill", "0.5"]) == 0
     assert f"initialised from the drafter in {out / 'drafter'}" in (more / "train.log").read_text()
+    assert json.loads((more / "history.json").read_text())["options"]["train"]["distill"] == 0.5
     capsys.readouterr()
     wrong = [a if a != "4" or i != again.index("--block-size") + 1 else "3" for i, a in enumerate(again)]
     assert main(wrong + flags + ["--out", str(tmp_path / "wrong"), "--init-from", str(out / "drafter")]) == 1
@@ -464,6 +465,8 @@ def test_cli_refuses_bad_options(chat_target, tmp_path, capsys):
     assert "--extra-temperatures" in capsys.readouterr().err
     assert main(["train-drafter", "--out", str(tmp_path), "--target", str(chat_target), "--extra-temperatures", "0"]) == 1
     assert main(["train-drafter", "--out", str(tmp_path), "--target", str(chat_target), "--draft-vocab-size", "-1"]) == 1
+    assert main(["train-drafter", "--out", str(tmp_path), "--target", str(chat_target), "--distill", "2"]) == 1
+    assert "distill must be in [0, 1]" in capsys.readouterr().err
     assert main(["train-drafter", "--out", str(tmp_path), "--target", str(chat_target),
                  "--prompts", str(tmp_path / "missing.jsonl")]) == 1
     assert "no such prompts file" in capsys.readouterr().err
