@@ -9,7 +9,8 @@ token a is the bonus) and its own block bidirectionally, and no other block. Blo
 With `distill` > 0 part of each position's loss is the cross-entropy against the target's own
 distribution for token a + k (its logits at position a + k - 1, from the same target pass): the
 response token says which token the target chose, the distribution also ranks the alternatives,
-which is what a tree drafts and what sampling accepts.
+which is what a tree drafts and what sampling accepts. (That part of the loss is bounded below by
+the target distribution's entropy, not 0: logged losses of runs with and without it do not compare.)
 The drafter pass is the inference module's own forward, over `PrefixKV` instead of a KV cache.
 """
 
