@@ -247,10 +247,11 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     to 1), u [R, M] float64 in (0, 1) -> token ids [R, M].
 
     Token i is returned for u * total in [C_{i-1}, C_i), with C the float64 cumulative sum of probs.
-    A float64 cumsum over the whole vocabulary for every tree node would cost a float64 copy of all
-    the probabilities; the search is two-level instead: float64 sums of blocks of `_BLOCK` tokens
-    (one read of the float32 probabilities), a search over the block CDF, then a float64 cumsum of the
-    chosen block only. Both levels are float64, so each token's interval is exact to ~1e-16.
+    Rather than a float64 cumsum over the whole vocabulary for every tree node (written, then
+    searched), the search is two-level: float64 sums of blocks of `_BLOCK` tokens, a search over the
+    block CDF, then a float64 cumsum of the chosen block only. Both levels are float64, so each token's
+    interval is exact to ~1e-16. (`sum(dtype=torch.float64)` of float32 values makes a transient
+    float64 copy in PyTorch: a fused block-sum kernel would save that pass.)
 
     A zero-probability token is never returned: its interval is empty, and a target at the very top
     (u * total rounding up to total) is clamped to the last non-zero token.
