@@ -378,3 +378,28 @@ def test_source_digest_names_the_code_and_finds_its_commit():
                            capture_output=True, text=True)
     head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     assert found.returncode == 0 and found.stdout.startswith(head.stdout.strip())
+
+
+def test_the_embedded_target_benches_with_the_shipped_drafter_by_default():
+    """As `LLM()` and `treeflash generate` do: no --model and no --draft-model means the default pair."""
+    from treeflash.bench.run import DEFAULT_METHODS, BenchConfig
+    from treeflash.default_model import DEFAULT_DRAFTER_DIR
+
+    default = BenchConfig()
+    assert default.drafter_dir == str(DEFAULT_DRAFTER_DIR) and default.method_list == DEFAULT_METHODS
+    assert BenchConfig(draft_model="d").drafter_dir == "d"
+    assert BenchConfig(model="m").drafter_dir is None and BenchConfig(model="m").method_list == "none"
+    assert BenchConfig(random_drafter=True).drafter_dir is None and BenchConfig(random_drafter=True).has_drafter
+
+
+@pytest.mark.integration
+def test_bench_of_the_default_pair_records_the_shipped_drafter(prompts_file, tmp_path):
+    from treeflash.default_model import DEFAULT_DRAFTER_DIR
+
+    out = tmp_path / "default.json"
+    assert bench("--dtype", "float32", "--dataset", str(prompts_file), "--num-prompts", "1", "--methods",
+                 "none,ddtree:4", "--warmup", "0", "--stage-prompts", "0", "--no-plots", "--out", str(out)) == 0
+    result = json.loads(out.read_text())
+    assert result["drafter"] == {"path": str(DEFAULT_DRAFTER_DIR)}
+    ran = {m["method"]: m for m in result["methods"]}
+    assert ran["ddtree:4"]["same_tokens_as_none"] == 1.0 and ran["ddtree:4"]["mean_acceptance_length"] > 1

@@ -82,8 +82,20 @@ class BenchConfig:
             raise ValueError("--baselines run on one device: drop them or --tensor-parallel-size")
 
     @property
+    def drafter_dir(self) -> str | None:
+        """The drafter of the speculative methods: --draft-model, or with the embedded default target (no
+        --model) the shipped drafter, as `LLM()` and `treeflash generate` pick it; None with --random-drafter
+        (built per run) or a --model given without one."""
+        if self.random_drafter:
+            return None
+        from treeflash.default_model import default_draft_model
+
+        drafter = default_draft_model(self.model, self.draft_model, None)
+        return None if drafter is None else str(drafter)
+
+    @property
     def has_drafter(self) -> bool:
-        return bool(self.draft_model) or self.random_drafter
+        return self.drafter_dir is not None or self.random_drafter
 
     @property
     def method_list(self) -> str:
@@ -111,13 +123,13 @@ def run_bench(cfg: BenchConfig, command: str | None = None, log=print, progress=
     prompts = load_prompts(cfg.dataset, cfg.num_prompts)
     model_dir = resolve_model_dir(cfg.model)
     r = {"kind": "bench", "complete": False, "environment": environment(device, dtype, command), "config": asdict(cfg),
-         "model": str(model_dir), "drafter": {"path": str(cfg.draft_model)} if cfg.draft_model else None,
+         "model": str(model_dir), "drafter": {"path": cfg.drafter_dir} if cfg.drafter_dir and needs_drafter else None,
          "dataset": cfg.dataset, "num_prompts": len(prompts), "prompt_ids": [p.id for p in prompts],
          "notes": _notes(cfg, device, baselines, needs_drafter), "methods": [], "skipped": [], "baselines": [],
          "skipped_baselines": [], "errors": []}
     report = progress or (lambda result: None)
     with tempfile.TemporaryDirectory(prefix="treeflash-bench-") as tmp:
-        drafter_dir = cfg.draft_model
+        drafter_dir = cfg.drafter_dir
         if cfg.random_drafter and needs_drafter:
             drafter_dir, r["drafter"] = _random_drafter(ModelConfig.from_dir(model_dir), cfg, Path(tmp))
         runs, ids, eos = [], None, []
