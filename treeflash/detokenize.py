@@ -4,8 +4,8 @@ Each new token (or a round's tokens together, `push_many`) costs two decodes of 
 trailing tokens (the vLLM scheme of a prefix offset and a read offset): the window's text minus the
 text of its already-read part is the new text. The window starts one step back so that tokenizers
 whose decoding of a token depends on its left neighbour (a leading space, a merged byte sequence) see
-that neighbour. Text that ends in an
-incomplete UTF-8 character (decoded as U+FFFD) is held back until a later token completes it.
+that neighbour. Text that ends in an incomplete UTF-8 character (decoded as U+FFFD) is held back until a
+later token completes it.
 """
 
 from __future__ import annotations
