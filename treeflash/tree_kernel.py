@@ -3,9 +3,11 @@
 On a GPU the tree stage of a round is launch-bound: `tree.build_tree` is ~85 small torch ops (a beam
 step per depth: add, index, sort), each a kernel or more that costs more than its work. Here one
 program per slot runs the whole builder in registers and a small scratch area: per depth the pruned
-(beam entry, child) pairs (`tree._beam_pairs`) are ranked by one bitonic sort of packed 64-bit keys
+(beam entry, child) pairs (`tree._beam_pairs`) are ranked by one bitonic top-k of packed 64-bit keys
 (the score's order-preserving bits, then the pair's position reversed, so that equal scores keep the
-stable sort's order), then the global choice among all depths likewise, then parents by lookup.
+stable sort's order), with the beam kept in registers between depths (gathers, no round trip through
+memory and no barrier per depth), then the global choice among all depths by one sort of such keys,
+then parents by lookup.
 The result is `build_tree`'s, field for field (tests: through Triton's interpreter on the CPU).
 `build_tree` stays the reference and the CPU path. On CUDA this kernel is the default for trees of at
 most 1024 candidates (next_power_of_2(depths * budget): budget <= 64 at 15 depths; `round.use_tree_kernel`,
@@ -52,8 +54,10 @@ def _build(TopScores, TopTokens, Bonus, BeamOf, ChildOf, Scores, ParentBeam, Tok
     in_beam = j < BUDGET
     neg_inf = float("-inf")
 
-    # Depth 1: the root's K best children, padded to the budget.
-    tl.store(Scores + row + j, tl.load(TopScores + s * sts_s + j, mask=j < K, other=neg_inf), mask=in_beam)
+    # Depth 1: the root's K best children, padded to the budget. The beam's scores stay in registers
+    # from depth to depth (`beam`); the scratch rows only collect them for the global choice.
+    beam = tl.load(TopScores + s * sts_s + j, mask=j < K, other=neg_inf)
+    tl.store(Scores + row + j, beam, mask=in_beam)
     tl.store(Tokens + row + j, tl.load(TopTokens + s * stt_s + j, mask=j < K, other=0), mask=in_beam)
     tl.store(ParentBeam + row + j, tl.zeros([BP], tl.int64), mask=in_beam)
 
@@ -62,17 +66,15 @@ def _build(TopScores, TopTokens, Bonus, BeamOf, ChildOf, Scores, ParentBeam, Tok
     beam_of = tl.load(BeamOf + p, mask=is_pair, other=0)
     child_of = tl.load(ChildOf + p, mask=is_pair, other=0)
     for d in range(1, DEPTHS):
-        tl.debug_barrier()  # the previous depth's beam is in Scores
-        score = tl.load(Scores + row + (d - 1) * BUDGET + beam_of, mask=is_pair, other=neg_inf) + \
+        score = tl.gather(beam, beam_of, 0) + \
             tl.load(TopScores + s * sts_s + d * sts_d + child_of, mask=is_pair, other=neg_inf)
         key = tl.where(is_pair, (_sortable(score) << 32) | (P2 - 1 - p), -1)
-        tl.store(keys + p, tl.sort(key, descending=True))
-        tl.debug_barrier()
-        best = tl.load(keys + j, mask=in_beam, other=0)
-        pair = P2 - 1 - (best & 4294967295)
-        tl.store(Scores + row + d * BUDGET + j, _float_of(best >> 32), mask=in_beam)
-        tl.store(ParentBeam + row + d * BUDGET + j, tl.load(BeamOf + pair, mask=in_beam, other=0), mask=in_beam)
-        child = tl.load(ChildOf + pair, mask=in_beam, other=0)
+        best = tl.topk(key, BP)  # descending; PAIRS >= BUDGET, so the first BUDGET are real pairs
+        pair = tl.where(in_beam, P2 - 1 - (best & 4294967295), 0)
+        beam = _float_of(best >> 32)
+        child = tl.gather(child_of, pair, 0)
+        tl.store(Scores + row + d * BUDGET + j, beam, mask=in_beam)
+        tl.store(ParentBeam + row + d * BUDGET + j, tl.gather(beam_of, pair, 0), mask=in_beam)
         tl.store(Tokens + row + d * BUDGET + j,
                  tl.load(TopTokens + s * stt_s + d * stt_d + child, mask=in_beam, other=0), mask=in_beam)
 
@@ -125,7 +127,7 @@ def build_tree_kernel(bonus: torch.Tensor, logprobs: torch.Tensor, budget: int) 
     scratch_scores = torch.empty(slots, cands, dtype=torch.float32, device=dev)
     scratch_parent = torch.empty(slots, cands, dtype=torch.long, device=dev)
     scratch_tokens = torch.empty(slots, cands, dtype=torch.long, device=dev)
-    keys = torch.empty(slots, max(p2, n2), dtype=torch.long, device=dev)
+    keys = torch.empty(slots, n2, dtype=torch.long, device=dev)
     node_of = torch.empty(slots, n2, dtype=torch.long, device=dev)
     n = budget + 1
     tokens = torch.empty(slots, n, dtype=torch.long, device=dev)
@@ -139,7 +141,7 @@ def build_tree_kernel(bonus: torch.Tensor, logprobs: torch.Tensor, budget: int) 
         keys, node_of, tokens, parents, depth, valid, scores, ranked,
         top_scores.stride(0), top_scores.stride(1), top_tokens.stride(0), top_tokens.stride(1),
         budget, k, depths, len(pairs),
-        BP=triton.next_power_of_2(budget), P2=p2, N2=n2, KEYS=max(p2, n2),
+        BP=triton.next_power_of_2(budget), P2=p2, N2=n2, KEYS=n2,
         num_warps=4 if n2 <= 1024 else 8)
     return DraftTree(tokens=tokens, parents=parents, depths=depth, valid=valid.bool(), scores=scores,
                      max_depth=depths, ranked_scores=ranked)

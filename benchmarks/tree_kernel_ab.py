@@ -1,0 +1,87 @@
+"""DDTree's Triton tree builder against another version of it, on a GPU: same trees, time per build.
+
+For each (slots, budget) at the drafter's shape (15 depths, a 16,384-token draft vocabulary), random
+log-probs: both builders' trees must equal `tree.build_tree`'s field for field (eager and replayed
+from a CUDA graph), then each build (top-k + kernel, as a round runs it) is captured in a CUDA graph
+and replayed back to back; the median of 5 batches of 200 replays, microseconds per build.
+
+    python3 benchmarks/tree_kernel_ab.py --baseline OLD_tree_kernel.py --out ab.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+
+import torch
+
+from treeflash import tree_kernel
+from treeflash.tree import build_tree
+
+FIELDS = ("tokens", "parents", "depths", "valid", "scores", "ranked_scores")
+
+
+def load_module(path: str):
+    spec = importlib.util.spec_from_file_location("baseline_tree_kernel", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def same(a, b) -> bool:
+    return all(torch.equal(getattr(a, f), getattr(b, f)) for f in FIELDS)
+
+
+def time_graph(fn, reps: int = 200, batches: int = 5) -> tuple[float, object]:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    times = []
+    for _ in range(batches):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / reps)
+    return statistics.median(times), out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--baseline", required=True, help="a tree_kernel.py to compare with this checkout's")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--depths", type=int, default=15)
+    ap.add_argument("--vocab", type=int, default=16384)
+    args = ap.parse_args()
+    builders = {"baseline": load_module(args.baseline).build_tree_kernel, "this": tree_kernel.build_tree_kernel}
+    rows = []
+    for slots in (1, 8):
+        for budget in (16, 32, 64):
+            gen = torch.Generator(device="cuda").manual_seed(budget * 100 + slots)
+            lp = torch.randn(slots, args.depths, args.vocab, device="cuda", generator=gen).mul_(3).log_softmax(-1)
+            bonus = torch.arange(slots, device="cuda")
+            want = build_tree(bonus, lp, budget)
+            row = {"slots": slots, "budget": budget}
+            row["topk_us"], _ = time_graph(lambda: lp.float().topk(budget, dim=-1))
+            for name, build in builders.items():
+                eager = build(bonus, lp, budget)
+                us, replayed = time_graph(lambda: build(bonus, lp, budget))
+                row[f"{name}_us"], row[f"{name}_equal"] = us, same(eager, want) and same(replayed, want)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows},
+              open(args.out, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
