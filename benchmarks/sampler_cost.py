@@ -9,6 +9,9 @@ tokens. Timed, per call over all rows:
   float32_cdf    the old draw: float32 cumsum + searchsorted (not exact: TV ~2e-3 at 152k tokens)
   float64_cdf    a float64 cumsum of every row + searchsorted (exact, a float64 copy of all rows)
   two_level      treeflash's inverse_cdf: float64 block sums, then a float64 cumsum of one block
+  block_sums     its first level alone as the draw makes it (on CUDA one Triton kernel, block_sums.py)
+  block_sums_torch  the same sums by PyTorch's sum(dtype=float64), which copies the probabilities to
+                 float64 first (what two_level did before the kernel)
   exp_race       argmax p_i / E_i with E_i = -log(u_i), u_i hashed from (seed, position, token)
 """
 
@@ -26,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from run_info import run_info  # noqa: E402
-from treeflash.sampling import _fmix32, _MASK32, draw_uniforms, inverse_cdf  # noqa: E402
+from treeflash.sampling import (_BLOCK, _block_sums, _block_sums_torch, _fmix32, _MASK32,  # noqa: E402
+                                draw_uniforms, inverse_cdf)
 
 
 def float32_cdf(probs, u):
@@ -94,11 +98,13 @@ def main(argv: list[str] | None = None) -> None:
         "float32_cdf": lambda: float32_cdf(probs, u),
         "float64_cdf": lambda: float64_cdf(probs, u),
         "two_level": lambda: two_level(probs, u),
+        "block_sums": lambda: _block_sums(probs, _BLOCK),
+        "block_sums_torch": lambda: _block_sums_torch(probs, _BLOCK),
         "exp_race": lambda: exp_race(probs, u, seed, positions),
     }
     ms = {name: round(timed(fn, device, args.repeats), 4) for name, fn in cases.items()}
     for name, t in ms.items():
-        print(f"{name:12s} {t:9.3f} ms")
+        print(f"{name:16s} {t:9.3f} ms")
     result = {**run_info(device), "rows": args.rows, "vocab": args.vocab, "repeats": args.repeats,
               "median_ms": ms}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

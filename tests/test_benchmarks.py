@@ -45,7 +45,7 @@ def test_sampler_cost_runs(tmp_path):
     with one_thread():
         sampler_cost.main(["--device", "cpu", "--rows", "2", "--vocab", "5000", "--repeats", "1", "--out", str(out)])
     assert set(json.loads(out.read_text())["median_ms"]) == {"softmax", "float32_cdf", "float64_cdf", "two_level",
-                                                             "exp_race"}
+                                                             "block_sums", "block_sums_torch", "exp_race"}
 
 
 def test_kernel_profile_runs_on_the_cpu(tmp_path, monkeypatch):

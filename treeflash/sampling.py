@@ -250,19 +250,15 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     Rather than a float64 cumsum over the whole vocabulary for every tree node (written, then
     searched), the search is two-level: float64 sums of blocks of `_BLOCK` tokens, a search over the
     block CDF, then a float64 cumsum of the chosen block only. Both levels are float64, so each token's
-    interval is exact to ~1e-16. (`sum(dtype=torch.float64)` of float32 values makes a transient
-    float64 copy in PyTorch: a fused block-sum kernel would save that pass.)
+    interval is exact to ~1e-16. (On CUDA the block sums are one Triton kernel: PyTorch's
+    `sum(dtype=torch.float64)` of float32 values would first make a float64 copy of them all.)
 
     A zero-probability token is never returned: its interval is empty, and a target at the very top
     (u * total rounding up to total) is clamped to the last non-zero token.
     """
     rows, vocab = probs.shape
     block = min(_BLOCK, vocab)
-    full = vocab // block
-    sums = probs[:, :full * block].reshape(rows, full, block).sum(-1, dtype=torch.float64)
-    if full * block < vocab:  # the ragged last block
-        sums = torch.cat([sums, probs[:, full * block:].sum(-1, keepdim=True, dtype=torch.float64)], -1)
-    block_cdf = sums.cumsum(-1)  # [R, blocks]
+    block_cdf = _block_sums(probs, block).cumsum(-1)  # [R, blocks]
     target = u * block_cdf[:, -1:]  # [R, M]
     b = torch.searchsorted(block_cdf, target.contiguous(), right=True)
     # The block CDF reaches its total at the last block holding any mass: never go past it.
@@ -276,6 +272,26 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     # Never past the block's last token with mass.
     j = torch.minimum(j, torch.searchsorted(cdf, cdf[..., -1:].contiguous()))
     return b * block + j[..., 0]
+
+
+def _block_sums(probs: torch.Tensor, block: int) -> torch.Tensor:
+    """probs [R, V] -> float64 sums of consecutive `block`-token blocks [R, ceil(V / block)] (the last
+    one ragged). On CUDA one Triton kernel reads the float32 values once (`block_sums.py`); PyTorch's
+    sum(dtype=float64) would first copy them all to float64."""
+    if probs.is_cuda and probs.dtype == torch.float32 and probs.stride(1) == 1 and block == _BLOCK:
+        from treeflash.block_sums import block_sums  # Triton: imported on CUDA only
+
+        return block_sums(probs, block)
+    return _block_sums_torch(probs, block)
+
+
+def _block_sums_torch(probs: torch.Tensor, block: int) -> torch.Tensor:
+    rows, vocab = probs.shape
+    full = vocab // block
+    sums = probs[:, :full * block].reshape(rows, full, block).sum(-1, dtype=torch.float64)
+    if full * block < vocab:  # the ragged last block
+        sums = torch.cat([sums, probs[:, full * block:].sum(-1, keepdim=True, dtype=torch.float64)], -1)
+    return sums
 
 
 def sample_from(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
