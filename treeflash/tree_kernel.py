@@ -13,9 +13,12 @@ The result is `build_tree`'s, field for field (tests: through Triton's interpret
 most 1024 candidates (next_power_of_2(depths * budget): budget <= 64 at 15 depths; `round.use_tree_kernel`,
 `LLM(tree_kernel=True/False)` forces it on/off). Measured on an H200 (SmolLM2-135M shape, random
 bf16 weights, context 1024, CUDA graphs, splitkv; benchmarks/h200-treekernel/), median ms per round, torch
-ops vs kernel: batch 1 ddtree:16 2.109 vs 1.802, ddtree:64 2.338 vs 1.955, ddtree:256 2.948 vs 3.048
-(slower: the torch ops stay there); batch 8 ddtree:64 3.534 vs 3.125. `scripts/gpu_check.py` checks it
-field for field at drafter shapes (section T) and under CUDA graphs (section E).
+ops vs the first kernel (a full sort per depth): batch 1 ddtree:16 2.109 vs 1.802, ddtree:64 2.338 vs
+1.955, ddtree:256 2.948 vs 3.048 (slower: the torch ops stay there); batch 8 ddtree:64 3.534 vs 3.125.
+This kernel against that one (benchmarks/h200-kernels-topk-blocksums/, `benchmarks/tree_kernel_ab.py`,
+15 depths, top-k + kernel per build): budget 64 136 vs 154 us, 16 and 32 1-2 us less (the top-k of the
+log-probs, ~76 us, is most of a build there). `scripts/gpu_check.py` checks it field for field at
+drafter shapes (section T) and under CUDA graphs (section E).
 """
 
 from __future__ import annotations
