@@ -159,15 +159,18 @@ def check_tree_kernel() -> dict:
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     for slots, vocab, budget, ties in [(1, 16384, 16, False), (1, 16384, 64, False), (8, 16384, 64, True),
                                        (1, 49152, 256, False), (2, 16384, 512, True), (4, 16384, 1, False),
-                                       (1, 100, 200, True)]:
+                                       (1, 100, 200, True), (2, 16384, 64, "certain")]:
         lp = torch.randn(slots, 15, vocab, device=DEVICE, generator=gen) * 3
-        if ties:  # few distinct values: ties everywhere, where a sort's order shows
+        if ties == "certain":  # a token of log-prob exactly 0.0 at the first 5 depths: prefixes scoring +0.0
+            lp[:, :5, 11] = 200.0
+        elif ties:  # few distinct values: ties everywhere, where a sort's order shows
             lp = lp.round()
         lp = lp.log_softmax(-1)
         bonus = torch.arange(slots, device=DEVICE) + 7
         want, got = build_tree(bonus, lp, budget), build_tree_kernel(bonus, lp, budget)
         fields = ("tokens", "parents", "depths", "valid", "scores", "ranked_scores")
-        results[f"slots {slots} vocab {vocab} budget {budget}{' ties' if ties else ''}"] = all(
+        label = {True: " ties", "certain": " certain tokens"}.get(ties, "")
+        results[f"slots {slots} vocab {vocab} budget {budget}{label}"] = all(
             torch.equal(getattr(got, f), getattr(want, f)) for f in fields)
     return results
 

@@ -41,3 +41,21 @@ def test_kernel_with_more_nodes_than_prefixes():
     assert int(want.valid.sum()) == 2 * (1 + 14)
     for field in FIELDS:
         assert torch.equal(getattr(got, field), getattr(want, field)), field
+
+
+@pytest.mark.parametrize("budget", [4, 8, 16])
+def test_kernel_ranks_certain_tokens_first(budget):
+    # A drafter sure of a token gives it a log-prob of exactly 0.0, so prefixes of them score +0.0: the
+    # top of every ranking, where a key that put the score's bits in the sign bit ranked them last.
+    gen = torch.Generator().manual_seed(budget)
+    lp = torch.randn(3, 5, 50, generator=gen)
+    lp[0, :, 3] = 200.0  # certain at every depth
+    lp[1, :2, 8] = 200.0  # certain at the first two depths only
+    lp = lp.log_softmax(-1)
+    assert lp[0].max() == 0.0 and lp[1, :2].max() == 0.0
+    bonus = torch.tensor([7, 8, 9])
+    want, got = build_tree(bonus, lp, budget), build_tree_kernel(bonus, lp, budget)
+    nodes = set(zip(want.depths[0].tolist(), want.tokens[0].tolist()))
+    assert {(d, 3) for d in range(1, min(5, budget) + 1)} <= nodes  # the certain chain is in the tree
+    for field in FIELDS:
+        assert torch.equal(getattr(got, field), getattr(want, field)), field

@@ -45,6 +45,20 @@ def _float_of(key):
 
 
 @triton.jit
+def _pack(x, low):
+    # One int64 key ordered by the float x, then by low (in [0, 2^31)): x's 32 order bits sit above 31
+    # bits of low, so every key is >= 0 and -1 pads below all of them. (A 32-bit shift put x >= +0.0,
+    # a log-prob of exactly 0, into the sign bit and ranked it last.)
+    return (_sortable(x) << 31) | low
+
+
+@triton.jit
+def _unpack(key):
+    # (x, low) of a key from _pack.
+    return _float_of(key >> 31), key & 2147483647
+
+
+@triton.jit
 def _build(TopScores, TopTokens, Bonus, BeamOf, ChildOf, Scores, ParentBeam, Tokens, Keys, NodeOf,
            OutTokens, OutParents, OutDepths, OutValid, OutScores, OutRanked,
            sts_s, sts_d, stt_s, stt_d, BUDGET, K, DEPTHS, PAIRS,
@@ -71,10 +85,10 @@ def _build(TopScores, TopTokens, Bonus, BeamOf, ChildOf, Scores, ParentBeam, Tok
     for d in range(1, DEPTHS):
         score = tl.gather(beam, beam_of, 0) + \
             tl.load(TopScores + s * sts_s + d * sts_d + child_of, mask=is_pair, other=neg_inf)
-        key = tl.where(is_pair, (_sortable(score) << 32) | (P2 - 1 - p), -1)
+        key = tl.where(is_pair, _pack(score, P2 - 1 - p), -1)
         best = tl.topk(key, BP)  # descending; PAIRS >= BUDGET, so the first BUDGET are real pairs
-        pair = tl.where(in_beam, P2 - 1 - (best & 4294967295), 0)
-        beam = _float_of(best >> 32)
+        beam, low = _unpack(best)
+        pair = tl.where(in_beam, P2 - 1 - low, 0)
         child = tl.gather(child_of, pair, 0)
         tl.store(Scores + row + d * BUDGET + j, beam, mask=in_beam)
         tl.store(ParentBeam + row + d * BUDGET + j, tl.gather(beam_of, pair, 0), mask=in_beam)
@@ -86,12 +100,14 @@ def _build(TopScores, TopTokens, Bonus, BeamOf, ChildOf, Scores, ParentBeam, Tok
     c = tl.arange(0, N2)
     is_cand = c < cands
     score = tl.load(Scores + row + c, mask=is_cand, other=neg_inf)
-    ranked = tl.sort(tl.where(is_cand, (_sortable(score) << 32) | (N2 - 1 - c), -1), descending=True)
+    ranked = tl.sort(tl.where(is_cand, _pack(score, N2 - 1 - c), -1), descending=True)
     tl.store(keys + c, ranked)
-    tl.store(OutRanked + row + c, _float_of(ranked >> 32), mask=is_cand)
+    ranked_score, _ = _unpack(ranked)
+    tl.store(OutRanked + row + c, ranked_score, mask=is_cand)
     tl.store(NodeOf + s * N2 + c, tl.full([N2], -1, tl.int64))
     tl.debug_barrier()
-    chosen = N2 - 1 - (tl.load(keys + j, mask=in_beam, other=0) & 4294967295)
+    _, low = _unpack(tl.load(keys + j, mask=in_beam, other=0))
+    chosen = N2 - 1 - low
     chosen = tl.sort(tl.where(in_beam, chosen, 2 * N2))  # depth-major: parents before children
     tl.store(NodeOf + s * N2 + chosen, j + 1, mask=in_beam)
     tl.debug_barrier()
