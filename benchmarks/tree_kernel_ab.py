@@ -3,7 +3,9 @@
 For each (slots, budget) at the drafter's shape (15 depths, a 16,384-token draft vocabulary), random
 log-probs: both builders' trees must equal `tree.build_tree`'s field for field (eager and replayed
 from a CUDA graph), then each build (top-k + kernel, as a round runs it) is captured in a CUDA graph
-and replayed back to back; the median of 5 batches of 200 replays, microseconds per build.
+and replayed back to back; the median of 5 batches of 200 replays, microseconds per build. Rows in
+bfloat16 (a round's draft log-probs) are timed only: their ties make top-k orders differ.
+`topk_us` times torch's `lp.float().topk` alone, `top_k_kernel_us` this checkout's own top-k (if any).
 
     python3 benchmarks/tree_kernel_ab.py --baseline OLD_tree_kernel.py --out ab.json
 """
@@ -65,20 +67,26 @@ def main() -> None:
     args = ap.parse_args()
     builders = {"baseline": load_module(args.baseline).build_tree_kernel, "this": tree_kernel.build_tree_kernel}
     rows = []
-    for slots in (1, 8):
-        for budget in (16, 32, 64):
-            gen = torch.Generator(device="cuda").manual_seed(budget * 100 + slots)
-            lp = torch.randn(slots, args.depths, args.vocab, device="cuda", generator=gen).mul_(3).log_softmax(-1)
-            bonus = torch.arange(slots, device="cuda")
-            want = build_tree(bonus, lp, budget)
-            row = {"slots": slots, "budget": budget}
-            row["topk_us"], _ = time_graph(lambda: lp.float().topk(budget, dim=-1))
-            for name, build in builders.items():
-                eager = build(bonus, lp, budget)
-                us, replayed = time_graph(lambda: build(bonus, lp, budget))
-                row[f"{name}_us"], row[f"{name}_equal"] = us, same(eager, want) and same(replayed, want)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+    own_top_k = getattr(tree_kernel, "top_k_kernel", None)
+    for dtype in (torch.float32, torch.bfloat16):
+        for slots in (1, 8):
+            for budget in (16, 32, 64):
+                gen = torch.Generator(device="cuda").manual_seed(budget * 100 + slots)
+                lp = torch.randn(slots, args.depths, args.vocab, device="cuda", generator=gen).mul_(3)
+                lp = lp.log_softmax(-1).to(dtype)
+                bonus = torch.arange(slots, device="cuda")
+                want = build_tree(bonus, lp, budget) if dtype == torch.float32 else None
+                row = {"dtype": str(dtype).removeprefix("torch."), "slots": slots, "budget": budget}
+                row["topk_us"], _ = time_graph(lambda: lp.float().topk(budget, dim=-1))
+                if own_top_k is not None:
+                    row["top_k_kernel_us"], _ = time_graph(lambda: own_top_k(lp, budget))
+                for name, build in builders.items():
+                    eager = build(bonus, lp, budget)
+                    us, replayed = time_graph(lambda: build(bonus, lp, budget))
+                    row[f"{name}_us"] = us
+                    row[f"{name}_equal"] = None if want is None else same(eager, want) and same(replayed, want)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows},
               open(args.out, "w"), indent=1)
 

@@ -153,7 +153,7 @@ def mixed_speculator(llm: LLM, attention: str) -> Speculator:
 # --- T: the Triton tree builder ---------------------------------------------------------------------
 def check_tree_kernel() -> dict:
     from treeflash.tree import build_tree
-    from treeflash.tree_kernel import build_tree_kernel
+    from treeflash.tree_kernel import build_tree_kernel, top_k_kernel
 
     results = {}
     gen = torch.Generator(device=DEVICE).manual_seed(0)
@@ -167,11 +167,21 @@ def check_tree_kernel() -> dict:
             lp = lp.round()
         lp = lp.log_softmax(-1)
         bonus = torch.arange(slots, device=DEVICE) + 7
-        want, got = build_tree(bonus, lp, budget), build_tree_kernel(bonus, lp, budget)
+        # With ties (the certain tokens' rows have some far down) both builders take torch.topk's lists:
+        # the kernel's own top-k ranks equal scores by token, torch.topk in an order of its own; that
+        # top-k is checked on its own below.
+        k = min(budget, vocab)
+        top = lp.topk(k, dim=-1) if ties else None
+        want, got = build_tree(bonus, lp, budget), build_tree_kernel(bonus, lp, budget, top=top)
         fields = ("tokens", "parents", "depths", "valid", "scores", "ranked_scores")
         label = {True: " ties", "certain": " certain tokens"}.get(ties, "")
         results[f"slots {slots} vocab {vocab} budget {budget}{label}"] = all(
             torch.equal(getattr(got, f), getattr(want, f)) for f in fields)
+        x = lp.to(torch.bfloat16) if ties else lp  # bf16 rows, as a round drafts them: more ties
+        scores, tokens = top_k_kernel(x, k)
+        order = (-x.float()).sort(dim=-1, stable=True).indices[..., :k]  # equal scores: the lower token
+        results[f"top_k_kernel slots {slots} vocab {vocab} k {k}{label}: a stable top-k"] = (
+            torch.equal(tokens, order) and torch.equal(scores, x.float().gather(-1, order)))
     return results
 
 

@@ -1,4 +1,4 @@
-"""`build_tree` as one Triton kernel per round (CUDA): the same tree, from one launch instead of ~120.
+"""`build_tree` as two Triton kernels per round (CUDA): the same tree, from two launches instead of ~120.
 
 On a GPU the tree stage of a round is launch-bound: `tree.build_tree` is ~85 small torch ops (a beam
 step per depth: add, index, sort), each a kernel or more that costs more than its work. Here one
@@ -7,8 +7,13 @@ program per slot runs the whole builder in registers and a small scratch area: p
 (the score's order-preserving bits, then the pair's position reversed, so that equal scores keep the
 stable sort's order), with the beam kept in registers between depths (gathers, no round trip through
 memory and no barrier per depth), then the global choice among all depths by one sort of such keys,
-then parents by lookup.
-The result is `build_tree`'s, field for field (tests: through Triton's interpreter on the CPU).
+then parents by lookup. Before it, `top_k_kernel` takes each (slot, depth) row's best tokens in one
+program per row, streaming the draft log-probs in their own dtype (torch's `lp.float().topk`, ~76 us
+of a ~100 us build at budgets 16-32 on the H200, copies them to float32 and ranks ties its own way).
+The result is `build_tree`'s, field for field (tests: through Triton's interpreter on the CPU), except
+where log-probs tie at the edge of a depth's top-k: there the kernel keeps the lower token, and
+`build_tree` (torch.topk) whichever its top-k returns; both are DDTree's tree for those log-probs, and
+which one a round drafts changes only what it may accept.
 `build_tree` stays the reference and the CPU path. On CUDA this kernel is the default for trees of at
 most 1024 candidates (next_power_of_2(depths * budget): budget <= 64 at 15 depths; `round.use_tree_kernel`,
 `LLM(tree_kernel=True/False)` forces it on/off). Measured on an H200 (SmolLM2-135M shape, random
@@ -17,8 +22,9 @@ ops vs the first kernel (a full sort per depth): batch 1 ddtree:16 2.109 vs 1.80
 1.955, ddtree:256 2.948 vs 3.048 (slower: the torch ops stay there); batch 8 ddtree:64 3.534 vs 3.125.
 This kernel against that one (benchmarks/h200-kernels-topk-blocksums/, `benchmarks/tree_kernel_ab.py`,
 15 depths, top-k + kernel per build): budget 64 136 vs 154 us, 16 and 32 1-2 us less (the top-k of the
-log-probs, ~76 us, is most of a build there). `scripts/gpu_check.py` checks it field for field at
-drafter shapes (section T) and under CUDA graphs (section E).
+log-probs, ~76 us, is most of a build there; `top_k_kernel` replaced it after that run, untimed so far).
+`scripts/gpu_check.py` checks it field for field at drafter shapes (section T) and under CUDA graphs
+(section E).
 """
 
 from __future__ import annotations
@@ -133,12 +139,52 @@ def _build(TopScores, TopTokens, Bonus, BeamOf, ChildOf, Scores, ParentBeam, Tok
     tl.store(OutScores + node, node_score, mask=in_beam)
 
 
-def build_tree_kernel(bonus: torch.Tensor, logprobs: torch.Tensor, budget: int) -> DraftTree:
-    """`build_tree(bonus, logprobs, budget)` (default branching) in one kernel launch after the top-k.
-    bonus: [S] long; logprobs: [S, D, V]. Returns the same DraftTree."""
+@triton.jit
+def _row_top_k(X, OutScores, OutTokens, V, K, DEPTHS, sx_s, sx_d, BK: tl.constexpr, CHUNK: tl.constexpr):
+    # One program per (slot, depth) row: its K best log-probs and their tokens, descending, ties to the
+    # lower token. The row streams through in CHUNK-sized pieces; each piece's top BK merges into the
+    # running top BK (both as _pack keys, so one top-k orders by score, then token).
+    r = tl.program_id(0)
+    row = X + (r // DEPTHS) * sx_s + (r % DEPTHS) * sx_d
+    best = tl.full([BK], -1, tl.int64)
+    t = tl.arange(0, CHUNK)
+    for start in range(0, V, CHUNK):
+        token = start + t
+        x = tl.load(row + token, mask=token < V, other=0.0).to(tl.float32)
+        top = tl.topk(tl.where(token < V, _pack(x, 2147483647 - token), -1), BK)
+        best = tl.topk(tl.reshape(tl.join(best, top), [2 * BK]), BK)
+    score, low = _unpack(best)
+    j = tl.arange(0, BK)
+    tl.store(OutScores + r * K + j, score, mask=j < K)
+    tl.store(OutTokens + r * K + j, 2147483647 - low, mask=j < K)
+
+
+def top_k_kernel(logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k best tokens of every (slot, depth) row of logprobs [S, D, V] (any float dtype), as
+    `logprobs.float().topk(k, dim=-1)` gives them but in one launch and without the float32 copy:
+    scores [S, D, k] float32 descending, tokens [S, D, k] long; equal scores rank the lower token
+    first (torch.topk leaves their order unspecified). k <= V."""
+    slots, depths, vocab = logprobs.shape
+    if logprobs.stride(-1) != 1:
+        logprobs = logprobs.contiguous()
+    scores = torch.empty(slots, depths, k, dtype=torch.float32, device=logprobs.device)
+    tokens = torch.empty(slots, depths, k, dtype=torch.long, device=logprobs.device)
+    bk = max(2, triton.next_power_of_2(k))  # Triton's top-k of one element reduces to a scalar
+    _row_top_k[(slots * depths,)](logprobs, scores, tokens, vocab, k, depths, logprobs.stride(0), logprobs.stride(1),
+                                  BK=bk, CHUNK=max(bk, min(2048, triton.next_power_of_2(vocab))), num_warps=4)
+    return scores, tokens
+
+
+def build_tree_kernel(bonus: torch.Tensor, logprobs: torch.Tensor, budget: int,
+                      top: tuple[torch.Tensor, torch.Tensor] | None = None) -> DraftTree:
+    """`build_tree(bonus, logprobs, budget)` (default branching) in two launches: `top_k_kernel`, then
+    the builder. bonus: [S] long; logprobs: [S, D, V]. Returns the same DraftTree (where log-probs tie
+    at the top-k's edge, the tree of the top-k lists this kernel ranks by token).
+    top: the top-k lists (scores, tokens) to build from instead of `top_k_kernel`'s (tests hand both
+    builders torch.topk's, whose order among equal scores is its own)."""
     slots, depths, vocab = logprobs.shape
     k = min(budget, vocab)
-    top_scores, top_tokens = logprobs.float().topk(k, dim=-1)
+    top_scores, top_tokens = top if top is not None else top_k_kernel(logprobs, k)
     pairs, beam_of, child_of = _beam_pairs(budget, k, logprobs.device)
     cands = depths * budget
     p2, n2 = triton.next_power_of_2(len(pairs)), triton.next_power_of_2(cands)
