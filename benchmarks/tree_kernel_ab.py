@@ -5,7 +5,8 @@ log-probs: both builders' trees must equal `tree.build_tree`'s field for field (
 from a CUDA graph), then each build (top-k + kernel, as a round runs it) is captured in a CUDA graph
 and replayed back to back; the median of 5 batches of 200 replays, microseconds per build. Rows in
 bfloat16 (a round's draft log-probs) are timed only: their ties make top-k orders differ.
-`topk_us` times torch's `lp.float().topk` alone, `top_k_kernel_us` this checkout's own top-k (if any).
+`topk_us` times torch's `lp.float().topk` alone, `top_k_kernel*_us` this checkout's own top-k (if any;
+`_pN`: each row in N pieces).
 
     python3 benchmarks/tree_kernel_ab.py --baseline OLD_tree_kernel.py --out ab.json
 """
@@ -78,8 +79,10 @@ def main() -> None:
                 want = build_tree(bonus, lp, budget) if dtype == torch.float32 else None
                 row = {"dtype": str(dtype).removeprefix("torch."), "slots": slots, "budget": budget}
                 row["topk_us"], _ = time_graph(lambda: lp.float().topk(budget, dim=-1))
-                if own_top_k is not None:
+                if own_top_k is not None:  # its default split, then rows in 1, 4 and 16 pieces
                     row["top_k_kernel_us"], _ = time_graph(lambda: own_top_k(lp, budget))
+                    for pieces in (1, 4, 16):
+                        row[f"top_k_kernel_p{pieces}_us"], _ = time_graph(lambda: own_top_k(lp, budget, pieces))
                 for name, build in builders.items():
                     eager = build(bonus, lp, budget)
                     us, replayed = time_graph(lambda: build(bonus, lp, budget))

@@ -97,3 +97,12 @@ def test_kernel_ranks_certain_tokens_first(budget):
     assert {(d, 3) for d in range(1, min(5, budget) + 1)} <= nodes  # the certain chain is in the tree
     for field in FIELDS:
         assert torch.equal(getattr(got, field), getattr(want, field)), field
+
+
+@pytest.mark.parametrize("vocab,k,pieces", [(5000, 16, 1), (5000, 16, 4), (300, 8, 16), (20, 20, 8)])
+def test_top_k_kernel_pieces(vocab, k, pieces):
+    # However a row is split (pieces past its end hold nothing), the merged top-k is the row's.
+    lp = (torch.randn(2, 3, vocab, generator=torch.Generator().manual_seed(vocab)) * 2).round().log_softmax(-1)
+    scores, tokens = top_k_kernel(lp, k, pieces=pieces)
+    want_scores, want_tokens = reference_top_k(lp, k)
+    assert torch.equal(scores, want_scores) and torch.equal(tokens, want_tokens)

@@ -140,38 +140,56 @@ def _build(TopScores, TopTokens, Bonus, BeamOf, ChildOf, Scores, ParentBeam, Tok
 
 
 @triton.jit
-def _row_top_k(X, OutScores, OutTokens, V, K, DEPTHS, sx_s, sx_d, BK: tl.constexpr, CHUNK: tl.constexpr):
-    # One program per (slot, depth) row: its K best log-probs and their tokens, descending, ties to the
-    # lower token. The row streams through in CHUNK-sized pieces; each piece's top BK merges into the
-    # running top BK (both as _pack keys, so one top-k orders by score, then token).
-    r = tl.program_id(0)
+def _piece_top_k(X, Keys, V, SPAN, DEPTHS, PIECES, sx_s, sx_d, BK: tl.constexpr, CHUNK: tl.constexpr):
+    # Program (row, piece): the best BK of the row's tokens [piece * SPAN, (piece + 1) * SPAN), as _pack
+    # keys (score, then the lower token), streamed CHUNK tokens at a time into a running top BK.
+    r = tl.program_id(0) // PIECES
+    piece = tl.program_id(0) % PIECES
     row = X + (r // DEPTHS) * sx_s + (r % DEPTHS) * sx_d
     best = tl.full([BK], -1, tl.int64)
     t = tl.arange(0, CHUNK)
-    for start in range(0, V, CHUNK):
-        token = start + t
-        x = tl.load(row + token, mask=token < V, other=0.0).to(tl.float32)
-        top = tl.topk(tl.where(token < V, _pack(x, 2147483647 - token), -1), BK)
+    end = tl.minimum(V, (piece + 1) * SPAN)
+    for start in range(0, SPAN, CHUNK):
+        token = piece * SPAN + start + t
+        x = tl.load(row + token, mask=token < end, other=0.0).to(tl.float32)
+        top = tl.topk(tl.where(token < end, _pack(x, 2147483647 - token), -1), BK)
         best = tl.topk(tl.reshape(tl.join(best, top), [2 * BK]), BK)
+    tl.store(Keys + tl.program_id(0) * BK + tl.arange(0, BK), best)
+
+
+@triton.jit
+def _merge_top_k(Keys, OutScores, OutTokens, K, BK: tl.constexpr, PB: tl.constexpr):
+    # Program per row: the best BK of its pieces' PB = pieces * BK keys, unpacked.
+    r = tl.program_id(0)
+    best = tl.topk(tl.load(Keys + r * PB + tl.arange(0, PB)), BK)
     score, low = _unpack(best)
     j = tl.arange(0, BK)
     tl.store(OutScores + r * K + j, score, mask=j < K)
     tl.store(OutTokens + r * K + j, 2147483647 - low, mask=j < K)
 
 
-def top_k_kernel(logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def top_k_kernel(logprobs: torch.Tensor, k: int, pieces: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The k best tokens of every (slot, depth) row of logprobs [S, D, V] (any float dtype), as
-    `logprobs.float().topk(k, dim=-1)` gives them but in one launch and without the float32 copy:
-    scores [S, D, k] float32 descending, tokens [S, D, k] long; equal scores rank the lower token
-    first (torch.topk leaves their order unspecified). k <= V."""
+    `logprobs.float().topk(k, dim=-1)` gives them but without the float32 copy: scores [S, D, k]
+    float32 descending, tokens [S, D, k] long; equal scores rank the lower token first (torch.topk
+    leaves their order unspecified). k <= V. Two launches: each row split into `pieces` (a power of
+    two; default about 2,048 tokens each, at most 16) ranked by their own programs, so a batch-1 round's
+    15 rows fill more than 15 of the GPU's SMs, then one program per row merges its pieces' best."""
     slots, depths, vocab = logprobs.shape
     if logprobs.stride(-1) != 1:
         logprobs = logprobs.contiguous()
-    scores = torch.empty(slots, depths, k, dtype=torch.float32, device=logprobs.device)
-    tokens = torch.empty(slots, depths, k, dtype=torch.long, device=logprobs.device)
     bk = max(2, triton.next_power_of_2(k))  # Triton's top-k of one element reduces to a scalar
-    _row_top_k[(slots * depths,)](logprobs, scores, tokens, vocab, k, depths, logprobs.stride(0), logprobs.stride(1),
-                                  BK=bk, CHUNK=max(bk, min(2048, triton.next_power_of_2(vocab))), num_warps=4)
+    if pieces is None:
+        pieces = min(16, triton.next_power_of_2(triton.cdiv(vocab, 2048)))
+    chunk = max(bk, min(2048, triton.next_power_of_2(triton.cdiv(vocab, pieces))))
+    span = triton.cdiv(triton.cdiv(vocab, pieces), chunk) * chunk  # whole chunks: the loop's bound
+    rows, dev = slots * depths, logprobs.device
+    keys = torch.empty(rows, pieces, bk, dtype=torch.long, device=dev)
+    scores = torch.empty(slots, depths, k, dtype=torch.float32, device=dev)
+    tokens = torch.empty(slots, depths, k, dtype=torch.long, device=dev)
+    _piece_top_k[(rows * pieces,)](logprobs, keys, vocab, span, depths, pieces, logprobs.stride(0),
+                                   logprobs.stride(1), BK=bk, CHUNK=chunk, num_warps=4)
+    _merge_top_k[(rows,)](keys, scores, tokens, k, BK=bk, PB=pieces * bk, num_warps=4)
     return scores, tokens
 
 
