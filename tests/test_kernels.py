@@ -92,6 +92,26 @@ def test_speculation_through_fused_projections_is_greedy_identical(pair, spec, b
     assert [o.token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=greedy)] == want
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_each_residual_sum_in_the_next_norm_changes_no_value(tmp_path, dtype):
+    # run_layers adds a layer's MLP output in the next norm's kernel; written out as the residual sum of
+    # each layer, then the norm, eagerly the hidden states and the captured layers are the same bits.
+    model = load_target(make_target(tmp_path / "t", vocab=100, hidden=64, layers=4), "cpu", dtype)[0]
+    tokens, positions = torch.randint(0, 100, (2, 7)), torch.arange(7).expand(2, 7)
+    causal = torch.ones(7, 7, dtype=torch.bool).tril().expand(2, 7, 7)
+    mask = torch.cat([causal, torch.zeros(2, 7, 9, dtype=torch.bool)], -1)  # over the 16 cache rows
+    x, cache, outputs = model.embed_tokens(tokens), model.new_cache(2, 16), []
+    cos, sin = model.rotary(positions, x.dtype)
+    for i, layer in enumerate(model.layers):
+        attn = layer.self_attn(layer.input_layernorm(x), cos, sin, cache, i, positions, mask)
+        x = x + attn
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+        outputs.append(x)
+    hidden, captured = model(tokens, positions, model.new_cache(2, 16), positions, mask, capture_layers=(1, 3))
+    assert torch.equal(hidden, model.norm(x))
+    assert torch.equal(captured[0], outputs[1]) and torch.equal(captured[1], outputs[3])
+
+
 def test_flex_kernel_choice_follows_flex_decode_tokens():
     pytest.importorskip("torch.nn.attention.flex_attention")
     seq = torch.tensor([130, 7])

@@ -22,7 +22,7 @@ from torch import nn
 from treeflash.config import ConfigError, ModelConfig, config_value
 from treeflash.kv_cache import KVCache, PrefixKV
 from treeflash.models.layers import RMSNorm, Rotary
-from treeflash.models.transformer import DecoderLayer, Transformer
+from treeflash.models.transformer import DecoderLayer, Transformer, run_layers
 
 
 class DrafterMismatchError(ValueError):
@@ -204,11 +204,8 @@ class DFlashDrafter(nn.Module):
         The mask [B, T, L] says which context keys and block tokens each block token sees (its whole
         block: bidirectional). Returns the final-normed hidden states [B, T, H].
         """
-        x = block_embeddings
-        cos, sin = self.rotary(positions, x.dtype)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache, i, rows, mask)
-        return self.norm(x)
+        cos, sin = self.rotary(positions, block_embeddings.dtype)
+        return run_layers(self.layers, self.norm, block_embeddings, cos, sin, cache, rows, mask)[0]
 
     def draft(self, target: Transformer, bonus: torch.Tensor, seq_lens: torch.Tensor, cache: KVCache,
               layout, depths: int | None = None, head: torch.Tensor | None = None) -> torch.Tensor:

@@ -23,6 +23,12 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.kernels.rms_norm(x, self.weight, self.eps)
 
+    def add(self, x: torch.Tensor, delta: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual sum x + delta and its norm, made by one kernel compiled (delta None: x and its norm)."""
+        if delta is None:
+            return x, self(x)
+        return self.kernels.add_rms_norm(x, delta, self.weight, self.eps)
+
 
 class MLP(nn.Module):
     kernels: Kernels = EAGER

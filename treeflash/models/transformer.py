@@ -70,8 +70,6 @@ class Attention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    kernels: Kernels = EAGER
-
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.self_attn = Attention(cfg)
@@ -79,12 +77,32 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, cache, layer, rows, mask):
-        # x: [B, T, hidden]. The first residual sum and the second norm are one piece (one kernel compiled).
-        attn = self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, rows, mask)
-        norm = self.post_attention_layernorm
-        x, h = self.kernels.add_rms_norm(x, attn, norm.weight, norm.eps)
-        return x + self.mlp(h)
+    def forward(self, x, delta, cos, sin, cache, layer, rows, mask):
+        """x + delta: this layer's input [B, T, hidden], delta the previous layer's MLP output not yet added
+        to the residual (None for the first layer): each residual sum is made by the kernel of the norm
+        after it. Returns the input (HF's hidden state before this layer), the residual after attention,
+        and this layer's MLP output (the next layer's delta)."""
+        x, h = self.input_layernorm.add(x, delta)
+        attn = self.self_attn(h, cos, sin, cache, layer, rows, mask)
+        mid, h = self.post_attention_layernorm.add(x, attn)
+        return x, mid, self.mlp(h)
+
+
+def run_layers(layers: nn.ModuleList, norm: RMSNorm, x, cos, sin, cache, rows, mask,
+               capture_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """A decoder stack over x [B, T, hidden]: the final-normed hidden states and the outputs of the layers
+    in `capture_layers` (HF `hidden_states[i + 1]`). A layer's last residual sum happens in the next
+    norm's kernel (`DecoderLayer.forward`): one launch per layer fewer; eagerly the same values, bit for
+    bit (tests/test_kernels.py), compiled whatever Inductor's fused add + norm rounds."""
+    delta, captured = None, {}
+    for i, layer in enumerate(layers):
+        layer_input, x, delta = layer(x, delta, cos, sin, cache, i, rows, mask)
+        if i - 1 in capture_layers:
+            captured[i - 1] = layer_input
+    out, normed = norm.add(x, delta)
+    if len(layers) - 1 in capture_layers:
+        captured[len(layers) - 1] = out
+    return normed, [captured[i] for i in capture_layers]
 
 
 class Transformer(nn.Module):
@@ -114,12 +132,7 @@ class Transformer(nn.Module):
         """
         x = self.embed_tokens(tokens)
         cos, sin = self.rotary(positions, x.dtype)
-        captured = {}
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache, i, rows, mask)
-            if i in capture_layers:
-                captured[i] = x
-        return self.norm(x), [captured[i] for i in capture_layers]
+        return run_layers(self.layers, self.norm, x, cos, sin, cache, rows, mask, capture_layers)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return F.linear(hidden, self.output_weight).float()
