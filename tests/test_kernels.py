@@ -92,6 +92,19 @@ def test_speculation_through_fused_projections_is_greedy_identical(pair, spec, b
     assert [o.token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=greedy)] == want
 
 
+@pytest.mark.parametrize("norm", [True, False])  # Qwen3's per-head norms, or rotary alone (Llama)
+def test_q_and_k_in_one_norm_rotary_piece_are_the_two_pieces(norm):
+    # With fused projections q's and k's heads are adjacent in one GEMM's output and go through one piece.
+    gen = torch.Generator().manual_seed(0)
+    b, t, q_heads, k_heads, d = 2, 3, 4, 2, 8
+    x = torch.randn(b, t, q_heads + k_heads, d, generator=gen)
+    q_weight, k_weight = (torch.randn(d, generator=gen), torch.randn(d, generator=gen)) if norm else (None, None)
+    cos, sin = torch.randn(b, t, d, generator=gen), torch.randn(b, t, d, generator=gen)
+    q, k = EAGER.qk_norm_rotary(x, q_weight, k_weight, 1e-6, cos, sin, q_heads)
+    assert torch.equal(q, EAGER.norm_rotary(x[:, :, :q_heads], q_weight, 1e-6, cos, sin))
+    assert torch.equal(k, EAGER.norm_rotary(x[:, :, q_heads:], k_weight, 1e-6, cos, sin))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_each_residual_sum_in_the_next_norm_changes_no_value(tmp_path, dtype):
     # run_layers adds a layer's MLP output in the next norm's kernel; written out as the residual sum of
@@ -143,6 +156,10 @@ def test_compiled_pieces_match_eager_on_cuda():
         hw = torch.randn(16, device=dev)
         torch.testing.assert_close(COMPILED.norm_rotary(heads, hw, 1e-6, cos, sin),
                                    EAGER.norm_rotary(heads, hw, 1e-6, cos, sin))
+        kw = torch.randn(16, device=dev)
+        for weights in ((hw, kw), (None, None)):
+            torch.testing.assert_close(COMPILED.qk_norm_rotary(heads, *weights, 1e-6, cos, sin, 3),
+                                       EAGER.qk_norm_rotary(heads, *weights, 1e-6, cos, sin, 3))
 
 
 def test_stacked_cache_compacts_every_layer_like_per_layer_tensors():

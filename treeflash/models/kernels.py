@@ -65,6 +65,15 @@ def norm_rotary(x: torch.Tensor, weight: torch.Tensor | None, eps: float, cos: t
     return apply_rotary(x, cos, sin)
 
 
+def qk_norm_rotary(x: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float,
+                   cos: torch.Tensor, sin: torch.Tensor, q_heads: int) -> torch.Tensor:
+    # x: [N, Hq + Hk, D], the queries' heads then the keys' (adjacent in the fused q/k/v output); both
+    # norm_rotary's in one piece (one kernel compiled instead of two). Weights None: rotary only.
+    if q_weight is not None:
+        x = torch.cat([rms_norm(x[:, :q_heads], q_weight, eps), rms_norm(x[:, q_heads:], k_weight, eps)], dim=1)
+    return apply_rotary(x, cos, sin)
+
+
 def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     # positions: [N] -> cos, sin: [N, head_dim]
@@ -125,6 +134,16 @@ class Kernels:
         cos, sin = (c.expand(b, t, d).reshape(b * t, 1, d) for c in (cos, sin))
         out = self._call(norm_rotary, x.reshape(b * t, h, d), weight, eps, cos, sin)
         return out.view(b, t, h, d).transpose(1, 2)
+
+    def qk_norm_rotary(self, x: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
+                       eps: float, cos: torch.Tensor, sin: torch.Tensor, q_heads: int
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        # x: [B, T, Hq + Hk, D]; cos, sin: [B, T, D] -> q [B, Hq, T, D], k [B, Hk, T, D] (transposed views)
+        b, t, h, d = x.shape
+        cos, sin = (c.expand(b, t, d).reshape(b * t, 1, d) for c in (cos, sin))
+        out = self._call(qk_norm_rotary, x.reshape(b * t, h, d), q_weight, k_weight, eps, cos, sin, q_heads)
+        out = out.view(b, t, h, d).transpose(1, 2)
+        return out[:, :q_heads], out[:, q_heads:]
 
     def rotary_tables(self, positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
                       ) -> tuple[torch.Tensor, torch.Tensor]:

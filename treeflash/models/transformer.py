@@ -60,12 +60,20 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, cache: KVCache | PrefixKV, layer: int, rows, mask):
         # x: [B, T, hidden]; rows: [B, T] (cache rows; unused with a PrefixKV); mask: [B, T, L]
         if self.use_fused and not torch.is_grad_enabled():  # fused weights carry no gradient
-            q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-            q, k, v = F.linear(x, *self.qkv).split([q_width, kv_width, kv_width], dim=-1)
+            # q's and k's heads are adjacent in the one GEMM's output: their norms and rotary in one piece.
+            b, t, _ = x.shape
+            qk_width = (self.num_heads + self.num_kv_heads) * self.head_dim
+            qk, v = F.linear(x, *self.qkv).split([qk_width, self.num_kv_heads * self.head_dim], dim=-1)
+            q_norm, k_norm = self.q_norm, self.k_norm
+            q, k = self.kernels.qk_norm_rotary(
+                qk.view(b, t, -1, self.head_dim), None if q_norm is None else q_norm.weight,
+                None if k_norm is None else k_norm.weight, 0.0 if q_norm is None else q_norm.eps, cos, sin,
+                self.num_heads)
+            v = v.view(b, t, -1, self.head_dim).transpose(1, 2)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = self._norm_rotary(q, self.q_norm, cos, sin)
-        k, v = self._kv(x, k, v, cos, sin)
+            q = self._norm_rotary(q, self.q_norm, cos, sin)
+            k, v = self._kv(x, k, v, cos, sin)
         return self.o_proj(attend_new(q, k, v, cache, layer, rows, mask))
 
 
