@@ -6,6 +6,9 @@ scripts/gpu_check.py checks the same in float32 and the H200 runs use bfloat16 (
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -45,7 +48,7 @@ def test_splitkv_matches_the_dense_mask(monkeypatch, batch, heads, kv_heads, t, 
     import treeflash.splitkv_attention as kernels
 
     if programs is not None:
-        monkeypatch.setattr(kernels, "_programs_wanted", lambda device: programs)
+        monkeypatch.setattr(kernels, "_programs_wanted", lambda device, per_sm: programs)
     gen = torch.Generator().manual_seed(t)
     q = torch.randn(batch, heads, t, head_dim, generator=gen)
     k = torch.randn(batch, kv_heads, capacity, head_dim, generator=gen)
@@ -66,7 +69,7 @@ def test_splitkv_stores_the_new_rows_as_it_attends(monkeypatch, batch, heads, kv
     import treeflash.splitkv_attention as kernels
 
     if programs is not None:
-        monkeypatch.setattr(kernels, "_programs_wanted", lambda device: programs)
+        monkeypatch.setattr(kernels, "_programs_wanted", lambda device, per_sm: programs)
     gen = torch.Generator().manual_seed(t + 1)
     cache = KVCache.allocate(2, batch, kv_heads, capacity, head_dim, torch.float32, "cpu")
     for tensor in cache.stacked:
@@ -84,6 +87,43 @@ def test_splitkv_stores_the_new_rows_as_it_attends(monkeypatch, batch, heads, kv
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     for mine, theirs in zip(cache.stacked, expected.stacked):
         assert torch.equal(mine, theirs)  # the new rows stored, nothing else touched (layer 0 neither)
+
+
+@pytest.mark.parametrize("launch", [dict(max_block_m=16, block_n=32), dict(max_block_m=128, block_n=128, programs_per_sm=16)])
+def test_splitkv_launch_settings_keep_the_result(launch):
+    """Other row blocks, KV steps and grids (benchmarks/splitkv_ab.py times them) attend and store the same."""
+    from treeflash.splitkv_attention import Launch, splitkv_attention
+
+    gen = torch.Generator().manual_seed(7)
+    batch, heads, kv_heads, t, head_dim, capacity = 2, 8, 2, 33, 32, 512
+    q = torch.randn(batch, heads, t, head_dim, generator=gen)
+    cache_k, cache_v = (torch.randn(batch, kv_heads, capacity, head_dim, generator=gen) for _ in range(2))
+    new_k, new_v = (torch.randn(batch, kv_heads, t, head_dim, generator=gen) for _ in range(2))
+    seq_lens = torch.tensor([5, 300])
+    new_mask = random_tree_mask(batch, t, gen)
+    got_k, got_v = cache_k.clone(), cache_v.clone()
+    got = splitkv_attention(q, got_k, got_v, seq_lens.int(), new_mask.to(torch.uint8), new_k, new_v, Launch(**launch))
+    rows, dense = append_layout(seq_lens, new_mask, capacity)
+    for cache, new in ((cache_k, new_k), (cache_v, new_v)):
+        for b in range(batch):
+            cache[b, :, rows[b]] = new[b]
+    torch.testing.assert_close(got, attend(q, cache_k, cache_v, dense), rtol=1e-5, atol=1e-5)
+    assert torch.equal(got_k, cache_k) and torch.equal(got_v, cache_v)
+
+
+def test_the_launch_benchmark_checks_every_launch():
+    """benchmarks/splitkv_ab.py's correctness half (its timing and FlexAttention need CUDA)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import splitkv_ab
+
+    from treeflash.splitkv_attention import DEFAULT_LAUNCH, Launch
+
+    launches = [Launch(*x) for x in splitkv_ab.LAUNCHES]
+    assert launches[0] == DEFAULT_LAUNCH and len(set(launches)) == len(launches)
+    row = splitkv_ab.point(4, 2, 16, 2, 5, 40, launches[:2] + [Launch(16, 32)], torch.device("cpu"),
+                           dtype=torch.float32, timer=lambda fn: (0.0, fn()), flex=False)
+    assert [r["max_block_m"] for r in row["launches"]] == [64, 64, 16]
+    assert max(r["max_abs_err"] for r in row["launches"]) < 1e-5
 
 
 def test_splitkv_refuses_a_head_dimension_it_cannot_tile():

@@ -25,6 +25,7 @@ Imported lazily (CUDA only); under TRITON_INTERPRET=1 the same kernels run on CP
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -34,6 +35,21 @@ BLOCK_N = 64  # KV rows per inner step
 MAX_BLOCK_M = 64  # folded query rows per program
 MAX_SPLITS = 64
 MERGE_TILE = 8192  # elements of the merge kernel's [splits, rows, head_dim] tile, at most
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How the partial kernel is cut and run. The defaults were measured at SmolLM2's shape (head_dim
+    64); benchmarks/splitkv_ab.py times others against them and FlexAttention, shape by shape."""
+
+    max_block_m: int = MAX_BLOCK_M  # folded query rows per program, at most (a power of two >= 16)
+    block_n: int = BLOCK_N  # KV rows per inner step (a power of two >= 16)
+    num_warps: int = 4
+    num_stages: int | None = None  # None: Triton's default
+    programs_per_sm: int = 2  # the grid `num_splits` aims at
+
+
+DEFAULT_LAUNCH = Launch()
 
 
 @triton.jit
@@ -144,23 +160,28 @@ def _merge(Out, PartAcc, PartMax, PartSum, so_b, so_t, KV_HEADS, GROUPS, T, ROWS
 
 
 @functools.cache
-def _programs_wanted(device: torch.device) -> int:
+def _multiprocessors(device: torch.device) -> int:
     if device.type != "cuda":
-        return 8
-    return 2 * torch.cuda.get_device_properties(device).multi_processor_count
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def num_splits(programs: int, capacity: int, device: torch.device) -> int:
-    """KV splits per (slot x KV head, row block): about two programs per SM over the whole grid, at most
-    one per BLOCK_N rows of the cache and MAX_SPLITS, a power of two (few distinct kernels)."""
-    want = max(1, _programs_wanted(device) // max(1, programs))
-    want = min(want, max(1, capacity // BLOCK_N), MAX_SPLITS)
+def _programs_wanted(device: torch.device, per_sm: int = 2) -> int:
+    return per_sm * _multiprocessors(device)
+
+
+def num_splits(programs: int, capacity: int, device: torch.device, launch: Launch = DEFAULT_LAUNCH) -> int:
+    """KV splits per (slot x KV head, row block): about `launch.programs_per_sm` programs per SM over the
+    whole grid, at most one per block_n rows of the cache and MAX_SPLITS, a power of two (few distinct
+    kernels)."""
+    want = max(1, _programs_wanted(device, launch.programs_per_sm) // max(1, programs))
+    want = min(want, max(1, capacity // launch.block_n), MAX_SPLITS)
     return 1 << (want.bit_length() - 1)
 
 
 def splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor,
                       new_mask: torch.Tensor, new_k: torch.Tensor | None = None,
-                      new_v: torch.Tensor | None = None) -> torch.Tensor:
+                      new_v: torch.Tensor | None = None, launch: Launch = DEFAULT_LAUNCH) -> torch.Tensor:
     """q: [B, H, T, D] new tokens' queries; k, v: [B, Hkv, L, D] the cache; seq_lens: [B] int32 committed
     rows; new_mask: [B, T, T] uint8 (1 = visible). new_k, new_v: [B, Hkv, T, D], the new tokens' keys
     and values, stored at rows seq_lens + t by the kernel itself (one launch instead of two scatters
@@ -169,9 +190,9 @@ def splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len
     kv_heads, capacity = k.shape[1], k.shape[2]
     groups = heads // kv_heads
     rows = groups * t
-    block_m = min(MAX_BLOCK_M, max(16, triton.next_power_of_2(rows)))
+    block_m = min(launch.max_block_m, max(16, triton.next_power_of_2(rows)))
     m_blocks = triton.cdiv(rows, block_m)
-    splits = num_splits(batch * kv_heads * m_blocks, capacity, q.device)
+    splits = num_splits(batch * kv_heads * m_blocks, capacity, q.device, launch)
     out = torch.empty(batch, t, heads * head_dim, dtype=q.dtype, device=q.device)
     if splits > 1:
         parts = batch * kv_heads * splits * m_blocks * block_m
@@ -191,10 +212,11 @@ def splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len
         v.stride(0), v.stride(1), v.stride(2), new_k.stride(0), new_k.stride(1), new_k.stride(2),
         new_v.stride(0), new_v.stride(1), new_v.stride(2), new_mask.stride(0), new_mask.stride(1),
         new_mask.stride(2), out.stride(0), out.stride(1), head_dim ** -0.5, kv_heads, groups, t, rows,
-        NUM_SPLITS=splits, BLOCK_M=block_m, BLOCK_N=BLOCK_N, HEAD_DIM=head_dim,
+        NUM_SPLITS=splits, BLOCK_M=block_m, BLOCK_N=launch.block_n, HEAD_DIM=head_dim,
         # float32 stays float32 (TF32 would round the operands to 10 bits: the float32 equality checks
         # compare rounds of different shapes); 16-bit operands are exact in either.
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", STORE_NEW=store_new)
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", STORE_NEW=store_new,
+        num_warps=launch.num_warps, **({} if launch.num_stages is None else {"num_stages": launch.num_stages}))
     if splits > 1:
         merge_m = max(1, min(16, MERGE_TILE // (splits * head_dim)))
         merge_m = 1 << (merge_m.bit_length() - 1)
