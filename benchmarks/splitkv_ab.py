@@ -7,7 +7,7 @@ makes it (the new K/V stored by the kernel) is captured in a CUDA graph and repl
 200 replays, microseconds per call. `flex_us` is the flex backend's call as a round makes it (the K/V
 stored by `KVCache.extend`'s scatters, then FlexAttention). Rows of one shape point share their inputs.
 
-    python3 benchmarks/splitkv_ab.py --out splitkv_ab.json
+    python3 benchmarks/splitkv_ab.py [--baseline OLD_splitkv_attention.py] --out splitkv_ab.json
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from tree_kernel_ab import time_graph
+from tree_kernel_ab import load_module, time_graph
 from treeflash.attention import attend, attend_new, round_layout
 from treeflash.bench.shapes import shape, target_config
 from treeflash.kv_cache import KVCache, append_layout
@@ -43,9 +43,10 @@ def tree_mask(batch: int, t: int, gen: torch.Generator) -> torch.Tensor:
 
 
 def point(heads: int, kv_heads: int, head_dim: int, batch: int, t: int, context: int, launches, device,
-          dtype=torch.bfloat16, timer=time_graph, flex: bool = True) -> dict:
+          dtype=torch.bfloat16, timer=time_graph, flex: bool = True, baseline=None) -> dict:
     """One shape point: every launch's worst error against the float32 reference and its time (`timer`:
-    fn -> (microseconds, output)); FlexAttention's too where `flex`."""
+    fn -> (microseconds, output)); FlexAttention's too where `flex`, and `baseline.splitkv_attention`'s
+    (another version of the module, its own launch) where given."""
     gen = torch.Generator().manual_seed(batch * 1000 + t)
     capacity = context + 512
     q = torch.randn(batch, heads, t, head_dim, generator=gen).to(device, dtype)
@@ -70,6 +71,10 @@ def point(heads: int, kv_heads: int, head_dim: int, batch: int, t: int, context:
         err = (call().float() - want).abs().max().item()
         us, _ = timer(call)
         out["launches"].append({**launch.__dict__, "us": us, "max_abs_err": err})
+    if baseline is not None:
+        call = lambda: baseline.splitkv_attention(q, cache.keys[0], cache.values[0], seq32, mask8, new_k, new_v)  # noqa: E731
+        out["baseline_max_abs_err"] = (call().float() - want).abs().max().item()
+        out["baseline_us"], _ = timer(call)
     if flex:
         _, flex_mask = round_layout(seq_lens, new_mask, capacity, "flex")
         call = lambda: attend_new(q, new_k, new_v, cache, 0, rows, flex_mask)  # noqa: E731
@@ -85,10 +90,12 @@ def main(argv=None) -> int:
     p.add_argument("--new-tokens", default="1,16,65,257")
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--launches", type=int, default=len(LAUNCHES), help="the first N of LAUNCHES")
+    p.add_argument("--baseline", help="another version of treeflash/splitkv_attention.py to time beside these")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
     device = torch.device("cuda")
     launches = [Launch(m, n, w, s, sm) for m, n, w, s, sm in LAUNCHES[:a.launches]]
+    baseline = load_module(a.baseline, "baseline_splitkv_attention") if a.baseline else None
     assert launches[0] == DEFAULT_LAUNCH
     result = {"device": torch.cuda.get_device_name(device), "torch": torch.__version__, "command": sys.argv,
               "rows": []}
@@ -97,11 +104,13 @@ def main(argv=None) -> int:
         for batch in map(int, a.batches.split(",")):
             for t in map(int, a.new_tokens.split(",")):
                 start = time.perf_counter()
-                row = point(c.num_heads, c.num_kv_heads, c.head_dim, batch, t, a.context, launches, device)
+                row = point(c.num_heads, c.num_kv_heads, c.head_dim, batch, t, a.context, launches, device,
+                            baseline=baseline)
                 row["shape"] = name
                 result["rows"].append(row)
                 best = min(row["launches"], key=lambda r: r["us"])
-                print(f"{name} batch {batch} T {t}: flex {row['flex_us']:.1f} us, default "
+                base = f"baseline {row['baseline_us']:.1f}, " if baseline else ""
+                print(f"{name} batch {batch} T {t}: flex {row['flex_us']:.1f} us, {base}default "
                       f"{row['launches'][0]['us']:.1f}, best {best['us']:.1f} ({best['max_block_m']}/{best['block_n']}/"
                       f"w{best['num_warps']}/s{best['num_stages']}/p{best['programs_per_sm']}); worst error "
                       f"{max(r['max_abs_err'] for r in row['launches']):.3g} ({time.perf_counter() - start:.0f} s)",

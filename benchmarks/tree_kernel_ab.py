@@ -17,6 +17,7 @@ import argparse
 import importlib.util
 import json
 import statistics
+import sys
 
 import torch
 
@@ -26,9 +27,11 @@ from treeflash.tree import build_tree
 FIELDS = ("tokens", "parents", "depths", "valid", "scores", "ranked_scores")
 
 
-def load_module(path: str):
-    spec = importlib.util.spec_from_file_location("baseline_tree_kernel", path)
+def load_module(path: str, name: str = "baseline_tree_kernel"):
+    """Another version of a module, from its file (registered under `name`: dataclasses look it up)."""
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 

@@ -89,7 +89,8 @@ def test_splitkv_stores_the_new_rows_as_it_attends(monkeypatch, batch, heads, kv
         assert torch.equal(mine, theirs)  # the new rows stored, nothing else touched (layer 0 neither)
 
 
-@pytest.mark.parametrize("launch", [dict(max_block_m=16, block_n=32), dict(max_block_m=128, block_n=128, programs_per_sm=16)])
+@pytest.mark.parametrize("launch", [dict(max_block_m=16, block_n=32),
+                                    dict(max_block_m=128, block_n=128, programs_per_sm=16)])
 def test_splitkv_launch_settings_keep_the_result(launch):
     """Other row blocks, KV steps and grids (benchmarks/splitkv_ab.py times them) attend and store the same."""
     from treeflash.splitkv_attention import Launch, splitkv_attention
@@ -120,10 +121,12 @@ def test_the_launch_benchmark_checks_every_launch():
 
     launches = [Launch(*x) for x in splitkv_ab.LAUNCHES]
     assert launches[0] == DEFAULT_LAUNCH and len(set(launches)) == len(launches)
+    baseline = splitkv_ab.load_module(str(Path(__file__).resolve().parents[1] / "treeflash" / "splitkv_attention.py"),
+                                      "baseline_splitkv_attention")
     row = splitkv_ab.point(4, 2, 16, 2, 5, 40, launches[:2] + [Launch(16, 32)], torch.device("cpu"),
-                           dtype=torch.float32, timer=lambda fn: (0.0, fn()), flex=False)
+                           dtype=torch.float32, timer=lambda fn: (0.0, fn()), flex=False, baseline=baseline)
     assert [r["max_block_m"] for r in row["launches"]] == [64, 64, 16]
-    assert max(r["max_abs_err"] for r in row["launches"]) < 1e-5
+    assert max(r["max_abs_err"] for r in row["launches"]) < 1e-5 and row["baseline_max_abs_err"] < 1e-5
 
 
 def test_splitkv_refuses_a_head_dimension_it_cannot_tile():

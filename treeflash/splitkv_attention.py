@@ -95,33 +95,45 @@ def _partial(Q, K, V, NewK, NewV, SeqLens, NewMask, Out, PartAcc, PartMax, PartS
                          tl.load(new_k_base + tt[:, None] * snk_t + d[None, :], mask=ok), mask=ok)
                 tl.store(v_base + (seq + tt)[:, None] * sv_n + d[None, :],
                          tl.load(new_v_base + tt[:, None] * snv_t + d[None, :], mask=ok), mask=ok)
-    for n0 in range(start, stop, BLOCK_N):
+    # The committed rows of this split first: every new token sees them all and they come from the
+    # cache alone, so this loop evaluates no mask and its loads go straight into the dots, which Triton
+    # can pipeline (a loop over both kinds of row summed two masked loads per tile first).
+    committed = tl.minimum(stop, seq)
+    for n0 in range(start, committed, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
-        col_ok = cols < stop
-        rel = cols - seq  # >= 0: a new row, visible where the new tokens' mask says
-        is_new = (rel >= 0) & col_ok
-        if STORE_NEW:
-            old = ((rel < 0) & col_ok)[:, None]
-            new_rows = tl.maximum(rel, 0)[:, None]
-            k = tl.load(k_base + cols[:, None] * sk_n + d[None, :], mask=old, other=0.0) + \
-                tl.load(new_k_base + new_rows * snk_t + d[None, :], mask=is_new[:, None], other=0.0)
-        else:
-            k = tl.load(k_base + cols[:, None] * sk_n + d[None, :], mask=col_ok[:, None], other=0.0)
+        col_ok = cols < committed
+        k = tl.load(k_base + cols[:, None] * sk_n + d[None, :], mask=col_ok[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-        allowed = tl.load(NewMask + b * sm_b + t[:, None] * sm_q + tl.maximum(rel, 0)[None, :] * sm_k,
+        s = tl.where(col_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile here has a visible row
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + cols[:, None] * sv_n + d[None, :], mask=col_ok[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+    # Then the new rows [seq, seq + T) in this split, visible where the round's mask says.
+    for n0 in range(tl.maximum(start, seq), stop, BLOCK_N):
+        cols = n0 + tl.arange(0, BLOCK_N)
+        is_new = cols < stop
+        rel = cols - seq  # the new row's index among the T
+        if STORE_NEW:
+            k = tl.load(new_k_base + rel[:, None] * snk_t + d[None, :], mask=is_new[:, None], other=0.0)
+        else:
+            k = tl.load(k_base + cols[:, None] * sk_n + d[None, :], mask=is_new[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+        allowed = tl.load(NewMask + b * sm_b + t[:, None] * sm_q + rel[None, :] * sm_k,
                           mask=row_ok[:, None] & is_new[None, :], other=0)
-        visible = ((rel < 0) & col_ok)[None, :] | (allowed != 0)
-        s = tl.where(visible, s, float("-inf"))
+        s = tl.where(allowed != 0, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing yet
         p = tl.exp(s - m_use[:, None])
         alpha = tl.exp(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
         if STORE_NEW:
-            v = tl.load(v_base + cols[:, None] * sv_n + d[None, :], mask=old, other=0.0) + \
-                tl.load(new_v_base + new_rows * snv_t + d[None, :], mask=is_new[:, None], other=0.0)
+            v = tl.load(new_v_base + rel[:, None] * snv_t + d[None, :], mask=is_new[:, None], other=0.0)
         else:
-            v = tl.load(v_base + cols[:, None] * sv_n + d[None, :], mask=col_ok[:, None], other=0.0)
+            v = tl.load(v_base + cols[:, None] * sv_n + d[None, :], mask=is_new[:, None], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
