@@ -33,6 +33,10 @@ LAUNCHES = [
 ]
 
 
+# --device cpu (Triton's interpreter): the checks alone, in float32.
+DRY_RUN = {"dtype": torch.float32, "timer": lambda fn: (0.0, fn()), "flex": False}
+
+
 def tree_mask(batch: int, t: int, gen: torch.Generator) -> torch.Tensor:
     """[B, T, T] ancestor-or-self masks of random trees (a chain for T = 1)."""
     mask = torch.eye(t, dtype=torch.bool).repeat(batch, 1, 1)
@@ -91,13 +95,17 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--launches", type=int, default=len(LAUNCHES), help="the first N of LAUNCHES")
     p.add_argument("--baseline", help="another version of treeflash/splitkv_attention.py to time beside these")
+    p.add_argument("--device", default="cuda", help="cuda; cpu only under TRITON_INTERPRET=1: a dry run in float32 "
+                   "(the interpreter's bfloat16 is not the GPU's), no times, no FlexAttention")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
-    device = torch.device("cuda")
+    device = torch.device(a.device)
+    cuda = device.type == "cuda"
     launches = [Launch(m, n, w, s, sm) for m, n, w, s, sm in LAUNCHES[:a.launches]]
     baseline = load_module(a.baseline, "baseline_splitkv_attention") if a.baseline else None
     assert launches[0] == DEFAULT_LAUNCH
-    result = {"device": torch.cuda.get_device_name(device), "torch": torch.__version__, "command": sys.argv,
+    result = {"device": torch.cuda.get_device_name(device) if cuda else "cpu", "torch": torch.__version__,
+              "command": sys.argv,
               "rows": []}
     for name in a.shapes.split(","):
         c = target_config(shape(name))
@@ -105,12 +113,13 @@ def main(argv=None) -> int:
             for t in map(int, a.new_tokens.split(",")):
                 start = time.perf_counter()
                 row = point(c.num_heads, c.num_kv_heads, c.head_dim, batch, t, a.context, launches, device,
-                            baseline=baseline)
+                            baseline=baseline, **({} if cuda else DRY_RUN))
                 row["shape"] = name
                 result["rows"].append(row)
                 best = min(row["launches"], key=lambda r: r["us"])
                 base = f"baseline {row['baseline_us']:.1f}, " if baseline else ""
-                print(f"{name} batch {batch} T {t}: flex {row['flex_us']:.1f} us, {base}default "
+                flex = f"flex {row['flex_us']:.1f} us, " if "flex_us" in row else ""
+                print(f"{name} batch {batch} T {t}: {flex}{base}default "
                       f"{row['launches'][0]['us']:.1f}, best {best['us']:.1f} ({best['max_block_m']}/{best['block_n']}/"
                       f"w{best['num_warps']}/s{best['num_stages']}/p{best['programs_per_sm']}); worst error "
                       f"{max(r['max_abs_err'] for r in row['launches']):.3g} ({time.perf_counter() - start:.0f} s)",

@@ -124,7 +124,7 @@ def test_the_launch_benchmark_checks_every_launch():
     baseline = splitkv_ab.load_module(str(Path(__file__).resolve().parents[1] / "treeflash" / "splitkv_attention.py"),
                                       "baseline_splitkv_attention")
     row = splitkv_ab.point(4, 2, 16, 2, 5, 40, launches[:2] + [Launch(16, 32)], torch.device("cpu"),
-                           dtype=torch.float32, timer=lambda fn: (0.0, fn()), flex=False, baseline=baseline)
+                           baseline=baseline, **splitkv_ab.DRY_RUN)
     assert [r["max_block_m"] for r in row["launches"]] == [64, 64, 16]
     assert max(r["max_abs_err"] for r in row["launches"]) < 1e-5 and row["baseline_max_abs_err"] < 1e-5
 
