@@ -156,3 +156,24 @@ def test_splitkv_rounds_decode_as_plain_decoding(tmp_path, spec, budget, attenti
               max_num_seqs=2, attention=attention)
     assert llm.engine.speculator.attention == attention
     assert [o.token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=params)] == expected
+
+
+@pytest.mark.parametrize("batch,kv_heads,t,head_dim", [(1, 8, 1, 128), (2, 3, 17, 64), (3, 2, 40, 16)])
+def test_the_store_kernel_writes_what_two_scatters_write(batch, kv_heads, t, head_dim):
+    # treeflash/kv_store.py, KVCache.write's one launch on CUDA for FlexAttention's and SDPA's paths.
+    from treeflash.kv_store import fits, store_rows
+
+    gen = torch.Generator().manual_seed(t)
+    capacity = 64
+    keys, values = (torch.randn(batch, kv_heads, capacity, head_dim, generator=gen) for _ in range(2))
+    k = torch.randn(batch, kv_heads, t, head_dim, generator=gen)
+    v = torch.randn(batch, t, kv_heads, head_dim, generator=gen).transpose(1, 2)  # strided, as the model's
+    rows = torch.stack([torch.randperm(capacity, generator=gen)[:t] for _ in range(batch)])
+    want_k, want_v = keys.clone(), values.clone()
+    index = rows[:, None, :, None].expand_as(k)
+    want_k.scatter_(2, index, k)
+    want_v.scatter_(2, index, v)
+    assert fits(k, v, keys, values)
+    store_rows(keys, values, k, v, rows)
+    assert torch.equal(keys, want_k) and torch.equal(values, want_v)
+    assert not fits(torch.zeros(1, 1, 1, 80), v, keys, values)  # head dims other than powers of two: scatter

@@ -65,9 +65,16 @@ class KVCache:
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor) -> None:
         # k, v: [B, Hkv, T, D]; rows: [B, T] cache row of each new token.
+        keys, values = self.keys[layer], self.values[layer]
+        if keys.is_cuda:
+            from treeflash import kv_store  # (Triton: CUDA only, imported when first needed)
+
+            if kv_store.fits(k, v, keys, values):
+                kv_store.store_rows(keys, values, k, v, rows)  # one launch for both
+                return
         index = rows[:, None, :, None].expand_as(k)
-        self.keys[layer].scatter_(2, index, k)
-        self.values[layer].scatter_(2, index, v)
+        keys.scatter_(2, index, k)
+        values.scatter_(2, index, v)
 
     def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor,
                kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
