@@ -182,13 +182,13 @@ def test_stacked_cache_compacts_every_layer_like_per_layer_tensors():
     assert all(torch.equal(g[:, :, :16], k) for g, k in zip(grown.keys, stacked.keys))
 
 
-def test_hybrid_takes_splitkv_where_flex_would_decode_and_flex_past_it():
+def test_hybrid_takes_splitkv_for_few_folded_rows_and_flex_past_them():
     pytest.importorskip("torch.nn.attention.flex_attention")
-    from treeflash.attention import FLEX_DECODE_ROWS, HybridMask, SplitKVMask
+    from treeflash.attention import HYBRID_SPLITKV_ROWS, HybridMask, SplitKVMask
 
-    seq = torch.tensor([130, 7])
-    for t, groups, want in [(1, 4, SplitKVMask), (16, 4, SplitKVMask), (17, 4, FlexMask), (16, 5, FlexMask),
-                            (2, FLEX_DECODE_ROWS // 2, SplitKVMask), (65, 1, FlexMask)]:
+    seq = torch.tensor([130, 7])  # two slots: folded rows = 2 x tokens x groups
+    for t, groups, want in [(1, 4, SplitKVMask), (64, 4, SplitKVMask), (65, 4, FlexMask), (16, 17, FlexMask),
+                            (1, HYBRID_SPLITKV_ROWS // 2, SplitKVMask), (257, 1, FlexMask)]:
         new = torch.ones(2, t, t, dtype=torch.bool).tril()
         rows, mask = round_layout(seq, new, 512, "hybrid")
         assert isinstance(mask, HybridMask) and mask.shape[-1] == 512 and torch.equal(rows[:, 0], seq)

@@ -13,11 +13,8 @@ their slot plus the new rows their own mask allows. Three representations of tha
   Triton kernels (treeflash/splitkv_attention.py): each KV head's query heads folded together, the
   visible rows split over many programs and merged. Like flex it reads only the slot's context
   (CUDA only).
-- "hybrid": both, chosen per call: splitkv where FlexAttention would run its decoding kernel (the AR
-  step, draft blocks: at most FLEX_DECODE_ROWS folded rows), flex's general kernel for larger trees.
-  At Qwen3-8B's shape splitkv took 0.94x flex's time for the AR step and 1.3x for large trees
-  (benchmarks/h200-splitkv); the mix came within 2% of flex either way there (AR 0.98x, ddtree:64
-  0.99x, batch 8 1.00-1.02x; benchmarks/h200-smollm2-drafter-v7), so it stays opt-in.
+- "hybrid": both, chosen per call by the folded query rows over the batch: splitkv for few (the AR
+  step, draft blocks, small trees at small batches: at most HYBRID_SPLITKV_ROWS), flex for many.
 
 FlexAttention has two kernels: a decoding kernel that packs the query rows of one KV head's query heads
 (T x groups) into one block and reads each KV row once for all of them, and the general kernel (one
@@ -53,6 +50,11 @@ FLEX_BLOCK = 128  # rows per FlexAttention block (its default sparse block size)
 # and 32. `treeflash bench --synthetic ... --variants compiled/1,compiled/16` times the choices.
 FLEX_DECODE_TOKENS = 16
 FLEX_DECODE_ROWS = 64
+# "hybrid" runs splitkv for calls of at most this many folded query rows (slots x new tokens x query heads
+# per KV head), flex past it. At Qwen3-8B's shape on the H200 (benchmarks/h200-splitkv-launch/skv_ab.json,
+# splitkv at `launch_for`'s settings vs flex, us): 1 slot x 65 tokens (260 rows) 28.7 vs 38.9, 8 x 16 (512)
+# 28.0 vs 53.7, 1 x 257 (1,028) 73.8 vs 68.1, 8 x 65 (2,080) 86.6 vs 82.5.
+HYBRID_SPLITKV_ROWS = 512
 
 
 @dataclass(frozen=True)
@@ -92,8 +94,9 @@ class HybridMask:
         return self.flex.shape
 
     def pick(self, tokens: int, groups: int) -> FlexMask | SplitKVMask:
-        """splitkv where FlexAttention would run its decoding kernel, else flex (its general kernel)."""
-        return self.splitkv if self.flex.decode_kernel and tokens * groups <= FLEX_DECODE_ROWS else self.flex
+        """splitkv for at most HYBRID_SPLITKV_ROWS folded query rows over the batch, else flex."""
+        batch = self.splitkv.new_mask.shape[0]
+        return self.splitkv if batch * tokens * groups <= HYBRID_SPLITKV_ROWS else self.flex
 
 
 def default_backend(device: torch.device | str, heads: int | None = None, kv_heads: int | None = None,

@@ -50,6 +50,19 @@ class Launch:
 
 
 DEFAULT_LAUNCH = Launch()
+# At head_dim 128 the [rows, 128] float32 accumulator wants narrower KV steps for few rows and eight warps for
+# many: on the H200 at Qwen3-8B's shape, 9.5 vs 10.6 us (AR step), 28.7 vs 40.0 (65 new tokens), 333.6 vs
+# 700.9 (batch 8, 257 new tokens) against DEFAULT_LAUNCH; at head_dim 64 the default was best or within 8%
+# everywhere (benchmarks/h200-splitkv-launch/skv_ab.json).
+FEW_ROWS_WIDE_HEADS = Launch(block_n=32)
+MANY_ROWS_WIDE_HEADS = Launch(block_n=128, num_warps=8)
+
+
+def launch_for(head_dim: int, rows: int) -> Launch:
+    """The launch measured best for `rows` folded query rows (query heads per KV head x new tokens)."""
+    if head_dim < 128:
+        return DEFAULT_LAUNCH
+    return FEW_ROWS_WIDE_HEADS if rows <= MAX_BLOCK_M else MANY_ROWS_WIDE_HEADS
 
 
 @triton.jit
@@ -193,15 +206,17 @@ def num_splits(programs: int, capacity: int, device: torch.device, launch: Launc
 
 def splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor,
                       new_mask: torch.Tensor, new_k: torch.Tensor | None = None,
-                      new_v: torch.Tensor | None = None, launch: Launch = DEFAULT_LAUNCH) -> torch.Tensor:
+                      new_v: torch.Tensor | None = None, launch: Launch | None = None) -> torch.Tensor:
     """q: [B, H, T, D] new tokens' queries; k, v: [B, Hkv, L, D] the cache; seq_lens: [B] int32 committed
     rows; new_mask: [B, T, T] uint8 (1 = visible). new_k, new_v: [B, Hkv, T, D], the new tokens' keys
     and values, stored at rows seq_lens + t by the kernel itself (one launch instead of two scatters
-    and the attention); None: those rows are in the cache already. Returns [B, T, H*D]."""
+    and the attention); None: those rows are in the cache already. launch: None picks `launch_for` the
+    shape. Returns [B, T, H*D]."""
     batch, heads, t, head_dim = q.shape
     kv_heads, capacity = k.shape[1], k.shape[2]
     groups = heads // kv_heads
     rows = groups * t
+    launch = launch or launch_for(head_dim, rows)
     block_m = min(launch.max_block_m, max(16, triton.next_power_of_2(rows)))
     m_blocks = triton.cdiv(rows, block_m)
     splits = num_splits(batch * kv_heads * m_blocks, capacity, q.device, launch)
