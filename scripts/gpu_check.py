@@ -186,7 +186,7 @@ def check_tree_kernel() -> dict:
 
 
 # --- E, F: CUDA graphs -------------------------------------------------------------------------------
-def check_graphs_equal_eager(target: Path, drafter: Path, attentions=("flex", "sdpa", "splitkv")) -> dict:
+def check_graphs_equal_eager(target: Path, drafter: Path, attentions=("flex", "sdpa", "splitkv", "hybrid")) -> dict:
     results = {}
     # Four requests in four slots, the longest last: every round runs at batch 4, graphed or not.
     prompts = PROMPTS + [[11, 13, 17, 19, 23]]
@@ -410,7 +410,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("gpu_check.json"))
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--sections", default="ABCEF", help="which of A B C E F T to run (default all but T)")
-    ap.add_argument("--attentions", default="flex,sdpa,splitkv", help="attention backends section E checks (C and F: the first)")
+    ap.add_argument("--attentions", default="flex,sdpa,splitkv,hybrid",
+                    help="attention backends section E checks (C and F: the first)")
     ap.add_argument("--timings", default="", help="comma-separated shapes for G: smollm2-135m,qwen3-8b")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--context", type=int, default=1024)

@@ -5,6 +5,8 @@ need CUDA: their check against the eager ones runs only where a GPU is."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -136,6 +138,9 @@ def test_flex_kernel_choice_follows_flex_decode_tokens():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled pieces need CUDA (Inductor/Triton)")
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
+                    reason="Triton's interpreter is on in this process (tests/triton_interpreter.py, imported by "
+                    "another test module): run tests/test_kernels.py alone on a GPU")
 def test_compiled_pieces_match_eager_on_cuda():
     torch.manual_seed(0)
     dev = "cuda"
@@ -182,10 +187,20 @@ def test_stacked_cache_compacts_every_layer_like_per_layer_tensors():
     assert all(torch.equal(g[:, :, :16], k) for g, k in zip(grown.keys, stacked.keys))
 
 
+def test_default_backend_follows_the_measured_rule():
+    from treeflash.attention import default_backend
+
+    assert default_backend("cpu", 32, 8, 128) == "sdpa"
+    assert default_backend("cuda", 32, 8, 128) == "hybrid"  # Qwen3-8B: FlexAttention has a decoding kernel
+    assert default_backend("cuda", 9, 3, 64) == "splitkv"  # SmolLM2: it has none at 3 heads per KV head
+    assert default_backend("cuda", 32, 8, 80) == "flex"  # splitkv tiles power-of-two head dimensions only
+
+
 def test_hybrid_takes_splitkv_for_few_folded_rows_and_flex_past_them():
     pytest.importorskip("torch.nn.attention.flex_attention")
-    from treeflash.attention import HYBRID_SPLITKV_ROWS, HybridMask, SplitKVMask
+    from treeflash.attention import HYBRID_SLOT_ROWS, HYBRID_SPLITKV_ROWS, HybridMask, SplitKVMask
 
+    assert HYBRID_SPLITKV_ROWS >= 2 * HYBRID_SLOT_ROWS
     seq = torch.tensor([130, 7])  # two slots: folded rows = 2 x tokens x groups
     for t, groups, want in [(1, 4, SplitKVMask), (64, 4, SplitKVMask), (65, 4, FlexMask), (16, 17, FlexMask),
                             (1, HYBRID_SPLITKV_ROWS // 2, SplitKVMask), (257, 1, FlexMask)]:

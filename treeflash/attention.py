@@ -13,8 +13,8 @@ their slot plus the new rows their own mask allows. Three representations of tha
   Triton kernels (treeflash/splitkv_attention.py): each KV head's query heads folded together, the
   visible rows split over many programs and merged. Like flex it reads only the slot's context
   (CUDA only).
-- "hybrid": both, chosen per call by the folded query rows over the batch: splitkv for few (the AR
-  step, draft blocks, small trees at small batches: at most HYBRID_SPLITKV_ROWS), flex for many.
+- "hybrid": both, chosen per call by its folded query rows: splitkv for few (the AR step, draft blocks,
+  small trees; at one slot trees to 128 nodes), flex for many (HybridMask.pick).
 
 FlexAttention has two kernels: a decoding kernel that packs the query rows of one KV head's query heads
 (T x groups) into one block and reads each KV row once for all of them, and the general kernel (one
@@ -50,10 +50,12 @@ FLEX_BLOCK = 128  # rows per FlexAttention block (its default sparse block size)
 # and 32. `treeflash bench --synthetic ... --variants compiled/1,compiled/16` times the choices.
 FLEX_DECODE_TOKENS = 16
 FLEX_DECODE_ROWS = 64
-# "hybrid" runs splitkv for calls of at most this many folded query rows (slots x new tokens x query heads
-# per KV head), flex past it. At Qwen3-8B's shape on the H200 (benchmarks/h200-splitkv-launch/skv_ab.json,
-# splitkv at `launch_for`'s settings vs flex, us): 1 slot x 65 tokens (260 rows) 28.7 vs 38.9, 8 x 16 (512)
-# 28.0 vs 53.7, 1 x 257 (1,028) 73.8 vs 68.1, 8 x 65 (2,080) 86.6 vs 82.5.
+# "hybrid" runs splitkv for calls of at most HYBRID_SLOT_ROWS folded query rows per slot (new tokens x query
+# heads per KV head) or HYBRID_SPLITKV_ROWS over the batch, flex past both. Measured at Qwen3-8B's shape on
+# the H200 (benchmarks/h200-splitkv-launch): splitkv at `launch_for`'s settings vs flex, one call (us),
+# 1 slot x 65 tokens (260 rows) 28.7 vs 38.9, 8 x 16 (64 a slot) 28.0 vs 53.7, 1 x 257 (1,028) 73.8 vs 68.1,
+# 8 x 65 (260 a slot, 2,080) 86.6 vs 82.5; whole rounds, 32 slots x 17-node trees 24.95 vs 29.77 ms.
+HYBRID_SLOT_ROWS = 128
 HYBRID_SPLITKV_ROWS = 512
 
 
@@ -94,23 +96,26 @@ class HybridMask:
         return self.flex.shape
 
     def pick(self, tokens: int, groups: int) -> FlexMask | SplitKVMask:
-        """splitkv for at most HYBRID_SPLITKV_ROWS folded query rows over the batch, else flex."""
-        batch = self.splitkv.new_mask.shape[0]
-        return self.splitkv if batch * tokens * groups <= HYBRID_SPLITKV_ROWS else self.flex
+        """splitkv for at most HYBRID_SLOT_ROWS folded query rows per slot or HYBRID_SPLITKV_ROWS over the
+        batch, else flex."""
+        rows = tokens * groups
+        if rows <= HYBRID_SLOT_ROWS or self.splitkv.new_mask.shape[0] * rows <= HYBRID_SPLITKV_ROWS:
+            return self.splitkv
+        return self.flex
 
 
 def default_backend(device: torch.device | str, heads: int | None = None, kv_heads: int | None = None,
                     head_dim: int | None = None) -> str:
     """The backend a device uses when none is asked for, by measurement (H200): "sdpa" on the CPU; on
-    CUDA "splitkv" where FlexAttention has no decoding kernel (query heads per KV head not a power of
-    two, e.g. SmolLM2's 9/3: splitkv rounds took 0.52-0.71x flex's, benchmarks/h200-splitkv), else
-    "flex" (Qwen3-8B's 32/8: splitkv's AR step is 0.94x flex's but its large trees 1.3x: h200-splitkv)."""
+    CUDA, where the splitkv kernels fit the head dimension, "splitkv" if FlexAttention has no decoding
+    kernel (query heads per KV head not a power of two, e.g. SmolLM2's 9/3: splitkv rounds took
+    0.52-0.71x flex's, benchmarks/h200-splitkv), else "hybrid" (Qwen3-8B's 32/8: rounds 0.84-1.00x
+    flex's, benchmarks/h200-splitkv-launch); "flex" where they do not fit."""
     if torch.device(device).type != "cuda":
         return "sdpa"
-    if heads and kv_heads and head_dim:
+    if heads and kv_heads and head_dim and splitkv_fits(head_dim):
         groups = heads // kv_heads
-        if groups & (groups - 1) and splitkv_fits(head_dim):
-            return "splitkv"
+        return "splitkv" if groups & (groups - 1) else "hybrid"
     return "flex"
 
 
