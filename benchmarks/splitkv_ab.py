@@ -16,6 +16,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -23,13 +24,14 @@ from tree_kernel_ab import load_module, time_graph
 from treeflash.attention import attend, attend_new, round_layout
 from treeflash.bench.shapes import shape, target_config
 from treeflash.kv_cache import KVCache, append_layout
-from treeflash.splitkv_attention import DEFAULT_LAUNCH, Launch, splitkv_attention
+from treeflash.splitkv_attention import DEFAULT_LAUNCH, Launch, launch_for, splitkv_attention
 
 # (max_block_m, block_n, num_warps, num_stages, programs_per_sm); the first is the default.
 LAUNCHES = [
     (64, 64, 4, None, 2), (64, 64, 8, None, 2), (64, 64, 4, 2, 2), (64, 64, 8, 2, 2), (64, 32, 4, None, 2),
     (64, 128, 8, None, 2), (32, 64, 4, None, 2), (32, 64, 8, None, 2), (16, 64, 4, None, 2),
     (128, 64, 8, None, 2), (64, 64, 8, None, 4), (32, 64, 4, None, 4),
+    (64, 128, 8, None, 4), (64, 128, 8, 3, 2), (64, 32, 4, None, 4), (128, 64, 8, None, 4), (128, 128, 8, None, 2),
 ]
 
 
@@ -68,7 +70,8 @@ def point(heads: int, kv_heads: int, head_dim: int, batch: int, t: int, context:
     want = attend(q.float(), want_k, want_v, dense)
     seq32, mask8 = seq_lens.to(torch.int32), new_mask.to(torch.uint8)
     out = {"heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "batch": batch, "new_tokens": t,
-           "context": context, "launches": []}
+           "context": context, "launches": [],
+           "launch_for": launch_for(head_dim, heads // kv_heads * t).__dict__}
     for launch in launches:
         def call(launch=launch):
             return splitkv_attention(q, cache.keys[0], cache.values[0], seq32, mask8, new_k, new_v, launch)
@@ -101,9 +104,15 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     device = torch.device(a.device)
     cuda = device.type == "cuda"
+    if not cuda:  # the tests' fix for Triton's interpreter on this NumPy
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        from triton_interpreter import mend_interpreter
+        mend_interpreter()
     launches = [Launch(m, n, w, s, sm) for m, n, w, s, sm in LAUNCHES[:a.launches]]
     baseline = load_module(a.baseline, "baseline_splitkv_attention") if a.baseline else None
     assert launches[0] == DEFAULT_LAUNCH
+    for c in map(target_config, map(shape, a.shapes.split(","))):  # launch_for's picks are always timed
+        launches += [p for p in {launch_for(c.head_dim, rows) for rows in (1, 1 << 20)} if p not in launches]
     result = {"device": torch.cuda.get_device_name(device) if cuda else "cpu", "torch": torch.__version__,
               "command": sys.argv,
               "rows": []}
@@ -117,10 +126,11 @@ def main(argv=None) -> int:
                 row["shape"] = name
                 result["rows"].append(row)
                 best = min(row["launches"], key=lambda r: r["us"])
+                picked = next(r for r in row["launches"] if {k: r[k] for k in row["launch_for"]} == row["launch_for"])
                 base = f"baseline {row['baseline_us']:.1f}, " if baseline else ""
                 flex = f"flex {row['flex_us']:.1f} us, " if "flex_us" in row else ""
-                print(f"{name} batch {batch} T {t}: {flex}{base}default "
-                      f"{row['launches'][0]['us']:.1f}, best {best['us']:.1f} ({best['max_block_m']}/{best['block_n']}/"
+                print(f"{name} batch {batch} T {t}: {flex}{base}default {row['launches'][0]['us']:.1f}, "
+                      f"launch_for {picked['us']:.1f}, best {best['us']:.1f} ({best['max_block_m']}/{best['block_n']}/"
                       f"w{best['num_warps']}/s{best['num_stages']}/p{best['programs_per_sm']}); worst error "
                       f"{max(r['max_abs_err'] for r in row['launches']):.3g} ({time.perf_counter() - start:.0f} s)",
                       flush=True)

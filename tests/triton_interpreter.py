@@ -14,10 +14,10 @@ os.environ["TRITON_INTERPRET"] = "1"
 pytest.importorskip("triton")
 
 
-@pytest.fixture
-def mend(monkeypatch):
-    # Triton 3.6's interpreter turns a loaded scalar into int() of a 1-element array, which NumPy >= 2.4
-    # refuses (a loop bounded by a loaded value fails); take the element instead.
+def mend_interpreter(setattr=setattr) -> None:
+    """Triton 3.6's interpreter turns a loaded scalar into int() of a 1-element array, which NumPy >= 2.4
+    refuses (a loop bounded by a loaded value fails); make it take the element instead. `setattr`: a
+    monkeypatch's, to undo it after a test (benchmarks/splitkv_ab.py's CPU dry run keeps it)."""
     from triton.runtime import interpreter
 
     original = getattr(interpreter, "_patch_lang_tensor", None)
@@ -28,4 +28,9 @@ def mend(monkeypatch):
         original(tensor, scope)
         tensor.__index__ = lambda self: int(self.handle.data.item())
 
-    monkeypatch.setattr(interpreter, "_patch_lang_tensor", patch)
+    setattr(interpreter, "_patch_lang_tensor", patch)
+
+
+@pytest.fixture
+def mend(monkeypatch):
+    mend_interpreter(monkeypatch.setattr)
