@@ -5,7 +5,7 @@ For each target shape (query heads, KV heads, head dim), batch and number of new
 launch setting's output is checked against SDPA on the dense mask in float32, then the call as a round
 makes it (the new K/V stored by the kernel) is captured in a CUDA graph and replayed; the median of 5 x
 200 replays, microseconds per call. `flex_us` is the flex backend's call as a round makes it (the K/V
-stored by `KVCache.extend`'s scatters, then FlexAttention). Rows of one shape point share their inputs.
+stored by `KVCache.extend`, then FlexAttention). Rows of one shape point share their inputs.
 
     python3 benchmarks/splitkv_ab.py [--baseline OLD_splitkv_attention.py] --out splitkv_ab.json
 """
