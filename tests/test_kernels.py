@@ -95,8 +95,8 @@ def test_speculation_through_fused_projections_is_greedy_identical(pair, spec, b
 
 
 @pytest.mark.parametrize("norm", [True, False])  # Qwen3's per-head norms, or rotary alone (Llama)
-def test_q_and_k_in_one_norm_rotary_piece_are_the_two_pieces(norm):
-    # With fused projections q's and k's heads are adjacent in one GEMM's output and go through one piece.
+def test_q_and_k_from_the_fused_output_are_normed_and_rotated_as_apart(norm):
+    # With fused projections q's and k's heads are adjacent in one GEMM's output (rotary alone: one piece).
     gen = torch.Generator().manual_seed(0)
     b, t, q_heads, k_heads, d = 2, 3, 4, 2, 8
     x = torch.randn(b, t, q_heads + k_heads, d, generator=gen)

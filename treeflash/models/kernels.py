@@ -65,15 +65,6 @@ def norm_rotary(x: torch.Tensor, weight: torch.Tensor | None, eps: float, cos: t
     return apply_rotary(x, cos, sin)
 
 
-def qk_norm_rotary(x: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float,
-                   cos: torch.Tensor, sin: torch.Tensor, q_heads: int) -> torch.Tensor:
-    # x: [N, Hq + Hk, D], the queries' heads then the keys' (adjacent in the fused q/k/v output); both
-    # norm_rotary's in one piece (one kernel compiled instead of two). Weights None: rotary only.
-    if q_weight is not None:
-        x = torch.cat([rms_norm(x[:, :q_heads], q_weight, eps), rms_norm(x[:, q_heads:], k_weight, eps)], dim=1)
-    return apply_rotary(x, cos, sin)
-
-
 def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     # positions: [N] -> cos, sin: [N, head_dim]
@@ -138,12 +129,17 @@ class Kernels:
     def qk_norm_rotary(self, x: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
                        eps: float, cos: torch.Tensor, sin: torch.Tensor, q_heads: int
                        ) -> tuple[torch.Tensor, torch.Tensor]:
-        # x: [B, T, Hq + Hk, D]; cos, sin: [B, T, D] -> q [B, Hq, T, D], k [B, Hk, T, D] (transposed views)
-        b, t, h, d = x.shape
-        cos, sin = (c.expand(b, t, d).reshape(b * t, 1, d) for c in (cos, sin))
-        out = self._call(qk_norm_rotary, x.reshape(b * t, h, d), q_weight, k_weight, eps, cos, sin, q_heads)
-        out = out.view(b, t, h, d).transpose(1, 2)
-        return out[:, :q_heads], out[:, q_heads:]
+        # x: [B, T, Hq + Hk, D], the queries' heads then the keys' (adjacent in the fused q/k/v output);
+        # cos, sin: [B, T, D] -> q [B, Hq, T, D], k [B, Hk, T, D] (transposed views). Rotary alone (no
+        # per-head norms, e.g. Llama) runs over both in one piece. With norms, one piece for both compiled to
+        # four kernels on the H200 (a reduction per slice, then two pointwise: 173 us a Qwen3-8B step against
+        # 121 us for two pieces of one kernel each; benchmarks/h200-splitkv-launch/prof-qwen3-8b-splitkv.txt
+        # vs benchmarks/h200-topk-kernel/prof-qwen3-8b.txt), so those stay two.
+        if q_weight is None:
+            out = self.norm_rotary(x, None, eps, cos, sin)
+            return out[:, :q_heads], out[:, q_heads:]
+        return (self.norm_rotary(x[:, :, :q_heads], q_weight, eps, cos, sin),
+                self.norm_rotary(x[:, :, q_heads:], k_weight, eps, cos, sin))
 
     def rotary_tables(self, positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
                       ) -> tuple[torch.Tensor, torch.Tensor]:

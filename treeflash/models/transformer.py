@@ -60,7 +60,7 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, cache: KVCache | PrefixKV, layer: int, rows, mask):
         # x: [B, T, hidden]; rows: [B, T] (cache rows; unused with a PrefixKV); mask: [B, T, L]
         if self.use_fused and not torch.is_grad_enabled():  # fused weights carry no gradient
-            # q's and k's heads are adjacent in the one GEMM's output: their norms and rotary in one piece.
+            # q's and k's heads are adjacent in the one GEMM's output (Kernels.qk_norm_rotary).
             b, t, _ = x.shape
             qk_width = (self.num_heads + self.num_kv_heads) * self.head_dim
             qk, v = F.linear(x, *self.qkv).split([qk_width, self.num_kv_heads * self.head_dim], dim=-1)
