@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     p.add_argument("--rows", type=int, default=30)
     p.add_argument("--modes", default="graphs,eager")
     p.add_argument("--device", default="cuda")
-    p.add_argument("--attention", default=None, help="sdpa, flex or splitkv (default: the device's)")
+    p.add_argument("--attention", default=None, help="sdpa, flex, splitkv or hybrid (default: the device's)")
     p.add_argument("--out")
     a = p.parse_args(argv)
     device = torch.device(a.device)
