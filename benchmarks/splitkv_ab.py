@@ -32,6 +32,8 @@ LAUNCHES = [
     (64, 128, 8, None, 2), (32, 64, 4, None, 2), (32, 64, 8, None, 2), (16, 64, 4, None, 2),
     (128, 64, 8, None, 2), (64, 64, 8, None, 4), (32, 64, 4, None, 4),
     (64, 128, 8, None, 4), (64, 128, 8, 3, 2), (64, 32, 4, None, 4), (128, 64, 8, None, 4), (128, 128, 8, None, 2),
+    # one program per SM: if a head_dim-128 program fills an SM, 2 per SM in powers of two can make two waves
+    (64, 128, 8, None, 1), (64, 32, 4, None, 1),
 ]
 
 
