@@ -177,3 +177,11 @@ def test_the_store_kernel_writes_what_two_scatters_write(batch, kv_heads, t, hea
     store_rows(keys, values, k, v, rows)
     assert torch.equal(keys, want_k) and torch.equal(values, want_v)
     assert not fits(torch.zeros(1, 1, 1, 80), v, keys, values)  # head dims other than powers of two: scatter
+
+
+def test_launch_for_follows_the_measured_rule():
+    from treeflash.splitkv_attention import DEFAULT_LAUNCH, FEW_ROWS_WIDE_HEADS, MANY_ROWS_WIDE_HEADS, launch_for
+
+    assert launch_for(64, 1) == launch_for(64, 4 * 257) == DEFAULT_LAUNCH  # SmolLM2's heads: the default
+    assert launch_for(128, 4) == launch_for(128, 64) == FEW_ROWS_WIDE_HEADS  # Qwen3-8B: AR step, draft block
+    assert launch_for(128, 4 * 65) == MANY_ROWS_WIDE_HEADS  # a 65-node tree
