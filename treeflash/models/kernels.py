@@ -65,6 +65,15 @@ def norm_rotary(x: torch.Tensor, weight: torch.Tensor | None, eps: float, cos: t
     return apply_rotary(x, cos, sin)
 
 
+def qk_norm_rotary(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, q_heads: int, eps: float,
+                   cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: [N, Hq + Hk, D], queries' heads then keys'. One weight row per head, so both norms are one reduction
+    # over every head (per slice, Inductor made a reduction each and two pointwise kernels).
+    h, d = x.shape[1:]
+    weight = torch.cat([q_weight.expand(q_heads, d), k_weight.expand(h - q_heads, d)])
+    return norm_rotary(x, weight, eps, cos, sin)
+
+
 def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     # positions: [N] -> cos, sin: [N, head_dim]
@@ -118,28 +127,31 @@ class Kernels:
         total, normed = self._call(add_rms_norm, x.reshape(-1, d), delta.reshape(-1, d), weight, eps)
         return total.view(x.shape), normed.view(x.shape)
 
+    def _over_heads(self, fn: Callable, x: torch.Tensor, args: tuple, cos: torch.Tensor, sin: torch.Tensor
+                    ) -> torch.Tensor:
+        # fn(rows [B*T, H, D], *args, cos, sin) on x: [B, T, H, D]; cos, sin: [B, T, D] -> [B, H, T, D] (a view)
+        b, t, h, d = x.shape
+        cos, sin = (c.expand(b, t, d).reshape(b * t, 1, d) for c in (cos, sin))
+        return self._call(fn, x.reshape(b * t, h, d), *args, cos, sin).view(b, t, h, d).transpose(1, 2)
+
     def norm_rotary(self, x: torch.Tensor, weight: torch.Tensor | None, eps: float, cos: torch.Tensor,
                     sin: torch.Tensor) -> torch.Tensor:
         # x: [B, T, H, D]; cos, sin: [B, T, D] -> [B, H, T, D] (a transposed view)
-        b, t, h, d = x.shape
-        cos, sin = (c.expand(b, t, d).reshape(b * t, 1, d) for c in (cos, sin))
-        out = self._call(norm_rotary, x.reshape(b * t, h, d), weight, eps, cos, sin)
-        return out.view(b, t, h, d).transpose(1, 2)
+        return self._over_heads(norm_rotary, x, (weight, eps), cos, sin)
 
     def qk_norm_rotary(self, x: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
                        eps: float, cos: torch.Tensor, sin: torch.Tensor, q_heads: int
                        ) -> tuple[torch.Tensor, torch.Tensor]:
         # x: [B, T, Hq + Hk, D], the queries' heads then the keys' (adjacent in the fused q/k/v output);
-        # cos, sin: [B, T, D] -> q [B, Hq, T, D], k [B, Hk, T, D] (transposed views). Rotary alone (no
-        # per-head norms, e.g. Llama) runs over both in one piece. With norms, one piece for both compiled to
-        # four kernels on the H200 (a reduction per slice, then two pointwise: 173 us a Qwen3-8B step against
-        # 121 us for two pieces of one kernel each; benchmarks/h200-splitkv-launch/prof-qwen3-8b-splitkv.txt
-        # vs benchmarks/h200-topk-kernel/prof-qwen3-8b.txt), so those stay two.
+        # cos, sin: [B, T, D] -> q [B, Hq, T, D], k [B, Hk, T, D] (transposed views). One piece for both:
+        # rotary alone (no per-head norms, e.g. Llama), or the norms too (Qwen3) as one reduction with a weight
+        # row per head, one kernel a layer on the H200 where two pieces made two and q/k slices inside one piece
+        # four (benchmarks/h200-qk-one-piece: Qwen3-8B rounds 1-3% faster with trees or batches, the AR step even).
         if q_weight is None:
             out = self.norm_rotary(x, None, eps, cos, sin)
-            return out[:, :q_heads], out[:, q_heads:]
-        return (self.norm_rotary(x[:, :, :q_heads], q_weight, eps, cos, sin),
-                self.norm_rotary(x[:, :, q_heads:], k_weight, eps, cos, sin))
+        else:
+            out = self._over_heads(qk_norm_rotary, x, (q_weight, k_weight, q_heads, eps), cos, sin)
+        return out[:, :q_heads], out[:, q_heads:]
 
     def rotary_tables(self, positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
                       ) -> tuple[torch.Tensor, torch.Tensor]:
