@@ -37,7 +37,7 @@ MAX_SPLITS = 64
 # Rows a merge program takes: as many as fit MERGE_TILE elements of its [splits, rows, head_dim] tile (at least
 # one). Fewer rows a program, more programs: on the H200 every call measured was faster at 1,024 than at 8,192
 # (Qwen3-8B: AR step 8.2 vs 9.2 us, 65-node tree 22.8 vs 28.5, 8 AR slots 14.8 vs 20.6; SmolLM2 AR 7.0 vs 9.6)
-# and faster or even at 2,048 and 4,096 between them (benchmarks/h200-splitkv-splits/tiles_ab.txt).
+# with 2,048 and 4,096 in between (benchmarks/h200-splitkv-splits/tiles_ab.txt).
 MERGE_TILE = 1024
 
 

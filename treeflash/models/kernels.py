@@ -146,7 +146,7 @@ class Kernels:
         # cos, sin: [B, T, D] -> q [B, Hq, T, D], k [B, Hk, T, D] (transposed views). One piece for both:
         # rotary alone (no per-head norms, e.g. Llama), or the norms too (Qwen3) as one reduction with a weight
         # row per head, one kernel a layer on the H200 where two pieces made two and q/k slices inside one piece
-        # four (benchmarks/h200-qk-one-piece: Qwen3-8B rounds 1-3% faster with trees or batches, the AR step even).
+        # four (benchmarks/h200-qk-one-piece: Qwen3-8B rounds with trees or batches 1-3% faster, AR steps alike).
         if q_weight is None:
             out = self.norm_rotary(x, None, eps, cos, sin)
         else:
