@@ -73,7 +73,7 @@ def point(heads: int, kv_heads: int, head_dim: int, batch: int, t: int, context:
     seq32, mask8 = seq_lens.to(torch.int32), new_mask.to(torch.uint8)
     out = {"heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "batch": batch, "new_tokens": t,
            "context": context, "launches": [],
-           "launch_for": launch_for(head_dim, heads // kv_heads * t).__dict__}
+           "launch_for": launch_for(head_dim, heads // kv_heads * t, batch=batch).__dict__}
     for launch in launches:
         def call(launch=launch):
             return splitkv_attention(q, cache.keys[0], cache.values[0], seq32, mask8, new_k, new_v, launch)
@@ -115,7 +115,9 @@ def main(argv=None) -> int:
     baseline = load_module(a.baseline, "baseline_splitkv_attention") if a.baseline else None
     assert launches[0] == DEFAULT_LAUNCH
     for c in map(target_config, map(shape, a.shapes.split(","))):  # launch_for's picks are always timed
-        launches += [p for p in {launch_for(c.head_dim, rows) for rows in (1, 1 << 20)} if p not in launches]
+        picks = {launch_for(c.head_dim, c.num_heads // c.num_kv_heads * int(t), batch=int(b))
+                 for t in a.new_tokens.split(",") for b in a.batches.split(",")}
+        launches += [p for p in picks if p not in launches]
     result = {"device": torch.cuda.get_device_name(device) if cuda else "cpu", "torch": torch.__version__,
               "command": sys.argv,
               "rows": []}

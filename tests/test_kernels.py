@@ -190,10 +190,9 @@ def test_stacked_cache_compacts_every_layer_like_per_layer_tensors():
 def test_default_backend_follows_the_measured_rule():
     from treeflash.attention import default_backend
 
-    assert default_backend("cpu", 32, 8, 128) == "sdpa"
-    assert default_backend("cuda", 32, 8, 128) == "hybrid"  # Qwen3-8B: FlexAttention has a decoding kernel
-    assert default_backend("cuda", 9, 3, 64) == "splitkv"  # SmolLM2: it has none at 3 heads per KV head
-    assert default_backend("cuda", 32, 8, 80) == "flex"  # splitkv tiles power-of-two head dimensions only
+    assert default_backend("cpu", 128) == "sdpa"
+    assert default_backend("cuda", 128) == default_backend("cuda", 64) == "splitkv"  # Qwen3-8B, SmolLM2
+    assert default_backend("cuda", 80) == "flex"  # splitkv tiles power-of-two head dimensions only
 
 
 def test_hybrid_takes_splitkv_for_few_folded_rows_and_flex_past_them():

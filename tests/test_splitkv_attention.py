@@ -40,6 +40,7 @@ CASES = [  # batch, heads, kv_heads, new tokens, head_dim, capacity, committed r
     (2, 4, 1, 65, 16, 256, [64, 128], 1),  # one split: the partial kernel writes the output itself
     (3, 8, 8, 9, 16, 128, [0, 63, 64], 16),  # no grouping; contexts at a block's edges
     (1, 4, 1, 3, 128, 8192, [5000], 4096),  # splits capped at MAX_SPLITS; a one-row merge tile
+    (1, 4, 1, 65, 16, 256, [100], 64),  # a split that starts among the new rows (no committed rows of its own)
 ]
 
 
@@ -180,8 +181,14 @@ def test_the_store_kernel_writes_what_two_scatters_write(batch, kv_heads, t, hea
 
 
 def test_launch_for_follows_the_measured_rule():
-    from treeflash.splitkv_attention import DEFAULT_LAUNCH, FEW_ROWS_WIDE_HEADS, MANY_ROWS_WIDE_HEADS, launch_for
+    from treeflash.splitkv_attention import (DEFAULT_LAUNCH, FEW_ROWS_WIDE_HEADS, MANY_ROWS_WIDE_HEADS,
+                                             MOST_ROWS_WIDE_HEADS, Launch, launch_for)
 
     assert launch_for(64, 1) == launch_for(64, 4 * 257) == DEFAULT_LAUNCH  # SmolLM2's heads: the default
     assert launch_for(128, 4) == launch_for(128, 64) == FEW_ROWS_WIDE_HEADS  # Qwen3-8B: AR step, draft block
     assert launch_for(128, 4 * 65) == MANY_ROWS_WIDE_HEADS  # a 65-node tree
+    assert launch_for(128, 4 * 257) == MOST_ROWS_WIDE_HEADS  # a 257-node tree
+    assert launch_for(128, 4 * 17, batch=4) == MANY_ROWS_WIDE_HEADS  # 272 rows over the batch: still a tree's
+    assert launch_for(128, 4 * 17, batch=8) == FEW_ROWS_WIDE_HEADS  # 544: programs enough without
+    # float32: the same launch with KV steps half as wide (the same tile bytes)
+    assert launch_for(128, 4 * 65, 4) == Launch(64, 64, 4, 2, 1) and launch_for(64, 1, 4).block_n == 32

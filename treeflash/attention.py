@@ -104,19 +104,15 @@ class HybridMask:
         return self.flex
 
 
-def default_backend(device: torch.device | str, heads: int | None = None, kv_heads: int | None = None,
-                    head_dim: int | None = None) -> str:
+def default_backend(device: torch.device | str, head_dim: int) -> str:
     """The backend a device uses when none is asked for, by measurement (H200): "sdpa" on the CPU; on
-    CUDA, where the splitkv kernels fit the head dimension, "splitkv" if FlexAttention has no decoding
-    kernel (query heads per KV head not a power of two, e.g. SmolLM2's 9/3: splitkv rounds took
-    0.52-0.71x flex's, benchmarks/h200-splitkv), else "hybrid" (Qwen3-8B's 32/8: rounds 0.84-1.00x
-    flex's, benchmarks/h200-splitkv-launch); "flex" where they do not fit."""
+    CUDA "splitkv" where its kernels fit the head dimension (SmolLM2's 9/3 heads: rounds 0.52-0.71x flex's,
+    benchmarks/h200-splitkv; Qwen3-8B's 32/8: every call measured from the AR step to 32 slots x 257-node
+    trees faster than FlexAttention's, whole rounds 0.97-1.00x hybrid's, benchmarks/h200-splitkv-tree),
+    "flex" where they do not fit."""
     if torch.device(device).type != "cuda":
         return "sdpa"
-    if heads and kv_heads and head_dim and splitkv_fits(head_dim):
-        groups = heads // kv_heads
-        return "splitkv" if groups & (groups - 1) else "hybrid"
-    return "flex"
+    return "splitkv" if splitkv_fits(head_dim) else "flex"
 
 
 def splitkv_fits(head_dim: int) -> bool:

@@ -177,9 +177,8 @@ class LLM:
     full (data generation, evaluation) may capture just [max_num_seqs].
     attention: "flex" (FlexAttention), "splitkv" (our split-KV Triton kernels), "hybrid" (splitkv for
     calls of few query rows: the AR step, draft blocks, small trees; flex for many; these three CUDA
-    only) or "sdpa" (dense mask); default: sdpa on the CPU; on CUDA splitkv where query heads per KV head
-    are not a power of two (SmolLM2), else hybrid (Qwen3, Llama 3), flex where the head dimension is not a
-    power of two (treeflash/attention.py: default_backend).
+    only) or "sdpa" (dense mask); default: sdpa on the CPU; on CUDA splitkv, flex where the head dimension
+    is not a power of two (treeflash/attention.py: default_backend).
     compile_kernels: on CUDA (default True; ignored on the CPU), fuse the q/k/v and gate/up projections
     and run norms, rotary, silu*mul and residual sums through torch.compile (treeflash/models/kernels.py);
     False keeps the eager model code (like vLLM's enforce_eager, with CUDA graphs still on).

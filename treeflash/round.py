@@ -177,7 +177,7 @@ class Speculator:
         self.target, self.drafter, self.spec = target, drafter if spec.method != "none" else None, spec
         self.device = target.embed_tokens.weight.device
         c = target.config
-        self.attention = check_backend(attention or default_backend(self.device, c.num_heads, c.num_kv_heads, c.head_dim),
+        self.attention = check_backend(attention or default_backend(self.device, c.head_dim),
                                        self.device, c.head_dim)
         self.flex_decode_tokens = flex_decode_tokens
         self.tree_kernel = tree_kernel  # use_tree_kernel's setting, read per round (gpu_check E flips it)

@@ -24,6 +24,7 @@ Imported lazily (CUDA only); under TRITON_INTERPRET=1 the same kernels run on CP
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -54,19 +55,44 @@ class Launch:
 
 
 DEFAULT_LAUNCH = Launch()
-# At head_dim 128 the [rows, 128] float32 accumulator wants narrower KV steps for few rows and eight warps for
-# many: on the H200 at Qwen3-8B's shape, 9.5 vs 10.6 us (AR step), 28.7 vs 40.0 (65 new tokens), 333.6 vs
-# 700.9 (batch 8, 257 new tokens) against DEFAULT_LAUNCH; at head_dim 64 the default was best or within 8%
-# everywhere (benchmarks/h200-splitkv-launch/skv_ab.json).
+# At head_dim 128 the [rows, 128] float32 accumulator wants narrower KV steps for few rows: on the H200 at
+# Qwen3-8B's shape, 9.5 vs 10.6 us (AR step) against DEFAULT_LAUNCH (benchmarks/h200-splitkv-launch/skv_ab.json).
+# One slot's tree wants wide KV steps, four warps, two pipeline stages and about one program per SM: with whole
+# KV tiles unmasked, 65 new tokens (260 folded rows) 18.4 us in 64-row blocks (2 splits) against 23.0 at the
+# launch before (8 warps, Triton's default stages, 4 splits); 257 (1,028 rows) 43.7 us in 32-row blocks (1
+# split) against 57.1 in 64-row ones and 68.6 on FlexAttention. Past 512 rows over a batch the grid has programs
+# enough and the few-rows launch is best (8 x 65: 72.8 against 77.3 us; 32 x 17: 83.5 against 120.2). At
+# head_dim 64 the default was best or within 8% everywhere. benchmarks/h200-splitkv-tree.
 FEW_ROWS_WIDE_HEADS = Launch(block_n=32)
-MANY_ROWS_WIDE_HEADS = Launch(block_n=128, num_warps=8)
+MANY_ROWS_WIDE_HEADS = Launch(max_block_m=64, block_n=128, num_warps=4, num_stages=2, programs_per_sm=1)
+MOST_ROWS_WIDE_HEADS = Launch(max_block_m=32, block_n=128, num_warps=4, num_stages=2, programs_per_sm=1)
 
 
-def launch_for(head_dim: int, rows: int) -> Launch:
-    """The launch measured best for `rows` folded query rows (query heads per KV head x new tokens)."""
+def launch_for(head_dim: int, rows: int, itemsize: int = 2, batch: int = 1) -> Launch:
+    """The launch measured best for `rows` folded query rows a slot (query heads per KV head x new tokens) over
+    `batch` slots, in 16-bit elements; for wider ones (float32) KV steps as much narrower, so the tiles' shared
+    memory stays as measured (a float32 [128, 128] K and V tile, double-buffered, would not fit an H200 SM's)."""
     if head_dim < 128:
-        return DEFAULT_LAUNCH
-    return FEW_ROWS_WIDE_HEADS if rows <= MAX_BLOCK_M else MANY_ROWS_WIDE_HEADS
+        launch = DEFAULT_LAUNCH
+    elif rows <= MAX_BLOCK_M or (batch > 1 and batch * rows > 512):
+        launch = FEW_ROWS_WIDE_HEADS
+    else:
+        launch = MANY_ROWS_WIDE_HEADS if rows <= 512 else MOST_ROWS_WIDE_HEADS
+    if itemsize <= 2:
+        return launch
+    return dataclasses.replace(launch, block_n=max(16, launch.block_n * 2 // itemsize))
+
+
+@triton.jit
+def _softmax_step(s, m_i, l_i):
+    # One tile of the online softmax, scores s in log2 units: (p, alpha, new max, new sum). A row that has
+    # seen nothing visible yet (max -inf, only in a tree's new rows) takes 0 as its max, so no exp2 of
+    # -inf - -inf.
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_use[:, None])
+    alpha = tl.exp2(m_i - m_use)
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
 
 
 @triton.jit
@@ -113,22 +139,28 @@ def _partial(Q, K, V, NewK, NewV, SeqLens, NewMask, Out, PartAcc, PartMax, PartS
                 tl.store(v_base + (seq + tt)[:, None] * sv_n + d[None, :],
                          tl.load(new_v_base + tt[:, None] * snv_t + d[None, :], mask=ok), mask=ok)
     # The committed rows of this split first: every new token sees them all and they come from the
-    # cache alone, so this loop evaluates no mask and its loads go straight into the dots, which Triton
-    # can pipeline (a loop over both kinds of row summed two masked loads per tile first).
-    committed = tl.minimum(stop, seq)
-    for n0 in range(start, committed, BLOCK_N):
+    # cache alone. Whole tiles take no mask at all (their loads go straight into the dots, which Triton
+    # pipelines), then the split's last, partial tile a column mask; both are measured faster than one
+    # masked loop (benchmarks/h200-splitkv-tree). Scores are kept in log2 units (exp2, the scale and
+    # log2(e) folded into one multiply); the merge knows.
+    qk_scale = scale * 1.4426950408889634
+    committed = tl.maximum(tl.minimum(stop, seq), start)  # a split past the committed rows has none
+    whole = start + (committed - start) // BLOCK_N * BLOCK_N
+    for n0 in range(start, whole, BLOCK_N):
+        cols = n0 + tl.arange(0, BLOCK_N)
+        k = tl.load(k_base + cols[:, None] * sk_n + d[None, :])
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i)
+        v = tl.load(v_base + cols[:, None] * sv_n + d[None, :])
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    for n0 in range(whole, committed, BLOCK_N):  # at most one tile
         cols = n0 + tl.arange(0, BLOCK_N)
         col_ok = cols < committed
         k = tl.load(k_base + cols[:, None] * sk_n + d[None, :], mask=col_ok[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-        s = tl.where(col_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile here has a visible row
-        p = tl.exp(s - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        p, alpha, m_i, l_i = _softmax_step(tl.where(col_ok[None, :], s, float("-inf")), m_i, l_i)
         v = tl.load(v_base + cols[:, None] * sv_n + d[None, :], mask=col_ok[:, None], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
     # Then the new rows [seq, seq + T) in this split, visible where the round's mask says.
     for n0 in range(tl.maximum(start, seq), stop, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
@@ -138,21 +170,15 @@ def _partial(Q, K, V, NewK, NewV, SeqLens, NewMask, Out, PartAcc, PartMax, PartS
             k = tl.load(new_k_base + rel[:, None] * snk_t + d[None, :], mask=is_new[:, None], other=0.0)
         else:
             k = tl.load(k_base + cols[:, None] * sk_n + d[None, :], mask=is_new[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         allowed = tl.load(NewMask + b * sm_b + t[:, None] * sm_q + rel[None, :] * sm_k,
                           mask=row_ok[:, None] & is_new[None, :], other=0)
-        s = tl.where(allowed != 0, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing yet
-        p = tl.exp(s - m_use[:, None])
-        alpha = tl.exp(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, m_i, l_i = _softmax_step(tl.where(allowed != 0, s, float("-inf")), m_i, l_i)
         if STORE_NEW:
             v = tl.load(new_v_base + rel[:, None] * snv_t + d[None, :], mask=is_new[:, None], other=0.0)
         else:
             v = tl.load(v_base + cols[:, None] * sv_n + d[None, :], mask=is_new[:, None], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
 
     if NUM_SPLITS == 1:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
@@ -178,7 +204,8 @@ def _merge(Out, PartAcc, PartMax, PartSum, so_b, so_t, KV_HEADS, GROUPS, T, ROWS
     part = (bh * NUM_SPLITS + tl.arange(0, NUM_SPLITS))[:, None] * PADDED + rows[None, :]  # [splits, rows]
     m = tl.load(PartMax + part)
     m_all = tl.max(m, 0)
-    w = tl.exp(m - tl.where(m_all == float("-inf"), 0.0, m_all)[None, :])  # an empty split: exp(-inf) = 0
+    # The partial kernel's maxima are in log2 units; an empty split: exp2(-inf) = 0.
+    w = tl.exp2(m - tl.where(m_all == float("-inf"), 0.0, m_all)[None, :])
     total = tl.sum(w * tl.load(PartSum + part), 0)
     acc = tl.sum(w[:, :, None] * tl.load(PartAcc + part[:, :, None] * HEAD_DIM + d[None, None, :]), 0)
     out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
@@ -220,7 +247,7 @@ def splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len
     kv_heads, capacity = k.shape[1], k.shape[2]
     groups = heads // kv_heads
     rows = groups * t
-    launch = launch or launch_for(head_dim, rows)
+    launch = launch or launch_for(head_dim, rows, q.element_size(), batch)
     block_m = min(launch.max_block_m, max(16, triton.next_power_of_2(rows)))
     m_blocks = triton.cdiv(rows, block_m)
     splits = num_splits(batch * kv_heads * m_blocks, capacity, q.device, launch)
