@@ -1,0 +1,295 @@
+"""Split-KV attention of a few new tokens (a decode step, a draft block, a draft tree) over a slot's cache.
+
+The `"splitkv"` attention backend (treeflash/attention.py). A round's new tokens sit at rows
+[seq_len, seq_len + T) of their slot's cache; each sees every committed row plus the new rows its
+[T, T] mask allows (the ancestor mask of a tree). Two Triton kernels:
+
+1. partial: one program per (slot x KV head, block of query rows, KV split). The query rows of one KV
+   head's query heads are folded together (G x T rows: the KV rows are read once for all of them),
+   and the slot's visible rows [0, seq_len + T) are cut into NUM_SPLITS equal ranges, sized on the
+   device from seq_len, so every split has work whatever the context and nothing past it is read.
+   Each program keeps an online softmax over its range (running max, sum, weighted values). Given
+   the new tokens' keys and values, it reads the new rows from them and one program per (slot, KV
+   head) stores them in the cache (no separate cache write, and no program reads another's store).
+2. merge: combines the splits' partial results (log-sum-exp weights) into the output.
+
+With one split the partial kernel normalises and writes the output itself. NUM_SPLITS is fixed per
+(batch, T, capacity) call shape, so a round is still one CUDA graph replayed at any context length:
+it is chosen to give about two programs per SM (`num_splits`). Why not FlexAttention, measured in
+benchmarks/h200-splitkv: its general kernel runs one program per (query head, 128 query rows),
+so a SmolLM2 tree (9 heads, 65 rows) got 9 programs walking the whole context, and its decoding
+kernel needs a power-of-two grouping of query heads.
+Imported lazily (CUDA only); under TRITON_INTERPRET=1 the same kernels run on CPU tensors (tests).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_N = 64  # KV rows per inner step
+MAX_BLOCK_M = 64  # folded query rows per program
+MAX_SPLITS = 64
+# Rows a merge program takes: as many as fit MERGE_TILE elements of its [splits, rows, head_dim] tile (at least
+# one). Fewer rows a program, more programs: on the H200 every call measured was faster at 1,024 than at 8,192
+# (Qwen3-8B: AR step 8.2 vs 9.2 us, 65-node tree 22.8 vs 28.5, 8 AR slots 14.8 vs 20.6; SmolLM2 AR 7.0 vs 9.6)
+# with 2,048 and 4,096 in between (benchmarks/h200-splitkv-splits/tiles_ab.txt).
+MERGE_TILE = 1024
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How the partial kernel is cut and run. The defaults were measured at SmolLM2's shape (head_dim
+    64); benchmarks/splitkv_ab.py times others against them and FlexAttention, shape by shape."""
+
+    max_block_m: int = MAX_BLOCK_M  # folded query rows per program, at most (a power of two >= 16)
+    block_n: int = BLOCK_N  # KV rows per inner step (a power of two >= 16)
+    num_warps: int = 4
+    num_stages: int | None = None  # None: Triton's default
+    programs_per_sm: int = 2  # the grid `num_splits` aims at
+
+
+DEFAULT_LAUNCH = Launch()
+# At head_dim 128 the [rows, 128] float32 accumulator wants narrower KV steps for few rows and eight warps for
+# many: on the H200 at Qwen3-8B's shape, 9.5 vs 10.6 us (AR step), 28.7 vs 40.0 (65 new tokens), 333.6 vs
+# 700.9 (batch 8, 257 new tokens) against DEFAULT_LAUNCH; at head_dim 64 the default was best or within 8%
+# everywhere (benchmarks/h200-splitkv-launch/skv_ab.json).
+FEW_ROWS_WIDE_HEADS = Launch(block_n=32)
+MANY_ROWS_WIDE_HEADS = Launch(block_n=128, num_warps=8)
+
+
+def launch_for(head_dim: int, rows: int) -> Launch:
+    """The launch measured best for `rows` folded query rows (query heads per KV head x new tokens)."""
+    if head_dim < 128:
+        return DEFAULT_LAUNCH
+    return FEW_ROWS_WIDE_HEADS if rows <= MAX_BLOCK_M else MANY_ROWS_WIDE_HEADS
+
+
+@triton.jit
+def _partial(Q, K, V, NewK, NewV, SeqLens, NewMask, Out, PartAcc, PartMax, PartSum,
+             sq_b, sq_h, sq_t, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, snk_b, snk_h, snk_t, snv_b, snv_h, snv_t,
+             sm_b, sm_q, sm_k, so_b, so_t, scale, KV_HEADS, GROUPS, T, ROWS,
+             NUM_SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+             PRECISION: tl.constexpr, STORE_NEW: tl.constexpr, EXP2: tl.constexpr = False,
+             FULL: tl.constexpr = False):
+    bh = tl.program_id(0)
+    m_block = tl.program_id(1)
+    split = tl.program_id(2)
+    b = bh // KV_HEADS
+    h = bh % KV_HEADS
+    seq = tl.load(SeqLens + b)
+    end = seq + T  # rows [0, end) are visible to someone
+    per_split = tl.cdiv(tl.cdiv(end, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * per_split
+    stop = tl.minimum(start + per_split, end)
+
+    rows = m_block * BLOCK_M + tl.arange(0, BLOCK_M)  # folded row r = g * T + t
+    row_ok = rows < ROWS
+    g = rows // T
+    t = rows % T
+    d = tl.arange(0, HEAD_DIM)
+    q = tl.load(Q + b * sq_b + (h * GROUPS + g)[:, None] * sq_h + t[:, None] * sq_t + d[None, :],
+                mask=row_ok[:, None], other=0.0)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    k_base = K + b * sk_b + h * sk_h
+    v_base = V + b * sv_b + h * sv_h
+    new_k_base = NewK + b * snk_b + h * snk_h
+    new_v_base = NewV + b * snv_b + h * snv_h
+    if STORE_NEW:
+        # The new rows go into the cache here, by one program per (slot, KV head); every program reads
+        # them from NewK/NewV, never from the cache, so no program waits on another's store.
+        if (m_block == 0) & (split == 0):
+            for t0 in range(0, T, BLOCK_N):
+                tt = t0 + tl.arange(0, BLOCK_N)
+                ok = (tt < T)[:, None]
+                tl.store(k_base + (seq + tt)[:, None] * sk_n + d[None, :],
+                         tl.load(new_k_base + tt[:, None] * snk_t + d[None, :], mask=ok), mask=ok)
+                tl.store(v_base + (seq + tt)[:, None] * sv_n + d[None, :],
+                         tl.load(new_v_base + tt[:, None] * snv_t + d[None, :], mask=ok), mask=ok)
+    # The committed rows of this split first: every new token sees them all and they come from the
+    # cache alone, so this loop evaluates no mask and its loads go straight into the dots, which Triton
+    # can pipeline (a loop over both kinds of row summed two masked loads per tile first).
+    committed = tl.minimum(stop, seq)
+    if EXP2:
+        qk_scale = scale * 1.4426950408889634  # exp(x) = exp2(x * log2(e)): one multiply folded in
+    else:
+        qk_scale = scale
+    if FULL:
+        # Whole tiles first, with no mask at all; the last, partial tile (if any) goes through the masked loop.
+        full_end = start + (committed - start) // BLOCK_N * BLOCK_N
+        for n0 in range(start, full_end, BLOCK_N):
+            cols = n0 + tl.arange(0, BLOCK_N)
+            k = tl.load(k_base + cols[:, None] * sk_n + d[None, :])
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            if EXP2:
+                p = tl.exp2(s - m_new[:, None])
+                alpha = tl.exp2(m_i - m_new)
+            else:
+                p = tl.exp(s - m_new[:, None])
+                alpha = tl.exp(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(v_base + cols[:, None] * sv_n + d[None, :])
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            m_i = m_new
+        tail_start = full_end
+    else:
+        tail_start = start
+    for n0 in range(tail_start, committed, BLOCK_N):
+        cols = n0 + tl.arange(0, BLOCK_N)
+        col_ok = cols < committed
+        k = tl.load(k_base + cols[:, None] * sk_n + d[None, :], mask=col_ok[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        s = tl.where(col_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile here has a visible row
+        if EXP2:
+            p = tl.exp2(s - m_new[:, None])
+            alpha = tl.exp2(m_i - m_new)
+        else:
+            p = tl.exp(s - m_new[:, None])
+            alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + cols[:, None] * sv_n + d[None, :], mask=col_ok[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+    # Then the new rows [seq, seq + T) in this split, visible where the round's mask says.
+    for n0 in range(tl.maximum(start, seq), stop, BLOCK_N):
+        cols = n0 + tl.arange(0, BLOCK_N)
+        is_new = cols < stop
+        rel = cols - seq  # the new row's index among the T
+        if STORE_NEW:
+            k = tl.load(new_k_base + rel[:, None] * snk_t + d[None, :], mask=is_new[:, None], other=0.0)
+        else:
+            k = tl.load(k_base + cols[:, None] * sk_n + d[None, :], mask=is_new[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        allowed = tl.load(NewMask + b * sm_b + t[:, None] * sm_q + rel[None, :] * sm_k,
+                          mask=row_ok[:, None] & is_new[None, :], other=0)
+        s = tl.where(allowed != 0, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing yet
+        if EXP2:
+            p = tl.exp2(s - m_use[:, None])
+            alpha = tl.exp2(m_i - m_use)
+        else:
+            p = tl.exp(s - m_use[:, None])
+            alpha = tl.exp(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if STORE_NEW:
+            v = tl.load(new_v_base + rel[:, None] * snv_t + d[None, :], mask=is_new[:, None], other=0.0)
+        else:
+            v = tl.load(v_base + cols[:, None] * sv_n + d[None, :], mask=is_new[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+
+    if NUM_SPLITS == 1:
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        tl.store(Out + b * so_b + t[:, None] * so_t + (h * GROUPS + g)[:, None] * HEAD_DIM + d[None, :],
+                 out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        part = (bh * NUM_SPLITS + split) * (tl.num_programs(1) * BLOCK_M) + rows
+        tl.store(PartAcc + part[:, None] * HEAD_DIM + d[None, :], acc)
+        tl.store(PartMax + part, m_i)
+        tl.store(PartSum + part, l_i)
+
+
+@triton.jit
+def _merge(Out, PartAcc, PartMax, PartSum, so_b, so_t, KV_HEADS, GROUPS, T, ROWS, PADDED,
+           NUM_SPLITS: tl.constexpr, MERGE_M: tl.constexpr, HEAD_DIM: tl.constexpr, EXP2: tl.constexpr = False):
+    # Every split of MERGE_M rows at once (a [splits, rows, head_dim] tile): one round of loads, not a
+    # loop over the splits, whose dependent loads made this kernel cost twice the partial one.
+    bh = tl.program_id(0)
+    b = bh // KV_HEADS
+    h = bh % KV_HEADS
+    rows = tl.program_id(1) * MERGE_M + tl.arange(0, MERGE_M)
+    d = tl.arange(0, HEAD_DIM)
+    part = (bh * NUM_SPLITS + tl.arange(0, NUM_SPLITS))[:, None] * PADDED + rows[None, :]  # [splits, rows]
+    m = tl.load(PartMax + part)
+    m_all = tl.max(m, 0)
+    if EXP2:  # the partial kernel's maxima are in log2 units
+        w = tl.exp2(m - tl.where(m_all == float("-inf"), 0.0, m_all)[None, :])
+    else:
+        w = tl.exp(m - tl.where(m_all == float("-inf"), 0.0, m_all)[None, :])  # an empty split: exp(-inf) = 0
+    total = tl.sum(w * tl.load(PartSum + part), 0)
+    acc = tl.sum(w[:, :, None] * tl.load(PartAcc + part[:, :, None] * HEAD_DIM + d[None, None, :]), 0)
+    out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
+    g = rows // T
+    t = rows % T
+    tl.store(Out + b * so_b + t[:, None] * so_t + (h * GROUPS + g)[:, None] * HEAD_DIM + d[None, :],
+             out.to(Out.dtype.element_ty), mask=(rows < ROWS)[:, None])
+
+
+@functools.cache
+def _multiprocessors(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _programs_wanted(device: torch.device, per_sm: int = 2) -> int:
+    return per_sm * _multiprocessors(device)
+
+
+def num_splits(programs: int, capacity: int, device: torch.device, launch: Launch = DEFAULT_LAUNCH) -> int:
+    """KV splits per (slot x KV head, row block): about `launch.programs_per_sm` programs per SM over the
+    whole grid, at most one per block_n rows of the cache and MAX_SPLITS, a power of two (few distinct
+    kernels)."""
+    want = max(1, _programs_wanted(device, launch.programs_per_sm) // max(1, programs))
+    want = min(want, max(1, capacity // launch.block_n), MAX_SPLITS)
+    return 1 << (want.bit_length() - 1)
+
+
+def splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor,
+                      new_mask: torch.Tensor, new_k: torch.Tensor | None = None,
+                      new_v: torch.Tensor | None = None, launch: Launch | None = None, splits: int | None = None,
+                      exp2: bool = False, full: bool = False) -> torch.Tensor:
+    """q: [B, H, T, D] new tokens' queries; k, v: [B, Hkv, L, D] the cache; seq_lens: [B] int32 committed
+    rows; new_mask: [B, T, T] uint8 (1 = visible). new_k, new_v: [B, Hkv, T, D], the new tokens' keys
+    and values, stored at rows seq_lens + t by the kernel itself (one launch instead of two scatters
+    and the attention); None: those rows are in the cache already. launch: None picks `launch_for` the
+    shape. Returns [B, T, H*D]."""
+    batch, heads, t, head_dim = q.shape
+    kv_heads, capacity = k.shape[1], k.shape[2]
+    groups = heads // kv_heads
+    rows = groups * t
+    launch = launch or launch_for(head_dim, rows)
+    block_m = min(launch.max_block_m, max(16, triton.next_power_of_2(rows)))
+    m_blocks = triton.cdiv(rows, block_m)
+    splits = splits or num_splits(batch * kv_heads * m_blocks, capacity, q.device, launch)
+    out = torch.empty(batch, t, heads * head_dim, dtype=q.dtype, device=q.device)
+    if splits > 1:
+        parts = batch * kv_heads * splits * m_blocks * block_m
+        part_acc = torch.empty(parts, head_dim, dtype=torch.float32, device=q.device)
+        part_max = torch.empty(parts, dtype=torch.float32, device=q.device)
+        part_sum = torch.empty(parts, dtype=torch.float32, device=q.device)
+    else:
+        part_acc = part_max = part_sum = out  # unused
+    store_new = new_k is not None
+    if not store_new:
+        new_k = new_v = k  # unused
+    if any(x.stride(3) != 1 for x in (q, k, v, new_k, new_v)):
+        raise ValueError("splitkv attention needs the head dimension contiguous")
+    _partial[(batch * kv_heads, m_blocks, splits)](
+        q, k, v, new_k, new_v, seq_lens, new_mask, out, part_acc, part_max, part_sum,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), new_k.stride(0), new_k.stride(1), new_k.stride(2),
+        new_v.stride(0), new_v.stride(1), new_v.stride(2), new_mask.stride(0), new_mask.stride(1),
+        new_mask.stride(2), out.stride(0), out.stride(1), head_dim ** -0.5, kv_heads, groups, t, rows,
+        NUM_SPLITS=splits, BLOCK_M=block_m, BLOCK_N=launch.block_n, HEAD_DIM=head_dim,
+        # float32 stays float32 (TF32 would round the operands to 10 bits: the float32 equality checks
+        # compare rounds of different shapes); 16-bit operands are exact in either.
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", STORE_NEW=store_new, EXP2=exp2, FULL=full,
+        num_warps=launch.num_warps, **({} if launch.num_stages is None else {"num_stages": launch.num_stages}))
+    if splits > 1:
+        merge_m = max(1, min(16, MERGE_TILE // (splits * head_dim)))
+        merge_m = 1 << (merge_m.bit_length() - 1)
+        _merge[(batch * kv_heads, triton.cdiv(rows, merge_m))](
+            out, part_acc, part_max, part_sum, out.stride(0), out.stride(1), kv_heads, groups, t, rows,
+            m_blocks * block_m, NUM_SPLITS=splits, MERGE_M=merge_m, HEAD_DIM=head_dim, EXP2=exp2)
+    return out
