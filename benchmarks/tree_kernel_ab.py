@@ -5,8 +5,8 @@ log-probs: both builders' trees must equal `tree.build_tree`'s field for field (
 from a CUDA graph), then each build (top-k + kernel, as a round runs it) is captured in a CUDA graph
 and replayed back to back; the median of 5 batches of 200 replays, microseconds per build. Rows in
 bfloat16 (a round's draft log-probs) are timed only: their ties make top-k orders differ.
-`topk_us` times torch's `lp.float().topk` alone, `top_k_kernel*_us` this checkout's own top-k (if any;
-`_pN`: each row in N pieces).
+`topk_us` times torch's `lp.float().topk` alone, `top_k_kernel_us` this checkout's own top-k, `top_k_pieces_pN_us`
+its pieces method with each row in N pieces and `top_k_filter_us` its filter method (treeflash/top_k.py).
 
     python3 benchmarks/tree_kernel_ab.py --baseline OLD_tree_kernel.py --out ab.json
 """
@@ -21,7 +21,7 @@ import sys
 
 import torch
 
-from treeflash import tree_kernel
+from treeflash import top_k, tree_kernel
 from treeflash.tree import build_tree
 
 FIELDS = ("tokens", "parents", "depths", "valid", "scores", "ranked_scores")
@@ -71,7 +71,6 @@ def main() -> None:
     args = ap.parse_args()
     builders = {"baseline": load_module(args.baseline).build_tree_kernel, "this": tree_kernel.build_tree_kernel}
     rows = []
-    own_top_k = getattr(tree_kernel, "top_k_kernel", None)
     for dtype in (torch.float32, torch.bfloat16):
         for slots in (1, 8):
             for budget in (16, 32, 64):
@@ -82,10 +81,10 @@ def main() -> None:
                 want = build_tree(bonus, lp, budget) if dtype == torch.float32 else None
                 row = {"dtype": str(dtype).removeprefix("torch."), "slots": slots, "budget": budget}
                 row["topk_us"], _ = time_graph(lambda: lp.float().topk(budget, dim=-1))
-                if own_top_k is not None:  # its default split, then rows in 1, 4 and 16 pieces
-                    row["top_k_kernel_us"], _ = time_graph(lambda: own_top_k(lp, budget))
-                    for pieces in (1, 4, 16):
-                        row[f"top_k_kernel_p{pieces}_us"], _ = time_graph(lambda: own_top_k(lp, budget, pieces))
+                row["top_k_kernel_us"], _ = time_graph(lambda: top_k.top_k_kernel(lp, budget))
+                for pieces in (1, 4, 16):
+                    row[f"top_k_pieces_p{pieces}_us"], _ = time_graph(lambda: top_k.top_k_pieces(lp, budget, pieces))
+                row["top_k_filter_us"], _ = time_graph(lambda: top_k.top_k_filter(lp, budget))
                 for name, build in builders.items():
                     eager = build(bonus, lp, budget)
                     us, replayed = time_graph(lambda: build(bonus, lp, budget))

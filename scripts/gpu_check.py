@@ -153,13 +153,15 @@ def mixed_speculator(llm: LLM, attention: str) -> Speculator:
 # --- T: the Triton tree builder ---------------------------------------------------------------------
 def check_tree_kernel() -> dict:
     from treeflash.tree import build_tree
-    from treeflash.tree_kernel import build_tree_kernel, top_k_kernel
+    from treeflash.top_k import top_k_filter, top_k_pieces
+    from treeflash.tree_kernel import build_tree_kernel
 
     results = {}
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     for slots, vocab, budget, ties in [(1, 16384, 16, False), (1, 16384, 64, False), (8, 16384, 64, True),
                                        (1, 49152, 256, False), (2, 16384, 512, True), (4, 16384, 1, False),
-                                       (1, 100, 200, True), (2, 16384, 64, "certain")]:
+                                       (1, 100, 200, True), (2, 16384, 64, "certain"), (1, 151936, 64, False),
+                                       (8, 151936, 16, True)]:
         lp = torch.randn(slots, 15, vocab, device=DEVICE, generator=gen) * 3
         if ties == "certain":  # a token of log-prob exactly 0.0 at the first 5 depths: prefixes scoring +0.0
             lp[:, :5, 11] = 200.0
@@ -178,10 +180,11 @@ def check_tree_kernel() -> dict:
         results[f"slots {slots} vocab {vocab} budget {budget}{label}"] = all(
             torch.equal(getattr(got, f), getattr(want, f)) for f in fields)
         x = lp.to(torch.bfloat16) if ties else lp  # bf16 rows, as a round drafts them: more ties
-        scores, tokens = top_k_kernel(x, k)
         order = (-x.float()).sort(dim=-1, stable=True).indices[..., :k]  # equal scores: the lower token
-        results[f"top_k_kernel slots {slots} vocab {vocab} k {k}{label}: a stable top-k"] = (
-            torch.equal(tokens, order) and torch.equal(scores, x.float().gather(-1, order)))
+        for method in (top_k_pieces, top_k_filter):  # top_k_kernel takes one by the vocabulary
+            scores, tokens = method(x, k)
+            results[f"{method.__name__} slots {slots} vocab {vocab} k {k}{label}: a stable top-k"] = (
+                torch.equal(tokens, order) and torch.equal(scores, x.float().gather(-1, order)))
     return results
 
 

@@ -7,10 +7,9 @@ program per slot runs the whole builder in registers and a small scratch area: p
 (the score's order-preserving bits, then the pair's position reversed, so that equal scores keep the
 stable sort's order), with the beam kept in registers between depths (gathers, no round trip through
 memory and no barrier per depth), then the global choice among all depths by one sort of such keys,
-then parents by lookup. Before it, `top_k_kernel` (two launches) takes each (slot, depth) row's best
-tokens, each row cut into pieces ranked by their own programs and then merged, streaming the draft
-log-probs in their own dtype (torch's `lp.float().topk`, ~76-100 us of a ~100-160 us build on the H200,
-copies them to float32 and ranks ties its own way).
+then parents by lookup. Before it, `top_k.top_k_kernel` takes each (slot, depth) row's best tokens,
+reading the draft log-probs in their own dtype (torch's `lp.float().topk`, ~76-100 us of a ~100-160 us
+build on the H200, copies them to float32 and ranks ties its own way).
 The result is `build_tree`'s, field for field (tests: through Triton's interpreter on the CPU), except
 where log-probs tie at the edge of a depth's top-k: there the kernel keeps the lower token, and
 `build_tree` (torch.topk) whichever its top-k returns; both are DDTree's tree for those log-probs, and
@@ -37,35 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
+from treeflash.top_k import _pack, _unpack, top_k_kernel
 from treeflash.tree import DraftTree, _beam_pairs
-
-
-@triton.jit
-def _sortable(x):
-    # float32 -> int64 in [0, 2^32) with the floats' order (-0.0 counted as +0.0, as comparisons do).
-    b = (x + 0.0).to(tl.int32, bitcast=True).to(tl.int64)
-    return tl.where(b >= 0, b + 2147483648, 2147483647 - (b & 2147483647))
-
-
-@triton.jit
-def _float_of(key):
-    # The inverse of _sortable.
-    b = tl.where(key >= 2147483648, key - 2147483648, -1 - key)
-    return b.to(tl.int32).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _pack(x, low):
-    # One int64 key ordered by the float x, then by low (in [0, 2^31)): x's 32 order bits sit above 31
-    # bits of low, so every key is >= 0 and -1 pads below all of them. (A 32-bit shift put x >= +0.0,
-    # a log-prob of exactly 0, into the sign bit and ranked it last.)
-    return (_sortable(x) << 31) | low
-
-
-@triton.jit
-def _unpack(key):
-    # (x, low) of a key from _pack.
-    return _float_of(key >> 31), key & 2147483647
 
 
 @triton.jit
@@ -143,63 +115,9 @@ def _build(TopScores, TopTokens, Bonus, BeamOf, ChildOf, Scores, ParentBeam, Tok
     tl.store(OutScores + node, node_score, mask=in_beam)
 
 
-@triton.jit
-def _piece_top_k(X, Keys, V, SPAN, DEPTHS, PIECES, sx_s, sx_d, BK: tl.constexpr, CHUNK: tl.constexpr):
-    # Program (row, piece): the best BK of the row's tokens [piece * SPAN, (piece + 1) * SPAN), as _pack
-    # keys (score, then the lower token), streamed CHUNK tokens at a time into a running top BK.
-    r = tl.program_id(0) // PIECES
-    piece = tl.program_id(0) % PIECES
-    row = X + (r // DEPTHS) * sx_s + (r % DEPTHS) * sx_d
-    best = tl.full([BK], -1, tl.int64)
-    t = tl.arange(0, CHUNK)
-    end = tl.minimum(V, (piece + 1) * SPAN)
-    for start in range(0, SPAN, CHUNK):
-        token = piece * SPAN + start + t
-        x = tl.load(row + token, mask=token < end, other=0.0).to(tl.float32)
-        top = tl.topk(tl.where(token < end, _pack(x, 2147483647 - token), -1), BK)
-        best = tl.topk(tl.reshape(tl.join(best, top), [2 * BK]), BK)
-    tl.store(Keys + tl.program_id(0) * BK + tl.arange(0, BK), best)
-
-
-@triton.jit
-def _merge_top_k(Keys, OutScores, OutTokens, K, BK: tl.constexpr, PB: tl.constexpr):
-    # Program per row: the best BK of its pieces' PB = pieces * BK keys, unpacked.
-    r = tl.program_id(0)
-    best = tl.topk(tl.load(Keys + r * PB + tl.arange(0, PB)), BK)
-    score, low = _unpack(best)
-    j = tl.arange(0, BK)
-    tl.store(OutScores + r * K + j, score, mask=j < K)
-    tl.store(OutTokens + r * K + j, 2147483647 - low, mask=j < K)
-
-
-def top_k_kernel(logprobs: torch.Tensor, k: int, pieces: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The k best tokens of every (slot, depth) row of logprobs [S, D, V] (any float dtype), as
-    `logprobs.float().topk(k, dim=-1)` gives them but without the float32 copy: scores [S, D, k]
-    float32 descending, tokens [S, D, k] long; equal scores rank the lower token first (torch.topk
-    leaves their order unspecified). k <= V. Two launches: each row split into `pieces` (a power of
-    two; default about 2,048 tokens each, at most 16) ranked by their own programs, so a batch-1 round's
-    15 rows fill more than 15 of the GPU's SMs, then one program per row merges its pieces' best."""
-    slots, depths, vocab = logprobs.shape
-    if logprobs.stride(-1) != 1:
-        logprobs = logprobs.contiguous()
-    bk = max(2, triton.next_power_of_2(k))  # Triton's top-k of one element reduces to a scalar
-    if pieces is None:
-        pieces = min(16, triton.next_power_of_2(triton.cdiv(vocab, 2048)))
-    chunk = max(bk, min(2048, triton.next_power_of_2(triton.cdiv(vocab, pieces))))
-    span = triton.cdiv(triton.cdiv(vocab, pieces), chunk) * chunk  # whole chunks: the loop's bound
-    rows, dev = slots * depths, logprobs.device
-    keys = torch.empty(rows, pieces, bk, dtype=torch.long, device=dev)
-    scores = torch.empty(slots, depths, k, dtype=torch.float32, device=dev)
-    tokens = torch.empty(slots, depths, k, dtype=torch.long, device=dev)
-    _piece_top_k[(rows * pieces,)](logprobs, keys, vocab, span, depths, pieces, logprobs.stride(0),
-                                   logprobs.stride(1), BK=bk, CHUNK=chunk, num_warps=4)
-    _merge_top_k[(rows,)](keys, scores, tokens, k, BK=bk, PB=pieces * bk, num_warps=4)
-    return scores, tokens
-
-
 def build_tree_kernel(bonus: torch.Tensor, logprobs: torch.Tensor, budget: int,
                       top: tuple[torch.Tensor, torch.Tensor] | None = None) -> DraftTree:
-    """`build_tree(bonus, logprobs, budget)` (default branching): `top_k_kernel` (two launches), then
+    """`build_tree(bonus, logprobs, budget)` (default branching): `top_k_kernel` (two or three launches), then
     the builder (one). bonus: [S] long; logprobs: [S, D, V]. Returns the same DraftTree (where log-probs tie
     at the top-k's edge, the tree of the top-k lists this kernel ranks by token).
     top: the top-k lists (scores, tokens) to build from instead of `top_k_kernel`'s (tests hand both
