@@ -71,7 +71,6 @@ def _unpack(key):
     return _float_of(key >> 31), key & 2147483647
 
 
-
 @triton.jit
 def _best_keys(row, first, length, stop, BK: tl.constexpr, CHUNK: tl.constexpr):
     # The best BK keys of tokens [first, min(first + length, stop)) of a row, streamed CHUNK tokens at a
