@@ -303,9 +303,10 @@ def sample_from(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 def derive(logits: torch.Tensor, st: SamplingTensors, positions: torch.Tensor) -> torch.Tensor:
     """One token per node from the target's logits: the only step where greedy and sampling differ.
 
-    logits: [S, N, V] (row 0 = root); st: per-slot params [S]; positions: [S, N] position in the
-    sequence of the token each node draws (the node's own position + 1). Greedy slots take the
-    argmax; sampled slots draw at each node from that node's processed distribution.
+    logits: [S, N, V] (row 0 = root), in the lm_head's dtype; st: per-slot params [S]; positions: [S, N]
+    position in the sequence of the token each node draws (the node's own position + 1). Greedy slots
+    take the argmax (of the logits as they are: a float32 copy has the same one); sampled slots draw at
+    each node from that node's processed distribution (float32).
     """
     greedy_tokens = logits.argmax(-1)
     if st.all_greedy:

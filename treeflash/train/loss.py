@@ -142,7 +142,7 @@ def drafter_loss(drafter: DFlashDrafter, target: Transformer, batch: SequenceBat
             # single [labels, V] copy besides the logits (a step has ~30k labels over 49k tokens).
             before = (anchors[..., None] + torch.arange(size - 1, device=anchors.device))[has_label]
             rows = torch.arange(b, device=anchors.device)[:, None, None].expand_as(has_label)[has_label]
-            mixed = torch.softmax(target.logits(target_hidden[rows, before]), -1).mul_(distill)
+            mixed = torch.softmax(target.logits(target_hidden[rows, before]).float(), -1).mul_(distill)
             mixed[torch.arange(len(target_ids), device=mixed.device), target_ids] += 1 - distill
         ce = F.cross_entropy(logits, mixed, reduction="none")
     else:
