@@ -460,9 +460,7 @@ class Speculator:
                                     self.draft_head)
         # Rank drafts by the drafter's guess of each request's *tempered* distribution. All-greedy
         # batches (host-known, part of a graph's key) have temperature 1.0 on every row: x / 1.0 is x.
-        if not sampling.all_greedy:
-            logits = logits / sampling.temperature[:, None, None]
-        return torch.log_softmax(logits, dim=-1)
+        return draft_log_probs(logits, None if sampling.all_greedy else sampling.temperature)
 
     def build(self, bonus: torch.Tensor, logprobs: torch.Tensor | None, budget: int | None = None) -> DraftTree:
         if logprobs is None:
@@ -501,6 +499,17 @@ class Speculator:
         state.bonus.copy_(accepted.emitted.gather(1, (accepted.accepted - 1)[:, None])[:, 0])
         # Idle slots stay put, so their garbage rounds never write past the cache.
         state.seq_lens.add_(accepted.accepted * state.active)
+
+
+def draft_log_probs(logits: torch.Tensor, temperature: torch.Tensor | None) -> torch.Tensor:
+    """log_softmax(logits / temperature) over the vocabulary, float32: logits [S, D, V], temperature [S] (None: 1).
+    On CUDA two Triton kernels that spread each row over many programs (treeflash/log_softmax.py)."""
+    if logits.is_cuda:
+        from treeflash.log_softmax import log_softmax_rows  # Triton: imported on CUDA only
+
+        return log_softmax_rows(logits, temperature)
+    logits = logits.float()
+    return torch.log_softmax(logits if temperature is None else logits / temperature[:, None, None], dim=-1)
 
 
 def _prefix(cache: KVCache, slots: int) -> KVCache:

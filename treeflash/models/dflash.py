@@ -226,12 +226,13 @@ class DFlashDrafter(nn.Module):
         return self.logits(hidden[:, 1:1 + (depths or size - 1)], target.output_weight if head is None else head)
 
     def logits(self, hidden: torch.Tensor, output_weight: torch.Tensor) -> torch.Tensor:
-        """The target's lm_head over drafter hidden states [..., H] -> float32 logits [..., V]."""
-        logits = F.linear(hidden, output_weight).float()
+        """The target's lm_head over drafter hidden states [..., H] -> logits [..., V]: in the weights' dtype
+        (the draft's log-softmax reads them as they are), float32 where a multiplier or soft cap applies."""
+        logits = F.linear(hidden, output_weight)
         if self.config.output_multiplier != 1.0:  # x * 1.0 is x: no pass over [..., V] for nothing
-            logits = logits * self.config.output_multiplier
+            logits = logits.float() * self.config.output_multiplier
         cap = self.config.final_logit_softcapping
-        return torch.tanh(logits / cap) * cap if cap else logits
+        return torch.tanh(logits.float() / cap) * cap if cap else logits
 
 
 DRAFT_VOCAB_FILE = "draft_vocab.json"

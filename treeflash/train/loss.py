@@ -132,7 +132,7 @@ def drafter_loss(drafter: DFlashDrafter, target: Transformer, batch: SequenceBat
     hidden = hidden.view(b, n, size, -1)[:, :, 1:]
     labels, has_label = block_labels(batch, anchors, valid, size)
     # Only positions with a label go through the (vocabulary-wide) lm_head.
-    logits = drafter.logits(hidden[has_label], target.output_weight)
+    logits = drafter.logits(hidden[has_label], target.output_weight).float()
     target_ids = labels[has_label]
     weights = decay_weights(size, gamma, logits.device).expand_as(labels)[has_label]
     if distill > 0:
