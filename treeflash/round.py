@@ -503,9 +503,9 @@ class Speculator:
 
 def draft_log_probs(logits: torch.Tensor, temperature: torch.Tensor | None) -> torch.Tensor:
     """log_softmax(logits / temperature) over the vocabulary, float32: logits [S, D, V], temperature [S] (None: 1).
-    On CUDA two Triton kernels that spread each row over many programs (treeflash/log_softmax.py)."""
+    On CUDA two Triton kernels that spread each row over many programs (treeflash/vocab_rows.py)."""
     if logits.is_cuda:
-        from treeflash.log_softmax import log_softmax_rows  # Triton: imported on CUDA only
+        from treeflash.vocab_rows import log_softmax_rows  # Triton: imported on CUDA only
 
         return log_softmax_rows(logits, temperature)
     logits = logits.float()

@@ -300,6 +300,18 @@ def sample_from(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return inverse_cdf(probs.reshape(-1, vocab), u.reshape(-1, 1).double()).view(u.shape)
 
 
+def vocab_max(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., V] -> (float32 maxima, index of each row's first maximum) [...], as `x.float().max(-1)`: greedy's
+    argmax of the target's logits and the DFlash chain's best drafts. On CUDA two Triton kernels that spread
+    each row over many programs (treeflash/vocab_rows.py: torch's one reduction took ~24 us for a 65-node
+    Qwen3 tree's rows on the H200); elsewhere torch's."""
+    if x.is_cuda:
+        from treeflash.vocab_rows import max_rows  # Triton: imported on CUDA only
+
+        return max_rows(x)
+    return x.float().max(dim=-1)
+
+
 def derive(logits: torch.Tensor, st: SamplingTensors, positions: torch.Tensor) -> torch.Tensor:
     """One token per node from the target's logits: the only step where greedy and sampling differ.
 
@@ -308,7 +320,7 @@ def derive(logits: torch.Tensor, st: SamplingTensors, positions: torch.Tensor) -
     take the argmax (of the logits as they are: a float32 copy has the same one); sampled slots draw at
     each node from that node's processed distribution (float32).
     """
-    greedy_tokens = logits.argmax(-1)
+    greedy_tokens = vocab_max(logits)[1]
     if st.all_greedy:
         return greedy_tokens
     slots, nodes = logits.shape[:2]

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from treeflash.sampling import vocab_max
+
 
 @dataclass(frozen=True)
 class DraftTree:
@@ -124,7 +126,7 @@ def build_chain(bonus: torch.Tensor, logprobs: torch.Tensor) -> DraftTree:
     launch that costs more than its work. bonus: [S]; logprobs: [S, D, V].
     """
     slots, depth_count, _ = logprobs.shape
-    best, tokens = logprobs.float().max(dim=-1)  # [S, D]
+    best, tokens = vocab_max(logprobs)  # [S, D]
     scores = torch.cat([best.new_zeros(slots, 1), best.cumsum(dim=1)], dim=1)
     depths, parents = _chain_links(depth_count, logprobs.device)
     return DraftTree(
