@@ -34,7 +34,8 @@ def test_log_softmax_of_a_strided_view_and_the_cpu_dispatch():
     logits = torch.randn(2, 4, 2 * 300, generator=torch.Generator().manual_seed(0))[..., ::2]  # stride 2 along V
     temperature = torch.tensor([0.7, 1.3])
     torch.testing.assert_close(log_softmax_rows(logits, temperature), draft_log_probs(logits, temperature))
-    torch.testing.assert_close(draft_log_probs(logits.bfloat16(), None), torch.log_softmax(logits.bfloat16().float(), -1))
+    half = logits.bfloat16()
+    torch.testing.assert_close(draft_log_probs(half, None), torch.log_softmax(half.float(), -1))
 
 
 @pytest.mark.parametrize("slots,depths,vocab", SHAPES)
