@@ -8,7 +8,7 @@ every row is cut into CHUNK-token pieces, a program each, and a second launch co
   sum of exponentials, the second the row's log-sum-exp and its piece's float32 log-probs, from logits
   in their own dtype, each row divided by its slot's temperature first: log_softmax(logits.float() /
   temperature) up to float32 rounding (the order of the sums differs). torch's float32 copy and
-  log_softmax took 41.9 us at one slot (15 rows), this 7.8 (benchmarks/h200-draft-logprobs).
+  log_softmax took 41.8 us at one slot (15 rows), this 8.0 (benchmarks/h200-draft-logprobs).
 - `max_rows`: each row's maximum and the index of its first occurrence, as `torch.max(dim=-1)` gives
   them (finite values; greedy's argmax over the target's logits, the DFlash chain's best drafts).
 

@@ -144,8 +144,9 @@ class Transformer(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The lm_head over hidden states [..., H] -> logits [..., V] in the weights' dtype: greedy takes their
-        argmax as they are (a float32 copy, the same argmax, cost a bf16 Qwen3-8B tree round ~50 us of its
-        ~7 ms); whatever forms a distribution from them does it in float32 (`processed_probs`)."""
+        argmax as they are (a float32 copy has the same one, and with the drafter's was 35 us of copies in a
+        bf16 Qwen3-8B DDTree-64 round: benchmarks/h200-draft-logprobs); whatever forms a distribution from
+        them does it in float32 (`processed_probs`)."""
         return F.linear(hidden, self.output_weight)
 
     def new_cache(self, slots: int, capacity: int) -> KVCache:

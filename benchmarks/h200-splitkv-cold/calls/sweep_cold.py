@@ -1,6 +1,9 @@
 """splitkv launches x split counts, timed as the engine runs them: one call per layer over 36 layers' caches
 (Qwen3-8B heads, context 1,024), so each call finds its KV rows out of L2 as in a round. One CUDA graph of
-the 36 calls, replayed; us per call. argv[1]: output JSON."""
+the 36 calls, replayed; us per call. `python3 sweep_cold.py OUT.json [grid|c3|c5]`: call 2's grid (the
+default), call 3's forced split counts (with merge_any_splits.patch applied: counts not a power of two),
+call 5's one-stage launches. The calls ran this file's three parts as three scripts (sweep_cold.py,
+sweep_splits.py twice, each with its own points); they are one file here, unchanged but for that."""
 import itertools
 import json
 import sys
@@ -30,12 +33,12 @@ out = []
 rule_splits = K.num_splits
 
 
-def inputs(batch, t):
+def inputs(batch, t, layers=LAYERS):
     gen = torch.Generator().manual_seed(batch * 1000 + t)
     capacity = context + 512
     q = torch.randn(batch, heads, t, head_dim, generator=gen).to(DEV, DTYPE)
     new_k, new_v = (torch.randn(batch, kv_heads, t, head_dim, generator=gen).to(DEV, DTYPE) for _ in range(2))
-    cache = KVCache.allocate(LAYERS, batch, kv_heads, capacity, head_dim, DTYPE, DEV)
+    cache = KVCache.allocate(layers, batch, kv_heads, capacity, head_dim, DTYPE, DEV)
     for tensor in cache.stacked:
         tensor.copy_(torch.randn(tensor.shape, generator=gen).to(DTYPE))
     seq_lens = torch.full((batch,), context, device=DEV)
@@ -73,23 +76,58 @@ def run(batch, t, launch, splits, args, tag=""):
           f"{us:.1f} us", "" if hot is None else f"(hot {hot:.1f})", f"err {err:.2g}", tag, flush=True)
 
 
-start = time.time()
-for batch, t in ((1, 1), (1, 16), (8, 1), (1, 65), (1, 257), (8, 65)) if CUDA else ((1, 1), (1, 9)):
-    run(batch, t, K.launch_for(head_dim, heads // kv_heads * t, 2, batch), None, inputs(batch, t), tag="rule")
-for (batch, t), deadline in zip(((1, 65), (1, 257), (1, 16)) if CUDA else ((1, 9),), (200, 370, 410)):
-    args = inputs(batch, t)
-    grid = [(m, n, 8 if m == 128 else 4, st, sp) for m, n, st, sp in
-            itertools.product((64, 32, 128), (128, 64), (2, 3), (1, 2, 4, 8, 16))]
-    if t == 16:
-        grid = [(64, n, 4, st, sp) for n, st, sp in itertools.product((32, 64, 128), (None, 2), (4, 8, 16, 32))]
-    if not CUDA:
-        grid = [(16, 16, 4, None, sp) for sp in (1, 2, 4)]
-    for m, n, w, st, sp in grid:
-        if time.time() - start > deadline:
-            print("out of time", flush=True)
-            break
-        run(batch, t, K.Launch(m, n, w, st), sp, args)
-    print(f"{time.time() - start:.0f} s", flush=True)
+def sweep_grid(start):
+    for batch, t in ((1, 1), (1, 16), (8, 1), (1, 65), (1, 257), (8, 65)) if CUDA else ((1, 1), (1, 9)):
+        run(batch, t, K.launch_for(head_dim, heads // kv_heads * t, 2, batch), None, inputs(batch, t), tag="rule")
+    for (batch, t), deadline in zip(((1, 65), (1, 257), (1, 16)) if CUDA else ((1, 9),), (200, 370, 410)):
+        args = inputs(batch, t)
+        grid = [(m, n, 8 if m == 128 else 4, st, sp) for m, n, st, sp in
+                itertools.product((64, 32, 128), (128, 64), (2, 3), (1, 2, 4, 8, 16))]
+        if t == 16:
+            grid = [(64, n, 4, st, sp) for n, st, sp in itertools.product((32, 64, 128), (None, 2), (4, 8, 16, 32))]
+        if not CUDA:
+            grid = [(16, 16, 4, None, sp) for sp in (1, 2, 4)]
+        for m, n, w, st, sp in grid:
+            if time.time() - start > deadline:
+                print("out of time", flush=True)
+                break
+            run(batch, t, K.Launch(m, n, w, st), sp, args)
+        print(f"{time.time() - start:.0f} s", flush=True)
+        json.dump(out, open(sys.argv[1], "w"), indent=1)
+
+
+L = K.Launch
+POINTS_C3 = {  # (batch, new tokens): [(launch, forced split counts)]
+    (1, 65): [(K.MANY_ROWS_WIDE_HEADS, (2, 3, 4)), (L(64, 128, 4, 3, 1), (2, 3)), (L(32, 128, 4, 2, 1), (1, 2, 3))],
+    (1, 1): [(K.FEW_ROWS_WIDE_HEADS, (8, 16, 17, 24, 32, 33)), (L(64, 64, 4), (16, 17))],
+    (1, 16): [(K.FEW_ROWS_WIDE_HEADS, (4, 8, 9, 12, 16, 17, 32, 33))],
+    (8, 1): [(K.FEW_ROWS_WIDE_HEADS, (2, 3, 4, 5, 8))],
+    (1, 257): [(K.MOST_ROWS_WIDE_HEADS, (1, 2))],
+} if CUDA else {(1, 9): [(K.Launch(16, 16), (1, 3))]}
+POINTS_C5 = {  # (batch, new tokens): [(launch, forced split counts)]; one pipeline stage: two programs an SM fit
+    (1, 65): [(L(64, 128, 4, 1, 1), (2, 3, 4, 6, 8)), (L(32, 128, 4, 1, 1), (1, 2, 3, 4)),
+              (L(64, 64, 4, 1, 1), (4, 8)), (L(64, 128, 8, 1, 1), (2, 4))],
+    (1, 257): [(L(32, 128, 4, 1, 1), (1, 2)), (L(64, 128, 4, 1, 1), (1, 2)), (L(16, 128, 4, 1, 1), (1,))],
+    (1, 16): [(L(64, 128, 4, 1, 1), (4, 8, 9))],
+} if CUDA else {(1, 9): [(K.Launch(16, 16, 4, 1), (1, 3))]}
+
+
+def sweep_points(points):
+    for (batch, t), launches in points.items():
+        args = inputs(batch, t)
+        run(batch, t, K.launch_for(head_dim, heads // kv_heads * t, 2, batch), None, args, tag="rule")
+        for launch, splits in launches:
+            for sp in splits:
+                run(batch, t, launch, sp, args)
+        json.dump(out, open(sys.argv[1], "w"), indent=1)
+
+
+if __name__ == "__main__":
+    start = time.time()
+    part = sys.argv[2] if len(sys.argv) > 2 else "grid"
+    if part == "grid":
+        sweep_grid(start)
+    else:
+        sweep_points({"c3": POINTS_C3, "c5": POINTS_C5}[part])
     json.dump(out, open(sys.argv[1], "w"), indent=1)
-json.dump(out, open(sys.argv[1], "w"), indent=1)
-print(f"done {time.time() - start:.0f} s", flush=True)
+    print(f"done {time.time() - start:.0f} s", flush=True)

@@ -7,7 +7,7 @@ import sys
 sys.path.insert(0, "benchmarks")
 sys.path.insert(0, ".stage/cold")
 from tree_kernel_ab import time_graph  # noqa: E402
-from diag import inputs  # noqa: E402
+from sweep_cold import inputs  # noqa: E402
 import skv_var as V  # noqa: E402
 
 LAYERS = 36
