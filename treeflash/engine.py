@@ -124,6 +124,9 @@ class EngineConfig:
     # Use the drafter's draft vocabulary (draft_vocab.json beside its weights) when it ships one: its lm_head
     # then covers those tokens only. Output is the same either way; only what the drafter can propose changes.
     draft_vocab: bool = True
+    # CPU: float32 projections through oneDNN's prepacked weights (models/kernels.linear; a second copy of the
+    # weights in memory); False: F.linear (MKL), which packs the weight again at every call.
+    cpu_prepack: bool = True
 
     def __post_init__(self) -> None:
         for name in ("prefill_chunk", "prefill_tokens_per_step", "admit_batch"):
@@ -153,7 +156,8 @@ class Engine:
                                      capacity=min(config.min_capacity, self.max_capacity),
                                      time_stages=config.time_stages, attention=config.attention,
                                      flex_decode_tokens=config.flex_decode_tokens, tree_kernel=config.tree_kernel,
-                                     compile_kernels=config.compile_kernels, draft_vocab=config.draft_vocab)
+                                     compile_kernels=config.compile_kernels, draft_vocab=config.draft_vocab,
+                                     cpu_prepack=config.cpu_prepack)
         sizes = tuple(sorted(set(config.cuda_graph_sizes))) if config.cuda_graph_sizes else None
         self.runner = GraphRunner(self.speculator, enabled=config.cuda_graphs, time_stages=config.time_stages,
                                   buckets=sizes)

@@ -185,6 +185,9 @@ class LLM:
     tree_kernel: on CUDA, build DDTree's tree with one Triton kernel (treeflash/tree_kernel.py) instead of
     ~85 torch ops; same trees. None (default): where it measured faster, budgets up to 64 at block size 16
     (round.use_tree_kernel); True / False: always / never. Ignored on the CPU.
+    cpu_prepack: on the CPU (default True; ignored on CUDA), multiply float32 projections by oneDNN prepacked
+    copies of their weights (treeflash/models/kernels.py: linear), which costs a second copy of the weights
+    in memory; False keeps F.linear (MKL's sgemm, which repacks the weight at every call).
     budget_profile: a JSON file holding the auto budget's cost profile: loaded if present, else
     measured at first use and written there.
     prefill_tokens_per_step: prompt tokens the engine prefills per step, over all waiting requests,
@@ -205,7 +208,7 @@ class LLM:
                  tensor_parallel_size: int = 1, prefill_tokens_per_step: int | None = None,
                  compile_kernels: bool = True, admit_batch: int = 1,
                  cuda_graph_sizes: Sequence[int] | None = None, draft_vocab: bool = True,
-                 tree_kernel: bool | None = None):
+                 tree_kernel: bool | None = None, cpu_prepack: bool = True):
         draft_model = default_draft_model(model, draft_model, spec)
         self.parallel = None  # the tensor-parallel group (workers), when tensor_parallel_size > 1
         self.spec = SpecConfig(method=spec or ("ddtree" if draft_model else "none"), tree_budget=tree_budget)
@@ -241,7 +244,7 @@ class LLM:
             record_trees=record_trees, cuda_graphs=True if cuda_graphs is None else bool(cuda_graphs),
             attention=attention, budget_profile=budget_profile, prefill_tokens_per_step=prefill_tokens_per_step,
             admit_batch=admit_batch, cuda_graph_sizes=_sizes(cuda_graph_sizes), draft_vocab=bool(draft_vocab),
-            compile_kernels=bool(compile_kernels), tree_kernel=tree_kernel,
+            compile_kernels=bool(compile_kernels), tree_kernel=tree_kernel, cpu_prepack=bool(cpu_prepack),
             # On CUDA every cache growth recaptures the graphs and recompiles attention kernels (seconds):
             # start with room for typical requests there; on the CPU grow from small, as memory is dearer.
             min_capacity=CUDA_MIN_CAPACITY if self.device.type == "cuda" else EngineConfig.min_capacity)

@@ -22,7 +22,7 @@ from treeflash.attention import FLEX_BLOCK, FLEX_DECODE_TOKENS, check_backend, d
 from treeflash.budget import AUTO_BUDGETS, NO_DRAFT, expected_drafts
 from treeflash.kv_cache import KVCache, append_layout
 from treeflash.models.dflash import DFlashDrafter
-from treeflash.models.kernels import COMPILED, EAGER, use_fast_path
+from treeflash.models.kernels import COMPILED, EAGER, prepack_cpu, projection_weights, use_fast_path
 from treeflash.models.transformer import Transformer
 from treeflash.sampling import SamplingParams, SamplingTensors, derive, static_flags
 from treeflash.tree import DraftTree, Walk, ancestor_mask, build_chain, build_tree, root_only, walk
@@ -166,12 +166,14 @@ class Speculator:
     compile_kernels: on CUDA, fused q/k/v and gate/up projections and torch.compile'd norm, rotary,
     silu*mul and residual pieces (treeflash/models/kernels.py) for the models' forwards; False: the
     eager model code, as on the CPU (which never compiles: the flag is ignored there).
+    cpu_prepack: on the CPU, multiply float32 projections by oneDNN prepacked copies of their weights
+    (`kernels.linear`; a second copy of them in memory); False: F.linear (MKL) as everywhere else.
     """
 
     def __init__(self, target: Transformer, drafter: DFlashDrafter | None, spec: SpecConfig,
                  slots: int, capacity: int, time_stages: bool = True, attention: str | None = None,
                  flex_decode_tokens: int = FLEX_DECODE_TOKENS, compile_kernels: bool = True,
-                 draft_vocab: bool = True, tree_kernel: bool | None = None):
+                 draft_vocab: bool = True, tree_kernel: bool | None = None, cpu_prepack: bool = True):
         if spec.method != "none" and drafter is None:
             raise ValueError(f"spec={spec.method!r} needs a draft model")
         self.target, self.drafter, self.spec = target, drafter if spec.method != "none" else None, spec
@@ -199,6 +201,11 @@ class Speculator:
             vocab.check_target(target.config.vocab_size)
             self.draft_tokens = torch.tensor(vocab.token_ids, dtype=torch.long, device=self.device)
             self.draft_head = target.output_weight.detach().index_select(0, self.draft_tokens)
+        if self.device.type == "cpu" and cpu_prepack:
+            # (every engine built packs again: a drafter trained since its last engine is packed as it is now)
+            weights = {id(w): w for model in (target, self.drafter) if model is not None
+                       for w in projection_weights(model) + [target.output_weight]}
+            prepack_cpu(list(weights.values()) + ([self.draft_head] if self.draft_head is not None else []))
         zeros = lambda dtype: torch.zeros(slots, dtype=dtype, device=self.device)  # noqa: E731
         self.state = SlotState(zeros(torch.long), zeros(torch.long), zeros(torch.bool))
         self.time_stages = time_stages

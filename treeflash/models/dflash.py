@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from treeflash.config import ConfigError, ModelConfig, config_value
 from treeflash.kv_cache import KVCache, PrefixKV
+from treeflash.models.kernels import Linear, linear
 from treeflash.models.layers import RMSNorm, Rotary
 from treeflash.models.transformer import DecoderLayer, Transformer, run_layers
 
@@ -152,7 +152,7 @@ class DFlashDrafter(nn.Module):
         super().__init__()
         self.config = cfg
         c = cfg.layers
-        self.fc = nn.Linear(len(cfg.target_layer_ids) * c.hidden_size, c.hidden_size, bias=False)
+        self.fc = Linear(len(cfg.target_layer_ids) * c.hidden_size, c.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.num_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
@@ -228,7 +228,7 @@ class DFlashDrafter(nn.Module):
     def logits(self, hidden: torch.Tensor, output_weight: torch.Tensor) -> torch.Tensor:
         """The target's lm_head over drafter hidden states [..., H] -> logits [..., V]: in the weights' dtype
         (the draft's log-softmax reads them as they are), float32 where a multiplier or soft cap applies."""
-        logits = F.linear(hidden, output_weight)
+        logits = linear(hidden, output_weight)
         if self.config.output_multiplier != 1.0:  # x * 1.0 is x: no pass over [..., V] for nothing
             logits = logits.float() * self.config.output_multiplier
         cap = self.config.final_logit_softcapping

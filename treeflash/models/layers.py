@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from treeflash.config import RopeConfig
-from treeflash.models.kernels import EAGER, Kernels, apply_rotary  # noqa: F401  (apply_rotary: re-exported)
+from treeflash.models.kernels import (EAGER, Kernels, Linear, apply_rotary,  # noqa: F401  (apply_rotary: re-exported)
+                                      linear)
 
 
 class RMSNorm(nn.Module):
@@ -37,13 +37,13 @@ class MLP(nn.Module):
 
     def __init__(self, hidden: int, intermediate: int, bias: bool = False):
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+        self.gate_proj = Linear(hidden, intermediate, bias=bias)
+        self.up_proj = Linear(hidden, intermediate, bias=bias)
+        self.down_proj = Linear(intermediate, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.use_fused and not torch.is_grad_enabled():  # fused weights carry no gradient
-            gate, up = F.linear(x, *self.gate_up).chunk(2, dim=-1)  # one GEMM, gate then up
+            gate, up = linear(x, *self.gate_up).chunk(2, dim=-1)  # one GEMM, gate then up
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
         return self.down_proj(self.kernels.silu_mul(gate, up))

@@ -8,13 +8,12 @@ step and a whole draft tree (ancestor-only mask, depth positions) are all the sa
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from treeflash.attention import attend_new
 from treeflash.config import ModelConfig
 from treeflash.kv_cache import KVCache, PrefixKV
-from treeflash.models.kernels import EAGER, Kernels
+from treeflash.models.kernels import EAGER, Kernels, Linear, linear
 from treeflash.models.layers import MLP, RMSNorm, Rotary
 
 
@@ -26,10 +25,10 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=cfg.qkv_bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
+        self.q_proj = Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.k_proj = Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.v_proj = Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.o_proj = Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
@@ -52,7 +51,7 @@ class Attention(nn.Module):
         if self.use_fused and not torch.is_grad_enabled():  # fused weights carry no gradient
             weight, bias = self.qkv
             q_rows = self.num_heads * self.head_dim  # k and v are the fused weight's last rows: one GEMM
-            k, v = F.linear(x, weight[q_rows:], None if bias is None else bias[q_rows:]).chunk(2, dim=-1)
+            k, v = linear(x, weight[q_rows:], None if bias is None else bias[q_rows:]).chunk(2, dim=-1)
         else:
             k, v = self.k_proj(x), self.v_proj(x)
         return self._kv(x, k, v, cos, sin)
@@ -63,7 +62,7 @@ class Attention(nn.Module):
             # q's and k's heads are adjacent in the one GEMM's output (Kernels.qk_norm_rotary).
             b, t, _ = x.shape
             qk_width = (self.num_heads + self.num_kv_heads) * self.head_dim
-            qk, v = F.linear(x, *self.qkv).split([qk_width, self.num_kv_heads * self.head_dim], dim=-1)
+            qk, v = linear(x, *self.qkv).split([qk_width, self.num_kv_heads * self.head_dim], dim=-1)
             q_norm, k_norm = self.q_norm, self.k_norm
             q, k = self.kernels.qk_norm_rotary(
                 qk.view(b, t, -1, self.head_dim), None if q_norm is None else q_norm.weight,
@@ -122,7 +121,7 @@ class Transformer(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary = Rotary(cfg.rope, cfg.head_dim)
 
     @property
@@ -147,7 +146,7 @@ class Transformer(nn.Module):
         argmax as they are (a float32 copy has the same one, and with the drafter's was 35 us of copies in a
         bf16 Qwen3-8B DDTree-64 round: benchmarks/h200-draft-logprobs); whatever forms a distribution from
         them does it in float32 (`processed_probs`)."""
-        return F.linear(hidden, self.output_weight)
+        return linear(hidden, self.output_weight)
 
     def new_cache(self, slots: int, capacity: int) -> KVCache:
         p = self.embed_tokens.weight
