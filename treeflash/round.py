@@ -203,9 +203,9 @@ class Speculator:
             self.draft_head = target.output_weight.detach().index_select(0, self.draft_tokens)
         if self.device.type == "cpu" and cpu_prepack:
             # (every engine built packs again: a drafter trained since its last engine is packed as it is now)
-            weights = {id(w): w for model in (target, self.drafter) if model is not None
-                       for w in projection_weights(model) + [target.output_weight]}
-            prepack_cpu(list(weights.values()) + ([self.draft_head] if self.draft_head is not None else []))
+            weights = projection_weights(target) + [target.output_weight, self.draft_head]
+            weights += projection_weights(self.drafter) if self.drafter is not None else []
+            prepack_cpu(list({id(w): w for w in weights if w is not None}.values()))  # (a tied head is listed twice)
         zeros = lambda dtype: torch.zeros(slots, dtype=dtype, device=self.device)  # noqa: E731
         self.state = SlotState(zeros(torch.long), zeros(torch.long), zeros(torch.bool))
         self.time_stages = time_stages
