@@ -3,12 +3,14 @@
 For each (slots, budget) at the drafter's shape (15 depths, a 16,384-token draft vocabulary), random
 log-probs: both builders' trees must equal `tree.build_tree`'s field for field (eager and replayed
 from a CUDA graph), then each build (top-k + kernel, as a round runs it) is captured in a CUDA graph
-and replayed back to back; the median of 5 batches of 200 replays, microseconds per build. Rows in
+and replayed back to back; the median of 5 batches of 200 replays, microseconds per build. `ops_us`
+times `tree.build_tree` itself (torch ops: what a round runs past the kernel's budgets). Rows in
 bfloat16 (a round's draft log-probs) are timed only: their ties make top-k orders differ.
 `topk_us` times torch's `lp.float().topk` alone, `top_k_kernel_us` this checkout's own top-k, `top_k_pieces_pN_us`
 its pieces method with each row in N pieces and `top_k_filter_us` its filter method (treeflash/top_k.py).
 
     python3 benchmarks/tree_kernel_ab.py --baseline OLD_tree_kernel.py --out ab.json
+    python3 benchmarks/tree_kernel_ab.py --budgets 64,128,256,512 --slots 1 --vocab 151936 --out big.json
 """
 
 from __future__ import annotations
@@ -64,16 +66,20 @@ def time_graph(fn, reps: int = 200, batches: int = 5) -> tuple[float, object]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--baseline", required=True, help="a tree_kernel.py to compare with this checkout's")
+    ap.add_argument("--baseline", help="a tree_kernel.py to compare with this checkout's (default: none)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--depths", type=int, default=15)
     ap.add_argument("--vocab", type=int, default=16384)
+    ap.add_argument("--budgets", default="16,32,64")
+    ap.add_argument("--slots", default="1,8")
     args = ap.parse_args()
-    builders = {"baseline": load_module(args.baseline).build_tree_kernel, "this": tree_kernel.build_tree_kernel}
+    builders = {"this": tree_kernel.build_tree_kernel, "ops": build_tree}
+    if args.baseline:
+        builders["baseline"] = load_module(args.baseline).build_tree_kernel
     rows = []
     for dtype in (torch.float32, torch.bfloat16):
-        for slots in (1, 8):
-            for budget in (16, 32, 64):
+        for slots in map(int, args.slots.split(",")):
+            for budget in map(int, args.budgets.split(",")):
                 gen = torch.Generator(device="cuda").manual_seed(budget * 100 + slots)
                 lp = torch.randn(slots, args.depths, args.vocab, device="cuda", generator=gen).mul_(3)
                 lp = lp.log_softmax(-1).to(dtype)
@@ -92,7 +98,7 @@ def main() -> None:
                     row[f"{name}_equal"] = None if want is None else same(eager, want) and same(replayed, want)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows},
+    json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "args": vars(args), "rows": rows},
               open(args.out, "w"), indent=1)
 
 
