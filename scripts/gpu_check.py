@@ -199,7 +199,7 @@ def check_graphs_equal_eager(target: Path, drafter: Path, attentions=("flex", "s
     for attention in attentions if DEVICE == "cuda" else ("sdpa",):
         reference = None
         for spec, budget, tree_kernel in [("none", 64, False), ("dflash", 64, False), ("ddtree", 16, False),
-                                          ("ddtree", 64, False), ("ddtree", 64, True)]:
+                                          ("ddtree", 64, False), ("ddtree", 64, True), ("ddtree", 256, True)]:
             if tree_kernel and DEVICE != "cuda":  # a Triton kernel: CUDA only (the tests run it interpreted)
                 continue
             outs = {}

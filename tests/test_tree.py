@@ -321,14 +321,14 @@ def test_pruned_beam_ranking_equals_the_full_one(monkeypatch, budget, levels):
         assert torch.equal(getattr(pruned, field), getattr(full, field)), field
 
 
-def test_tree_kernel_default_is_small_trees_on_cuda_only():
+def test_tree_kernel_default_is_trees_to_budget_256_on_cuda_only():
     from treeflash.round import use_tree_kernel
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    # 15 depths (block size 16): 15 x 64 = 960 -> 1024 candidates sorted, measured faster; 15 x 128 is not.
-    assert all(use_tree_kernel(None, cuda, 15, b) for b in (1, 4, 16, 64))
-    assert use_tree_kernel(None, cuda, 15, 68) and not use_tree_kernel(None, cuda, 15, 69)  # 1020 vs 1035
-    assert not any(use_tree_kernel(None, cuda, 15, b) for b in (128, 256, 512))
-    assert use_tree_kernel(None, cuda, 4, 256) and not use_tree_kernel(None, cuda, 5, 256)  # 1024 vs 1280
+    # 15 depths (block size 16): 15 x 256 = 3840 -> 4096 candidates sorted, measured faster; 15 x 512 is not.
+    assert all(use_tree_kernel(None, cuda, 15, b) for b in (1, 4, 16, 64, 128, 256))
+    assert use_tree_kernel(None, cuda, 15, 273) and not use_tree_kernel(None, cuda, 15, 274)  # 4095 vs 4110
+    assert not any(use_tree_kernel(None, cuda, 15, b) for b in (512, 1024))
+    assert use_tree_kernel(None, cuda, 4, 1024) and not use_tree_kernel(None, cuda, 5, 1024)  # 4096 vs 5120
     assert use_tree_kernel(True, cuda, 15, 512) and not use_tree_kernel(False, cuda, 15, 16)
     assert not any(use_tree_kernel(s, cpu, 15, 16) for s in (None, True, False))  # Triton: CUDA only

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.usefixtures("mend")
     (2, 4, 6, 24, 2),  # a budget past the vocabulary (K < budget)
     (1, 1, 5, 3, None),  # one depth: no beam step
     (2, 6, 50, 1, None),
+    (1, 4, 300, 128, None),  # past 64 nodes (the default's reach since budget 256): a 128-wide beam
 ])
 def test_kernel_builds_build_trees_tree(slots, depth, vocab, budget, levels):
     gen = torch.Generator().manual_seed(budget)

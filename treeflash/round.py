@@ -37,9 +37,11 @@ MAX_TREE_BUDGET = 4096
 
 
 # The most candidates (depths x budget, padded to a power of two as the Triton builder sorts them) at
-# which it measured faster than the torch ops on the H200 (benchmarks/h200-treekernel/, SmolLM2-135M
-# shape): rounds 0.84-0.88x at budgets 16 and 64 (15 x 64 = 960 -> 1024), but 1.03x at 256 (4096).
-TREE_KERNEL_MAX_CANDIDATES = 1024
+# which it measured faster than the torch ops on the H200 (benchmarks/h200-treekernel-256/): per build,
+# 15 depths, 69 / 127 / 351 us against 511 / 529 / 581 at budgets 64 / 128 / 256 (15 x 256 = 3840 -> 4096);
+# SmolLM2-shape rounds at batch 1 0.77x / 0.81x / 0.90x the torch ops' time, Qwen3-8B 0.95x / 0.96x / 0.99x.
+# Budget 512 (8192 candidates) was not measured: its builds did not finish within the call's time limit.
+TREE_KERNEL_MAX_CANDIDATES = 4096
 # The tree_kernel settings by name (bench --tree-builder; synthetic variants /treekernel, /treeops).
 TREE_BUILDERS = {"auto": None, "kernel": True, "ops": False}
 

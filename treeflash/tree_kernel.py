@@ -15,7 +15,7 @@ where log-probs tie at the edge of a depth's top-k: there the kernel keeps the l
 `build_tree` (torch.topk) whichever its top-k returns; both are DDTree's tree for those log-probs, and
 which one a round drafts changes only what it may accept.
 `build_tree` stays the reference and the CPU path. On CUDA this kernel is the default for trees of at
-most 1024 candidates (next_power_of_2(depths * budget): budget <= 64 at 15 depths; `round.use_tree_kernel`,
+most 4096 candidates (next_power_of_2(depths * budget): budget <= 256 at 15 depths; `round.use_tree_kernel`,
 `LLM(tree_kernel=True/False)` forces it on/off). Measured on an H200 (SmolLM2-135M shape, random
 bf16 weights, context 1024, CUDA graphs, splitkv; benchmarks/h200-treekernel/), median ms per round, torch
 ops vs the first kernel (a full sort per depth): batch 1 ddtree:16 2.109 vs 1.802, ddtree:64 2.338 vs
@@ -115,6 +115,16 @@ def _build(TopScores, TopTokens, Bonus, BeamOf, ChildOf, Scores, ParentBeam, Tok
     tl.store(OutScores + node, node_score, mask=in_beam)
 
 
+def build_warps(candidates: int) -> int:
+    """Warps of the builder's program for `candidates` (a power of two) keys. Measured on the H200 at 15
+    depths (benchmarks/h200-treekernel-256/, us per build with the top-k, 4 / 8 / 16 warps): budget 64
+    (1024 keys) 84.5 / 68.5 / 69.5, 128 (2048) 203.1 / 150.9 / 126.8, 256 (4096) 414.0 / 408.6 / 350.7.
+    Smaller trees keep the four they were measured with."""
+    if candidates <= 512:
+        return 4
+    return 8 if candidates <= 1024 else 16
+
+
 def build_tree_kernel(bonus: torch.Tensor, logprobs: torch.Tensor, budget: int,
                       top: tuple[torch.Tensor, torch.Tensor] | None = None) -> DraftTree:
     """`build_tree(bonus, logprobs, budget)` (default branching): `top_k_kernel` (two or three launches), then
@@ -147,6 +157,6 @@ def build_tree_kernel(bonus: torch.Tensor, logprobs: torch.Tensor, budget: int,
         top_scores.stride(0), top_scores.stride(1), top_tokens.stride(0), top_tokens.stride(1),
         budget, k, depths, len(pairs),
         BP=triton.next_power_of_2(budget), P2=p2, N2=n2, KEYS=n2,
-        num_warps=4 if n2 <= 1024 else 8)
+        num_warps=build_warps(n2))
     return DraftTree(tokens=tokens, parents=parents, depths=depth, valid=valid.bool(), scores=scores,
                      max_depth=depths, ranked_scores=ranked)
