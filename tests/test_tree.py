@@ -325,7 +325,7 @@ def test_tree_kernel_default_is_trees_to_budget_256_on_cuda_only():
     from treeflash.round import use_tree_kernel
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    # 15 depths (block size 16): 15 x 256 = 3840 -> 4096 candidates sorted, measured faster; 15 x 512 is not.
+    # 15 depths (block size 16): 15 x 256 = 3840 -> 4096 candidates sorted, measured faster; 15 x 512 was not.
     assert all(use_tree_kernel(None, cuda, 15, b) for b in (1, 4, 16, 64, 128, 256))
     assert use_tree_kernel(None, cuda, 15, 273) and not use_tree_kernel(None, cuda, 15, 274)  # 4095 vs 4110
     assert not any(use_tree_kernel(None, cuda, 15, b) for b in (512, 1024))

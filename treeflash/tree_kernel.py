@@ -19,13 +19,14 @@ most 4096 candidates (next_power_of_2(depths * budget): budget <= 256 at 15 dept
 `LLM(tree_kernel=True/False)` forces it on/off). Measured on an H200 (SmolLM2-135M shape, random
 bf16 weights, context 1024, CUDA graphs, splitkv; benchmarks/h200-treekernel/), median ms per round, torch
 ops vs the first kernel (a full sort per depth): batch 1 ddtree:16 2.109 vs 1.802, ddtree:64 2.338 vs
-1.955, ddtree:256 2.948 vs 3.048 (slower: the torch ops stay there); batch 8 ddtree:64 3.534 vs 3.125.
+1.955, ddtree:256 2.948 vs 3.048 (slower: the torch ops stayed there until the kernel of today measured
+faster, benchmarks/h200-treekernel-256/: 2.128 vs 2.377 ms); batch 8 ddtree:64 3.534 vs 3.125.
 This kernel against that one (benchmarks/h200-kernels-topk-blocksums/, `benchmarks/tree_kernel_ab.py`,
 15 depths, top-k + kernel per build): budget 64 136 vs 154 us, 16 and 32 1-2 us less (the top-k of the
 log-probs, ~76 us, is most of a build there). With `top_k_kernel` instead of torch's top-k
 (benchmarks/h200-topk-kernel/): one slot, bf16 log-probs, budgets 16 / 32 / 64: 31.9 / 42.5 / 85.8 us
 against 117.8 / 122.1 / 161.5; 8 slots 1.04-1.5x faster; the SmolLM2 rounds' tree stage 0.13 -> 0.06 ms
-(budget 32), 0.17 -> 0.11 (64).
+(budget 32), 0.17 -> 0.11 (64). Its warps per size: `build_warps`.
 `scripts/gpu_check.py` checks it field for field at drafter shapes (section T) and under CUDA graphs
 (section E).
 """
