@@ -11,6 +11,7 @@ from helpers import make_tiny_target, one_thread
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import bf16_identity  # noqa: E402
+import oracle_acceptance  # noqa: E402
 import sampler_cost  # noqa: E402
 
 
@@ -63,3 +64,31 @@ def test_kernel_profile_runs_on_the_cpu(tmp_path, monkeypatch):
                                     "--modes", "eager", "--context", "8", "--rounds", "2", "--out", str(out)]) == 0
     text = out.read_text()
     assert "== none batch 1 eager default attention" in text and "== ddtree:4 batch 1 eager" in text
+
+
+def test_oracle_bound_is_the_most_probable_paths_by_enumeration(tmp_path):
+    import itertools
+
+    import torch
+    import transformers
+
+    model_dir = make_tiny_target(tmp_path / "m", "llama", vocab_size=3, seed=4, logit_scale=3.0)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager").eval()
+    context, budget, temperature = [0, 2, 1], 6, 1.3
+
+    def path_prob(path):  # P(path | context) by full forwards, one token at a time
+        prob, seq = 1.0, list(context)
+        for t in path:
+            with torch.no_grad():
+                logits = model(input_ids=torch.tensor([seq])).logits[0, -1]
+            prob *= torch.softmax(logits / temperature, -1)[t].item()
+            seq.append(t)
+        return prob
+
+    # The best 6-node set is prefix-closed, so its paths are 6 tokens deep at most.
+    every = sorted((path_prob(p) for d in range(1, budget + 1) for p in itertools.product(range(3), repeat=d)),
+                   reverse=True)
+    with one_thread():
+        got = oracle_acceptance.best_tree_masses(model, context, temperature, budget)
+    assert len(got) == budget
+    assert all(abs(a - b) < 1e-5 for a, b in zip(got, every[:budget]))
