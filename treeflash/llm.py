@@ -183,7 +183,7 @@ class LLM:
     and run norms, rotary, silu*mul and residual sums through torch.compile (treeflash/models/kernels.py);
     False keeps the eager model code (like vLLM's enforce_eager, with CUDA graphs still on).
     tree_kernel: on CUDA, build DDTree's tree with one Triton kernel (treeflash/tree_kernel.py) instead of
-    ~85 torch ops; same trees. None (default): where it measured faster, budgets up to 64 at block size 16
+    ~85 torch ops; same trees. None (default): where it measured faster, budgets up to 256 at block size 16
     (round.use_tree_kernel); True / False: always / never. Ignored on the CPU.
     cpu_prepack: on the CPU (default True; ignored on CUDA), multiply float32 projections by oneDNN prepacked
     copies of their weights (treeflash/models/kernels.py: linear), which costs a second copy of the weights
