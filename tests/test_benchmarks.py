@@ -92,3 +92,27 @@ def test_oracle_bound_is_the_most_probable_paths_by_enumeration(tmp_path):
         got = oracle_acceptance.best_tree_masses(model, context, temperature, budget)
     assert len(got) == budget
     assert all(abs(a - b) < 1e-5 for a, b in zip(got, every[:budget]))
+
+
+def test_tree_acceptance_is_what_the_walk_accepts():
+    """Greedy: the walk's accepted count; sampling: the expected count, found here by recursion over children."""
+    import torch
+
+    import tree_temperature
+    from treeflash.tree import build_tree, walk
+
+    g = torch.Generator().manual_seed(0)
+    vocab = 6
+    draft = torch.log_softmax(torch.randn(1, 4, vocab, generator=g), dim=-1)
+    tree = build_tree(torch.tensor([0]), draft, budget=9)
+    logits = 2 * torch.randn(1, tree.size, vocab, generator=g)
+    assert tree_temperature.tree_acceptance(tree, logits, 0.0) == float(walk(tree, logits.argmax(-1)).accepted[0])
+
+    probs = torch.softmax(logits[0] / 0.7, dim=-1)
+    parents, tokens = tree.parents[0].tolist(), tree.tokens[0].tolist()
+
+    def expected(node: int) -> float:  # tokens emitted from `node` on: itself, then its matching child's share
+        return 1.0 + sum(float(probs[node, tokens[c]]) * expected(c) for c in range(1, tree.size)
+                         if parents[c] == node and tree.valid[0, c])
+
+    assert abs(tree_temperature.tree_acceptance(tree, logits, 0.7) - expected(0)) < 1e-5
