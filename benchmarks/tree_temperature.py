@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from treeflash.round import SpecConfig, Speculator, draft_log_probs
+from treeflash.round import draft_log_probs
 from treeflash.sampling import SamplingParams
 from treeflash.tree import walk
 
@@ -82,9 +82,9 @@ def main() -> None:
 
     taus = [float(t) for t in args.taus.split(",")]
     llm = LLM(args.model, draft_model=args.draft_model, device="cpu", dtype="float32", spec="ddtree",
-              tree_budget=args.budget, max_num_seqs=1)
-    sp = Speculator(llm.model, llm.drafter, SpecConfig("ddtree", args.budget), slots=1, capacity=2048,
-                    time_stages=False)
+              tree_budget=args.budget, max_num_seqs=1, time_stages=False)
+    sp = llm.engine.speculator  # its one slot, driven round by round here
+    sp.reserve(2048)
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
     eos = llm._eos_ids()
     rows, start = [], time.time()
