@@ -3,7 +3,7 @@ program takes BLOCK_N weight rows and all of X's rows (BLOCK_M >= M), so W is re
 over 36 weight copies (as 36 layers) against F.linear (cuBLAS) at Qwen3-8B's projection shapes.
 python3 skinny.py OUT.json"""
 import json
-import statistics
+import os
 import sys
 import time
 
@@ -11,6 +11,9 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from tree_kernel_ab import time_graph  # noqa: E402  (CUDA-graph replays, the median of five batches)
 
 CUDA = torch.cuda.is_available()
 
@@ -39,28 +42,6 @@ def skinny(x, w, block_n, block_k, warps, stages):
     return y
 
 
-def time_graph(fn, reps=20):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    times = []
-    for _ in range(5):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(reps):
-            g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / reps)
-    return statistics.median(times)
-
-
 def main():
     dev = "cuda" if CUDA else "cpu"
     dtype = torch.bfloat16 if CUDA else torch.float32
@@ -83,7 +64,7 @@ def main():
                     return [F.linear(x, w) if c is None else skinny(x, w, *c) for w in ws]
                 try:
                     err = (run()[0].float() - ref).abs().max().item()
-                    us = time_graph(run) if CUDA else 0.0
+                    us = time_graph(run, reps=20)[0] if CUDA else 0.0
                 except Exception as e:
                     print("FAIL", name, m, label, repr(e)[:200], flush=True)
                     continue
