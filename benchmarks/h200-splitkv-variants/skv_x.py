@@ -25,6 +25,16 @@ def _tile(q, k, v, m_i, l_i, acc, qk_scale, PRECISION: tl.constexpr, PRESCALE: t
 
 
 @triton.jit
+def _committed_kv(KD, VD, k_base, v_base, row, n0, sk_n, sv_n, d, BLOCK_N: tl.constexpr, DESC: tl.constexpr):
+    # One whole committed K/V tile: through the TMA descriptors (row in the [slots x heads x capacity] view) or
+    # through pointers.
+    if DESC:
+        return KD.load([row, 0]), VD.load([row, 0])
+    cols = n0 + tl.arange(0, BLOCK_N)
+    return tl.load(k_base + cols[:, None] * sk_n + d[None, :]), tl.load(v_base + cols[:, None] * sv_n + d[None, :])
+
+
+@triton.jit
 def _partial_x(Q, K_, V_, KD, VD, NewK, NewV, SeqLens, NewMask, Out, PartAcc, PartMax, PartSum,
                sq_b, sq_h, sq_t, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, snk_b, snk_h, snk_t, snv_b, snv_h, snv_t,
                sm_b, sm_q, sm_k, so_b, so_t, scale, KV_HEADS, GROUPS, T, ROWS, CAP,
@@ -69,23 +79,11 @@ def _partial_x(Q, K_, V_, KD, VD, NewK, NewV, SeqLens, NewMask, Out, PartAcc, Pa
     row0 = bh * CAP
     if WS:
         for n0 in tl.range(start, whole, BLOCK_N, num_stages=STAGES, warp_specialize=True):
-            if DESC:
-                k = KD.load([row0 + n0, 0])
-                v = VD.load([row0 + n0, 0])
-            else:
-                cols = n0 + tl.arange(0, BLOCK_N)
-                k = tl.load(k_base + cols[:, None] * sk_n + d[None, :])
-                v = tl.load(v_base + cols[:, None] * sv_n + d[None, :])
+            k, v = _committed_kv(KD, VD, k_base, v_base, row0 + n0, n0, sk_n, sv_n, d, BLOCK_N, DESC)
             acc, m_i, l_i = _tile(q, k, v, m_i, l_i, acc, qk_scale, PRECISION, PRESCALE)
     else:
         for n0 in tl.range(start, whole, BLOCK_N, num_stages=STAGES):
-            if DESC:
-                k = KD.load([row0 + n0, 0])
-                v = VD.load([row0 + n0, 0])
-            else:
-                cols = n0 + tl.arange(0, BLOCK_N)
-                k = tl.load(k_base + cols[:, None] * sk_n + d[None, :])
-                v = tl.load(v_base + cols[:, None] * sv_n + d[None, :])
+            k, v = _committed_kv(KD, VD, k_base, v_base, row0 + n0, n0, sk_n, sv_n, d, BLOCK_N, DESC)
             acc, m_i, l_i = _tile(q, k, v, m_i, l_i, acc, qk_scale, PRECISION, PRESCALE)
     for n0 in range(whole, committed, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
