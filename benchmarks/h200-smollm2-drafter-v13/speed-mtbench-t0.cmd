@@ -1,0 +1,1 @@
+python3 -m treeflash.cli bench --model /root/smollm2.gguf --draft-model /root/d13 --max-tokens 128 --no-plots --dataset mtbench --num-prompts 24 --methods none,dflash,ddtree:32,ddtree:64 --out speed-mtbench-t0.json
