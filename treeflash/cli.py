@@ -188,7 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
 TRAIN_EPILOG = """\
 stages (re-running the same command resumes each one):
   1. data: (self:N prompts first: the target writes N user messages, OUT/data/own-prompts.jsonl) the
-     target's own responses to the prompts (chat messages under its chat template, completions as is), greedy and with its recommended sampling (and at each --extra-temperatures; --samples-per-prompt
+     target's own responses to the prompts (chat messages under its chat template, completions as is),
+     greedy and with its recommended sampling (and at each --extra-temperatures; --samples-per-prompt
      responses in each sampled mode), streamed through the batched engine and appended to OUT/data/*.jsonl
      as they finish (a throughput line every 30 s); a later run with more modes or samples makes only those;
   2. training: random anchors in each response open blocks [anchor, MASK x (block-1)] that see the target's
