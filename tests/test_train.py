@@ -431,6 +431,32 @@ def test_own_prompts_are_the_targets_messages_seeded_cached_and_resumed(chat_tar
         own.own_prompts(llm, 5, tmp_path / "data", seed=4, max_tokens=6, progress=False)
 
 
+def test_cli_trains_on_prompts_the_target_writes(chat_target, tmp_path, capsys, monkeypatch):
+    import shutil
+
+    import treeflash.train.own_prompts as own
+    from treeflash.cli import main
+
+    target = tmp_path / "target"
+    shutil.copytree(chat_target, target)
+    write_prompts_jsonl([f"{a} hello" for a in "abcdefgh"], tmp_path / "prompts.jsonl")
+    argv = ["train-drafter", "--target", str(target), "--out", str(tmp_path / "out"), "--num-eval-prompts", "2",
+            "--prompts", f"{tmp_path / 'prompts.jsonl'},self:4", "--max-prompt-tokens", "8", "--max-new-tokens", "6",
+            "--num-layers", "1", "--block-size", "4", "--target-layer-ids", "1,3", "--mask-token-id", "5",
+            "--steps", "1", "--batch-size", "4", "--eval-max-new-tokens", "4", "--device", "cpu", "--gen-batch-size", "4"]
+    # The fixture's template puts nothing before a message: no cue to write one, a clear error.
+    assert main(argv) == 1 and "puts nothing before a user message" in capsys.readouterr().err
+    cfg = json.loads((target / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = "{% for m in messages %}U {{ m['content'] }}.{% endfor %}{% if add_generation_prompt %}A {% endif %}"
+    (target / "tokenizer_config.json").write_text(json.dumps(cfg))
+    monkeypatch.setattr(own, "keep", lambda text, reason: bool(text))  # a random model seldom ends a message
+    assert main(argv) == 0
+    log = (tmp_path / "out" / "train.log").read_text()
+    assert "own prompts: 16 kept (4 wanted)" in log and "from 10 prompts" in log  # 8 + 4, 2 held out
+    written = [json.loads(line)["text"] for line in (tmp_path / "out" / "data" / "own-prompts.jsonl").open()]
+    assert len(written) == 16
+
+
 def test_self_prompts_join_the_other_sources(tmp_path):
     path = write_prompts_jsonl(["a", "b"], tmp_path / "p.jsonl")
     asked = []

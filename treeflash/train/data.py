@@ -104,20 +104,30 @@ class ResponseCache:
 
     def records(self, mode: str) -> dict[str, dict]:
         """key -> record of every complete line (a line cut by a crash is dropped from the file)."""
-        path = self.path(mode)
-        if not path.is_file():
-            return {}
-        raw = path.read_bytes()
-        if raw and not raw.endswith(b"\n"):
-            raw = raw[:raw.rfind(b"\n") + 1]
-            path.write_bytes(raw)
-        return {r["key"]: r for r in map(json.loads, filter(None, raw.decode("utf-8").split("\n")))}
+        return {r["key"]: r for r in read_jsonl(self.path(mode))}
 
     def append(self, mode: str, records: list[dict]) -> None:
-        with open(self.path(mode), "a", encoding="utf-8") as f:
-            f.write("".join(json.dumps(r) + "\n" for r in records))
-            f.flush()
-            os.fsync(f.fileno())
+        append_jsonl(self.path(mode), records)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The records of every complete line of an `append_jsonl` file; a last line cut by a crash is dropped,
+    from the file too, so the next append starts on a line of its own. No file: none."""
+    if not path.is_file():
+        return []
+    raw = path.read_bytes()
+    if raw and not raw.endswith(b"\n"):
+        raw = raw[:raw.rfind(b"\n") + 1]
+        path.write_bytes(raw)
+    return [json.loads(line) for line in raw.decode("utf-8").split("\n") if line]
+
+
+def append_jsonl(path: Path, records: list[dict]) -> None:
+    """Append one JSON line per record, on disk (fsync) before returning."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in records))
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def prompt_token_ids(llm, prompt: Prompt, max_prompt_tokens: int) -> list[int]:

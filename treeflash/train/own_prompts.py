@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from treeflash.sampling import SamplingParams
-from treeflash.train.data import DataCacheError
+from treeflash.train.data import DataCacheError, append_jsonl, read_jsonl
 
 MIN_CHARS = 16
 MIN_ASCII = 0.95
@@ -77,15 +76,12 @@ def own_prompts(llm, count: int, cache_dir: str | Path, seed: int, max_tokens: i
         raise DataCacheError(f"{cache_dir} holds prompts the target wrote with other settings "
                              f"({meta.read_text().strip()}, now {settings}); use another --data-dir")
     meta.write_text(json.dumps(settings))
-    records = []
-    if path.is_file():
-        raw = path.read_bytes()
-        if raw and not raw.endswith(b"\n"):  # a line cut by a crash
-            raw = raw[:raw.rfind(b"\n") + 1]
-            path.write_bytes(raw)
-        records = [json.loads(line) for line in raw.decode("utf-8").split("\n") if line]
+    records = read_jsonl(path)
     kept = dict.fromkeys(r["text"] for r in records if r["kept"])
     prefix = llm.encode(user_turn_prefix(llm.tokenizer))
+    if not prefix:
+        raise ValueError("the chat template puts nothing before a user message: the target has no cue to write "
+                         "one (self:N needs a template with a system turn or a user header)")
     chunk, limit, start = 4 * llm.max_num_seqs, 4 * count, len(records)
     while len(kept) < count and start < limit:
         n = min(chunk, limit - start)
@@ -100,10 +96,7 @@ def own_prompts(llm, count: int, cache_dir: str | Path, seed: int, max_tokens: i
             if good:
                 kept[text] = None
             new.append({"i": i, "text": text, "kept": good})
-        with open(path, "a", encoding="utf-8") as f:
-            f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in new))
-            f.flush()
-            os.fsync(f.fileno())
+        append_jsonl(path, new)
         start += n
         if log:
             log(f"own prompts: {len(kept)} kept ({count} wanted) from {start} requests")
