@@ -551,20 +551,21 @@ def test_cli_refuses_bad_options(chat_target, tmp_path, capsys):
     assert "no such prompts file" in capsys.readouterr().err
 
 
-def test_train_minutes_become_a_step_count_measured_twice():
+def test_train_minutes_become_a_step_count_measured_three_times():
     from treeflash.train.pipeline import StepCount
 
-    # 2 minutes from t=0; steps 5-25 at 0.3 s each (slow first steps), then 0.1 s each.
+    # 2 minutes from t=0; steps 1-25 at 0.3 s each (slow first steps), 26-125 at 0.1 s, then 0.08 s.
     counter, now = StepCount(2.0, start=0.0, cap=10_000), 0.0
     counts = {}
-    for done in range(1, 400):
-        now += 0.3 if done <= 25 else 0.1
+    for done in range(1, 600):
+        now += 0.3 if done <= 25 else 0.1 if done <= 125 else 0.08
         count = counter.after(done, 1000 + done, now)
         if count:
             counts[done] = count
-    assert list(counts) == [25, 125]
+    assert list(counts) == [25, 125, 325]
     assert counts[25][0] == 1025 + int((120 - 7.5) / 0.3) and abs(counts[25][1] - 0.3) < 1e-9
     assert counts[125][0] == 1125 + int((120 - 17.5) / 0.1) and abs(counts[125][1] - 0.1) < 1e-9
+    assert counts[325][0] == 1325 + int((120 - 33.5) / 0.08) and abs(counts[325][1] - 0.08) < 1e-9
     assert StepCount(60.0, 0.0, cap=500).after(5, 5, 1.0) is None
     capped = StepCount(60.0, 0.0, cap=500)
     capped.after(5, 5, 1.0)

@@ -270,7 +270,8 @@ def _add_train_parser(sub) -> None:
     t.add_argument("--seed", type=int, default=d.seed, help=f"(default {d.seed})")
     t.add_argument("--train-minutes", type=float, default=None,
                    help="fit the optimiser steps (evaluations not counted) into this many minutes: the step "
-                        "time is measured over steps 5-25, then again over steps 25-125, and caps --steps")
+                        "time is measured over steps 5-25, again over 25-125 and 125-325 (each count replaces the "
+                        "last; a resumed run keeps its count), and caps --steps")
     t.add_argument("--eval-every", type=int, default=500, help="steps between evaluations (default 500)")
     t.add_argument("--eval-budget", type=int, default=64, help="DDTree budget of the evaluation (default 64)")
     t.add_argument("--eval-max-new-tokens", type=int, default=128, help="(default 128)")

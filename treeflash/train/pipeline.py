@@ -69,13 +69,15 @@ def init_drafter(cfg: DrafterConfig, std: float, seed: int, target: Transformer)
 class StepCount:
     """--train-minutes as a number of optimiser steps, from the measured step time.
 
-    Measured twice: steps can stay slower for a while after the first ones (on the H200 steps 5-25 of the
-    sixth SmolLM2 run took 278 ms and the later ones ~160 ms, so 8 minutes bought 4.4), so the count made
-    after step 25 (timed from step 5, after the one-time costs) only holds until the one made after step
-    125 (timed over the 100 steps between) replaces it. Both come before a usual warm-up ends, where the
-    count does not yet change the learning rate."""
+    Measured three times: steps can stay slower for a while after the first ones (on the H200 steps 5-25 of
+    the sixth SmolLM2 run took 278 ms and the later ones ~160 ms, so 8 minutes bought 4.4; in the thirteenth,
+    steps 25-125 took 206 ms and 100-200 167 ms, so a count at 125 would leave a fifth of the minutes
+    unused), so the count made after step 25 (timed from step 5, after the one-time costs) only holds until
+    the one made after step 125 (timed over the 100 steps between), and that one until the one after step
+    325 (the 200 steps between). The first two come before a usual warm-up ends, where the count does not
+    yet change the learning rate; the last moves the cosine that has just begun by a few percent at most."""
 
-    MARKS = (5, 25, 125)  # steps after the first; a count at each but the first
+    MARKS = (5, 25, 125, 325)  # steps after the first; a count at each but the first
 
     def __init__(self, minutes: float, start: float, cap: int):
         self.seconds, self.start, self.cap = 60 * minutes, start, cap
