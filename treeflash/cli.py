@@ -241,8 +241,8 @@ def _add_train_parser(sub) -> None:
     t.add_argument("--gen-batch-size", type=int, default=64, help="engine slots while generating data (default 64)")
     t.add_argument("--data-dir", default=None, help="response cache directory (default OUT/data)")
     t.add_argument("--data-minutes", type=float, default=None,
-                   help="queue no new generation request after this many minutes (a later run continues); "
-                        "0: train on the responses already cached")
+                   help="queue no new response request after this many minutes (a later run continues); "
+                        "0: train on the responses already cached (self:N prompts are written first, not counted)")
     t.add_argument("--num-layers", type=int, default=2, help="drafter layers (default 2)")
     t.add_argument("--block-size", type=int, default=16, help="block size (default 16)")
     t.add_argument("--target-layer-ids", default=None,
