@@ -31,6 +31,8 @@ from helpers import make_tiny_target
 from spec_helpers import drafter_hf_config, make_target
 
 VOCAB = 64
+# A chat template with a user header ("U ") before each message: what self:N prompts need to start from.
+HEADER_TEMPLATE = "{% for m in messages %}U {{ m['content'] }}.{% endfor %}{% if add_generation_prompt %}A {% endif %}"
 
 
 @pytest.fixture(scope="module")
@@ -403,7 +405,7 @@ def test_own_prompts_are_the_targets_messages_seeded_cached_and_resumed(chat_tar
     import treeflash.train.own_prompts as own
 
     llm = LLM(str(chat_target), device="cpu", dtype="float32", max_num_seqs=2)
-    llm.tokenizer.chat_template = "{% for m in messages %}U {{ m['content'] }}.{% endfor %}{% if add_generation_prompt %}A {% endif %}"
+    llm.tokenizer.chat_template = HEADER_TEMPLATE
     assert own.user_turn_prefix(llm.tokenizer) == "U "
     # A random model seldom ends a message: keep any non-empty one so the test sees several.
     monkeypatch.setattr(own, "keep", lambda text, reason: bool(text))
@@ -447,7 +449,7 @@ def test_cli_trains_on_prompts_the_target_writes(chat_target, tmp_path, capsys, 
     # The fixture's template puts nothing before a message: no cue to write one, a clear error.
     assert main(argv) == 1 and "puts nothing before a user message" in capsys.readouterr().err
     cfg = json.loads((target / "tokenizer_config.json").read_text())
-    cfg["chat_template"] = "{% for m in messages %}U {{ m['content'] }}.{% endfor %}{% if add_generation_prompt %}A {% endif %}"
+    cfg["chat_template"] = HEADER_TEMPLATE
     (target / "tokenizer_config.json").write_text(json.dumps(cfg))
     monkeypatch.setattr(own, "keep", lambda text, reason: bool(text))  # a random model seldom ends a message
     assert main(argv) == 0
