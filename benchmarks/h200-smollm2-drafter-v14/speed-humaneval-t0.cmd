@@ -1,0 +1,1 @@
+python3 -m treeflash.cli bench --model /root/smollm2.gguf --draft-model /root/run/drafter --max-tokens 128 --no-plots --dataset humaneval --num-prompts 24 --methods none,dflash,ddtree:32,ddtree:64 --out speed-humaneval-t0.json
