@@ -1,11 +1,12 @@
 """Where a `train-drafter` step's time goes: one step of the shipped recipe at the SmolLM2-135M shape.
 
 Random weights at the real shapes (target: `treeflash.bench.shapes`; drafter: the shipped one's, 3 layers,
-block 16, target layers 1,8,14,21,27) and random token sequences of the data's lengths (prompts 20-256,
-responses 50-256 tokens: the fourteenth run's responses averaged 208), 64 sequences x 32 anchors a step,
-bf16 autocast, as `treeflash train-drafter --device cuda` runs it. Times whole steps (--distill 0 and 0.5)
-and each part of one (target pass, drafter forward, loss, backward, optimiser) with CUDA events, then
-prints torch.profiler's table of the GPU's kernels for a few steps. A timing, not a test.
+block 16, target layers 1,8,14,21,27) and random token sequences of about the data's lengths (prompts
+20-256 tokens, responses 50-256, uniform: 153 on average, where the fourteenth run's averaged 208), 64
+sequences x 32 anchors a step, bf16 autocast, as `treeflash train-drafter --device cuda` runs it. Times whole
+steps (--distill 0.5, then 0) and the parts of one (the batch on the host, the target pass alone, the loss's
+forward with it, backward, clipping + optimiser), synchronising between parts, then prints torch.profiler's
+table of the GPU's kernels over three steps. A timing, not a test.
 
     python benchmarks/train_step_profile.py [--steps 20] [--warmup 100] [--batch-size 64] [--out DIR]
 """
