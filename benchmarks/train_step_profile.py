@@ -47,21 +47,17 @@ def main() -> None:
     result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "torch": torch.__version__, "step_ms": {}, "parts_ms": {}}
 
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-
     for distill in (0.5, 0.0):
         drafter = init_drafter(drafter_config(tcfg, opts), 0.02, 0, target)
-        trainer = Trainer(drafter, target, examples, TrainConfig(steps=10**6, batch_size=args.batch_size, blocks_per_seq=32,
-                                                                 lr=3e-4, distill=distill))
+        cfg = TrainConfig(steps=10**6, batch_size=args.batch_size, blocks_per_seq=32, lr=3e-4, distill=distill)
+        trainer = Trainer(drafter, target, examples, cfg)
         for _ in range(args.warmup):
             trainer.train_step()
-        sync()
+        _sync(device)
         t0 = time.perf_counter()
         for _ in range(args.steps):
             trainer.train_step()
-        sync()
+        _sync(device)
         result["step_ms"][f"distill {distill}"] = 1e3 * (time.perf_counter() - t0) / args.steps
         print(f"distill {distill}: {result['step_ms'][f'distill {distill}']:.1f} ms/step", flush=True)
         if distill == 0.5:
@@ -74,6 +70,11 @@ def main() -> None:
     (Path(args.out) / "train_step_profile.json").write_text(json.dumps(result, indent=1))
 
 
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
 def parts(trainer, device, steps: int) -> dict:
     """Mean milliseconds of each part of a step, timed with a synchronisation between parts."""
     from treeflash.train.loss import drafter_loss, target_pass
@@ -81,12 +82,10 @@ def parts(trainer, device, steps: int) -> dict:
     times: dict[str, float] = {}
 
     def timed(name, fn):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        _sync(device)
         t0 = time.perf_counter()
         out = fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        _sync(device)
         times[name] = times.get(name, 0.0) + 1e3 * (time.perf_counter() - t0) / steps
         return out
 
@@ -112,8 +111,7 @@ def kernels(trainer, device) -> str:
     with profile(activities=activities) as prof:
         for _ in range(3):
             trainer.train_step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        _sync(device)
     key = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
     return prof.key_averages().table(sort_by=key, row_limit=30, max_name_column_width=70)
 
