@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from treeflash.checkpoint import load_target
 from treeflash.llm import LLM
@@ -139,6 +140,74 @@ def test_loss_equals_per_block_inference_through_the_speculator(target_dir, dist
     assert out.labels == int(counted.sum())
     torch.testing.assert_close(out.loss.detach(), torch.tensor(num / den), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out.accuracy, correct / counted.clamp_min(1))
+
+
+def test_padding_and_chunking_change_no_value(target_dir):
+    """A batch padded to a multiple, its lm_head loss made a few rows at a time, gives the unpadded, one-piece
+    loss, accuracy and gradients (and the same anchors: they are drawn over the real positions)."""
+    target, _ = load_target(target_dir, "cpu", torch.float64)
+    sequences = [([3, 17, 42, 5], [9, 30, 11, 2, 60, 7, 8, 1, 33]), ([12, 4], [50, 51, 52, 53, 54, 6])]
+    runs = []
+    for pad, chunk in [(1, 10**6), (16, 3), (64, 1)]:
+        drafter = tiny_drafter(target_dir).double()
+        batch = SequenceBatch.collate(sequences, "cpu", pad)
+        assert batch.tokens.shape[1] % pad == 0 and batch.longest == 13
+        anchors, valid = sample_anchors(batch, 4, torch.Generator().manual_seed(3))
+        out = drafter_loss(drafter, target, batch, anchors, valid, 2.0, 0.5, head_chunk=chunk)
+        out.loss.backward()
+        runs.append((anchors, out, [p.grad for p in drafter.parameters()]))
+    (anchors, want, grads), *others = runs
+    for a, out, g in others:
+        assert torch.equal(a, anchors) and out.labels == want.labels
+        torch.testing.assert_close(out.loss, want.loss)
+        torch.testing.assert_close(out.accuracy, want.accuracy)
+        for x, y in zip(g, grads):
+            torch.testing.assert_close(x, y)
+
+
+@pytest.mark.parametrize("distill", [0.0, 0.3, 1.0])
+@pytest.mark.parametrize("softcap", [None, 5.0])
+def test_head_loss_is_cross_entropy_over_all_rows(distill, softcap):
+    """head_loss against F.cross_entropy of the whole [N, V] logits with mixed labels, through autograd: the
+    value, the hits and the gradient in the hidden states, for a plain head and a multiplied, soft-capped one."""
+    from treeflash.train.loss import head_loss
+
+    g = torch.Generator().manual_seed(0)
+    n, hdim, vocab = 11, 8, 20
+    weight = torch.randn(vocab, hdim, generator=g, dtype=torch.float64)
+    hidden = torch.randn(n, hdim, generator=g, dtype=torch.float64, requires_grad=True)
+    soft_hidden = torch.randn(n, hdim, generator=g, dtype=torch.float64)
+    labels = torch.randint(vocab, (n,), generator=g)
+    w = torch.rand(n, generator=g, dtype=torch.float64)
+
+    def logits_of(h):
+        z = 1.5 * (h @ weight.T)
+        return z if softcap is None else torch.tanh(z / softcap) * softcap
+
+    loss, hit = head_loss(logits_of, hidden, labels, w, lambda h: h @ weight.T, soft_hidden, distill, chunk=4)
+    (grad,) = torch.autograd.grad(loss, hidden)
+    h2 = hidden.detach().requires_grad_()
+    mixed = distill * torch.softmax(soft_hidden @ weight.T, -1) + (1 - distill) * F.one_hot(labels, vocab)
+    want = (w * F.cross_entropy(logits_of(h2), mixed, reduction="none")).sum()
+    want.backward()
+    torch.testing.assert_close(loss, want)
+    torch.testing.assert_close(grad, h2.grad)
+    assert torch.equal(hit, logits_of(hidden).argmax(-1) == labels)
+
+
+def test_training_masks_attend_as_the_dense_mask():
+    """CausalMask and a head-broadcast [B, 1, T, L] mask give what the dense [B, T, L] mask gives."""
+    from treeflash.attention import CausalMask, attend
+
+    g = torch.Generator().manual_seed(0)
+    b, heads, kv_heads, t, d = 2, 6, 2, 7, 8
+    q = torch.randn(b, heads, t, d, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(b, kv_heads, t, d, generator=g, dtype=torch.float64) for _ in range(2))
+    causal = torch.ones(t, t, dtype=torch.bool).tril()[None].expand(b, -1, -1)
+    torch.testing.assert_close(attend(q, k, v, CausalMask(b, t)), attend(q, k, v, causal))
+    some = torch.rand(b, t, t, generator=g) < 0.6
+    some[..., 0] = True  # every row sees something
+    torch.testing.assert_close(attend(q, k, v, some[:, None]), attend(q, k, v, some))
 
 
 def test_gradients_reach_the_drafter_only(target_dir):

@@ -60,6 +60,22 @@ HYBRID_SPLITKV_ROWS = 512
 
 
 @dataclass(frozen=True)
+class CausalMask:
+    """Each of T tokens sees itself and the tokens before it, nothing else: a whole sequence with no cache
+    (training's target pass over right-padded sequences). No mask tensor: SDPA's `is_causal` runs a
+    FlashAttention kernel, where a dense [B, T, T] mask took a copy per layer for the folded query heads, a
+    conversion to an additive mask and, on cuDNN, an attention plan per new length
+    (benchmarks/h200-train-step-profile)."""
+
+    batch: int
+    length: int
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.batch, self.length, self.length)
+
+
+@dataclass(frozen=True)
 class FlexMask:
     """A round's FlexAttention mask and the kernel choice that goes with it."""
 
@@ -219,9 +235,20 @@ def attend_new(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache, layer: 
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
-    """q: [B, H, T, D]; k, v: [B, Hkv, L, D]; mask: [B, T, L] bool (True = visible), or a FlexMask or
-    SplitKVMask (or a HybridMask of both) over the same rows -> [B, T, H*D]."""
+    """q: [B, H, T, D]; k, v: [B, Hkv, L, D]; mask: [B, T, L] bool (True = visible), [B, 1, T, L] bool (the
+    same for every head: training's many-block mask), a CausalMask (T = L), or a FlexMask or SplitKVMask (or
+    a HybridMask of both) over the same rows -> [B, T, H*D]."""
     b, h, t, d = q.shape
+    if isinstance(mask, CausalMask) or (isinstance(mask, torch.Tensor) and mask.dim() == 4):
+        # Training's large masks: the KV heads repeated for their query heads (a small copy of [B, Hkv, L, D])
+        # rather than the mask copied for every folded query row as below (for a 512-token block over a
+        # 400-token context, 9 query heads, 64 sequences: 270 MB a layer, and its additive form).
+        groups = h // k.shape[1]
+        if groups > 1:
+            k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+        causal = isinstance(mask, CausalMask)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=None if causal else mask, is_causal=causal)
+        return out.transpose(1, 2).flatten(2)
     if isinstance(mask, HybridMask):
         mask = mask.pick(t, h // k.shape[1])
     if isinstance(mask, SplitKVMask):

@@ -19,10 +19,11 @@ from pathlib import Path
 import torch
 
 from treeflash.models.dflash import DFlashDrafter
+from treeflash.models.kernels import COMPILED, use_fast_path
 from treeflash.models.transformer import Transformer
 from treeflash.train.config import TrainConfig
 from treeflash.train.data import Example
-from treeflash.train.loss import LossOutput, SequenceBatch, drafter_loss, sample_anchors
+from treeflash.train.loss import PAD_MULTIPLE, LossOutput, SequenceBatch, drafter_loss, sample_anchors
 
 
 def learning_rate(cfg: TrainConfig, step: int, total_steps: int) -> float:
@@ -69,6 +70,10 @@ class Trainer:
         self.step = 0
         for p in target.parameters():
             p.requires_grad_(False)
+        if self.device.type == "cuda":
+            # The frozen target runs without autograd: one GEMM for q/k/v and for gate/up, and each norm,
+            # rotary and silu one compiled kernel, as at inference (models/kernels.py).
+            use_fast_path(target, fused=True, kernels=COMPILED)
         params = [p for p in drafter.parameters()]
         decay = [p for p in params if p.ndim >= 2]
         no_decay = [p for p in params if p.ndim < 2]  # norms
@@ -78,7 +83,7 @@ class Trainer:
 
     def batch(self, step: int) -> tuple[SequenceBatch, torch.Tensor, torch.Tensor]:
         picked = [self.examples[i] for i in batch_indices(len(self.examples), self.cfg.batch_size, self.cfg.seed, step)]
-        batch = SequenceBatch.collate([(e.prompt_ids, e.response_ids) for e in picked], self.device)
+        batch = SequenceBatch.collate([(e.prompt_ids, e.response_ids) for e in picked], self.device, PAD_MULTIPLE)
         generator = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + step)
         anchors, valid = sample_anchors(batch, self.cfg.blocks_per_seq, generator)
         return batch, anchors, valid
