@@ -4,11 +4,14 @@ Random weights at the real shapes (target: `treeflash.bench.shapes`; drafter: th
 block 16, target layers 1,8,14,21,27) and random token sequences of about the data's lengths (prompts
 20-256 tokens, responses 50-256, uniform: 153 on average, where the fourteenth run's averaged 208), 64
 sequences x 32 anchors a step, bf16 autocast, as `treeflash train-drafter --device cuda` runs it. Times whole
-steps (--distill 0.5, then 0) and the parts of one (the batch on the host, the target pass alone, the loss's
+steps (--distill 0.5, then 0; `--distills`) and the parts of one (the batch on the host, the target pass alone, the loss's
 forward with it, backward, clipping + optimiser), synchronising between parts, then prints torch.profiler's
 table of the GPU's kernels over three steps. A timing, not a test.
 
-    python benchmarks/train_step_profile.py [--steps 20] [--warmup 100] [--batch-size 64] [--out DIR]
+    python benchmarks/train_step_profile.py [--steps 20] [--warmup 100] [--batch-size 64] [--distills 0.5,0]
+        [--no-profile] [--out DIR]
+
+PYTHONPATH=OTHER_CHECKOUT times another version of the package with the same script (the JSON names it).
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=100,
                     help="untimed steps first: cuDNN plans an attention per sequence length, once")
     ap.add_argument("--batch-size", type=int, default=64, help="sequences a step (the recipe's 64)")
+    ap.add_argument("--distills", default="0.5,0",
+                    help="comma-separated --distill values, each timed with a fresh trainer (parts and kernels: the first)")
+    ap.add_argument("--no-profile", action="store_true", help="whole steps only: no parts, no kernel table")
     ap.add_argument("--out", default=".")
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -44,23 +50,36 @@ def main() -> None:
     rng = random.Random(0)
     examples = [Example([rng.randrange(100, 49000) for _ in range(rng.randint(20, 256))],
                         [rng.randrange(100, 49000) for _ in range(rng.randint(50, 256))]) for _ in range(4096)]
-    result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-              "torch": torch.__version__, "step_ms": {}, "parts_ms": {}}
+    import treeflash
 
-    for distill in (0.5, 0.0):
+    result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+              "torch": torch.__version__, "package": str(Path(treeflash.__file__).parent), "step_ms": {},
+              "first_losses": {}, "parts_ms": {}}
+
+    distills = [float(d) for d in args.distills.split(",")]
+    for distill in distills:
         drafter = init_drafter(drafter_config(tcfg, opts), 0.02, 0, target)
         cfg = TrainConfig(steps=10**6, batch_size=args.batch_size, blocks_per_seq=32, lr=3e-4, distill=distill)
         trainer = Trainer(drafter, target, examples, cfg)
-        for _ in range(args.warmup):
+        # The first steps' losses: the same weights, batches and anchors in every version of the package.
+        first = [float(trainer.train_step()[0].loss.detach()) for _ in range(min(3, args.warmup))]
+        result["first_losses"][f"distill {distill}"] = first
+        print(f"distill {distill}: first losses {first}", flush=True)
+        for _ in range(args.warmup - len(first)):
             trainer.train_step()
         _sync(device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
         t0 = time.perf_counter()
         for _ in range(args.steps):
             trainer.train_step()
         _sync(device)
         result["step_ms"][f"distill {distill}"] = 1e3 * (time.perf_counter() - t0) / args.steps
-        print(f"distill {distill}: {result['step_ms'][f'distill {distill}']:.1f} ms/step", flush=True)
-        if distill == 0.5:
+        peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+        result.setdefault("peak_gib", {})[f"distill {distill}"] = round(peak, 2)
+        print(f"distill {distill}: {result['step_ms'][f'distill {distill}']:.1f} ms/step, peak {peak:.1f} GiB",
+              flush=True)
+        if distill == distills[0] and not args.no_profile:
             result["parts_ms"] = parts(trainer, device, args.steps)
             print("parts (ms):", json.dumps(result["parts_ms"]), flush=True)
             result["kernels"] = kernels(trainer, device)
