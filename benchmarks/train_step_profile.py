@@ -4,9 +4,9 @@ Random weights at the real shapes (target: `treeflash.bench.shapes`; drafter: th
 block 16, target layers 1,8,14,21,27) and random token sequences of about the data's lengths (prompts
 20-256 tokens, responses 50-256, uniform: 153 on average, where the fourteenth run's averaged 208), 64
 sequences x 32 anchors a step, bf16 autocast, as `treeflash train-drafter --device cuda` runs it. Times whole
-steps (--distill 0.5, then 0; `--distills`) and the parts of one (the batch on the host, the target pass alone, the loss's
-forward with it, backward, clipping + optimiser), synchronising between parts, then prints torch.profiler's
-table of the GPU's kernels over three steps. A timing, not a test.
+steps (--distill 0.5, then 0; `--distills`) and the parts of one (the batch on the host, the target pass
+alone, the loss's forward with it, backward, clipping + optimiser), synchronising between parts, then prints
+torch.profiler's table of the GPU's kernels over three steps. A timing, not a test.
 
     python benchmarks/train_step_profile.py [--steps 20] [--warmup 100] [--batch-size 64] [--distills 0.5,0]
         [--no-profile] [--out DIR]
@@ -38,7 +38,8 @@ def main() -> None:
                     help="untimed steps first: cuDNN plans an attention per sequence length, once")
     ap.add_argument("--batch-size", type=int, default=64, help="sequences a step (the recipe's 64)")
     ap.add_argument("--distills", default="0.5,0",
-                    help="comma-separated --distill values, each timed with a fresh trainer (parts and kernels: the first)")
+                    help="comma-separated --distill values, each timed with a fresh trainer "
+                         "(parts and kernels: the first)")
     ap.add_argument("--no-profile", action="store_true", help="whole steps only: no parts, no kernel table")
     ap.add_argument("--out", default=".")
     args = ap.parse_args()
