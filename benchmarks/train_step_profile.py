@@ -54,7 +54,7 @@ def main() -> None:
     import treeflash
 
     result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-              "torch": torch.__version__, "package": str(Path(treeflash.__file__).parent), "step_ms": {},
+              "torch": torch.__version__, "package": _where(Path(treeflash.__file__).parent), "step_ms": {},
               "first_losses": {}, "parts_ms": {}}
 
     distills = [float(d) for d in args.distills.split(",")]
@@ -88,6 +88,14 @@ def main() -> None:
         del trainer, drafter
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "train_step_profile.json").write_text(json.dumps(result, indent=1))
+
+
+def _where(package: Path) -> str:
+    """The package timed, relative to the working directory where it lies below it (no machine's paths in a record)."""
+    try:
+        return str(package.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return package.name
 
 
 def _sync(device) -> None:
