@@ -221,9 +221,9 @@ class _HeadLoss(torch.autograd.Function):
         wanted = hidden.requires_grad  # (not under no_grad: then the value alone)
         for start in range(0, hidden.shape[0], chunk):
             part = slice(start, start + chunk)
-            with torch.no_grad():
-                soft = None if soft_hidden is None else soft_logits_of(soft_hidden[part])
-            with torch.enable_grad() if wanted else torch.no_grad():
+            # (A Function's forward runs without autograd: only the chunk's own graph is turned on.)
+            soft = None if soft_hidden is None else soft_logits_of(soft_hidden[part])
+            with torch.set_grad_enabled(wanted):
                 h = hidden[part].detach().requires_grad_(wanted)
                 logits = logits_of(h)
                 loss, hit = _cross_entropy_for(logits)(logits, soft, labels[part], weights[part], distill)
