@@ -295,10 +295,38 @@ def test_variant_names_an_attention_backend():
     tree_kernel = Variant.parse("compiled/16/flex/treekernel")
     assert tree_kernel.label == "compiled/16/flex/treekernel" and tree_kernel.engine_options()["tree_kernel"]
     assert Variant.parse("compiled/16/treeops").engine_options()["tree_kernel"] is False
+    vocab = Variant.parse("compiled/16/dv32768/splitkv")
+    assert vocab.draft_vocab == 32768 and vocab.attention == "splitkv" and vocab.label == "compiled/16/splitkv/dv32768"
+    assert Variant.parse("compiled/16").draft_vocab is None
     for bad in ("compiled/16/flash", "compiled/16/flex/sdpa", "compiled/16/treekernel/treekernel",
-                "compiled/16/treekernel/treeops"):
+                "compiled/16/treekernel/treeops", "compiled/16/dv0", "compiled/16/dv8/dv16"):
         with pytest.raises(ValueError, match="ATTENTION one of"):
             Variant.parse(bad)
+
+
+def test_synthetic_draft_vocabulary_variant(tmp_path, monkeypatch):
+    """/dvM times the drafter over M tokens, side by side with the whole vocabulary, and leaves it as it was."""
+    from treeflash.bench.synthetic import _draft_vocab
+    from treeflash.config import ModelConfig
+    from treeflash.round import SpecConfig, Speculator
+
+    monkeypatch.setitem(SHAPES, "tiny", Shape("tiny", TINY, mask_token_id=5, drafter_layers=1, block_size=4))
+    out = tmp_path / "dv.json"
+    assert bench("--synthetic", "tiny", "--context", "16", "--batch-sizes", "1", "--methods", "none,ddtree:4",
+                 "--variants", "compiled/1,compiled/1/dv32", "--rounds", "2", "--stage-rounds", "1", "--no-plots",
+                 "--out", str(out)) == 0
+    result = json.loads(out.read_text())
+    assert not result["errors"]
+    assert [(r["method"], r["variant"]) for r in result["rows"]] == [
+        ("none", "compiled/1"), ("none", "compiled/1/dv32"),
+        ("ddtree:4", "compiled/1"), ("ddtree:4", "compiled/1/dv32")]
+    target = build_target(ModelConfig.from_hf(TINY), torch.device("cpu"), torch.float32)
+    drafter = build_drafter(drafter_config(target.config, 1, 4, 5), torch.device("cpu"), torch.float32)
+    with _draft_vocab(drafter, 32, 96):
+        assert Speculator(target, drafter, SpecConfig("ddtree", 4), 1, 32).draft_tokens.tolist() == list(range(32))
+    assert drafter.draft_vocab is None
+    with pytest.raises(ValueError, match="exceeds"), _draft_vocab(drafter, 97, 96):
+        pass
 
 
 def test_synthetic_skips_what_would_not_fit(tmp_path, monkeypatch):

@@ -132,12 +132,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "(ddtree:auto uses the fixed budgets listed before it as its cost profile)")
     s.add_argument("--variants", default=None, metavar="LIST",
                    help="engine kernels to compare on the same weights, comma-separated KERNELS/N[/ATTENTION]"
-                        "[/treekernel|/treeops]: KERNELS 'compiled' (fused projections + torch.compile'd "
+                        "[/treekernel|/treeops][/dvM]: KERNELS 'compiled' (fused projections + torch.compile'd "
                         "pieces, the CUDA default) or 'eager' (compile_kernels=False); N: new tokens up to which "
                         "FlexAttention's decoding kernel runs (flex_decode_tokens); ATTENTION: sdpa, flex, "
                         "splitkv or hybrid (default: the device's); treekernel / treeops: DDTree's builder forced to one "
-                        "Triton kernel / torch ops (neither: the engine's choice per budget). Default: the "
-                        "engine's defaults only (e.g. compiled/1,compiled/16/splitkv,compiled/16/treeops)")
+                        "Triton kernel / torch ops (neither: the engine's choice per budget); dvM: the "
+                        "drafter drafts over a draft vocabulary of M tokens (train-drafter --draft-vocab-size). "
+                        "Default: the engine's defaults only (e.g. compiled/1,compiled/16/splitkv,"
+                        "compiled/16/treeops,compiled/16/dv32768)")
     return p
 
 

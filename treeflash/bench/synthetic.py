@@ -33,9 +33,11 @@ from __future__ import annotations
 
 import gc
 import json
+import re
 import sys
 import tempfile
 import traceback
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -50,7 +52,7 @@ from treeflash.bench.timing import copy_bandwidth, time_engine_rounds
 from treeflash.attention import BACKENDS, FLEX_DECODE_TOKENS
 from treeflash.config import ModelConfig
 from treeflash.engine import Engine
-from treeflash.models.dflash import DrafterConfig
+from treeflash.models.dflash import DraftVocab, DrafterConfig
 from treeflash.round import TREE_BUILDERS
 from treeflash.sampling import SamplingParams
 
@@ -61,30 +63,37 @@ FORCED_BUILDERS = {f"tree{name}": setting for name, setting in TREE_BUILDERS.ite
 
 @dataclass(frozen=True)
 class Variant:
-    """Engine kernels a synthetic row ran with, written KERNELS/N[/ATTENTION][/treekernel|/treeops] (e.g.
-    compiled/1, eager/32, compiled/16/splitkv, compiled/16/treeops)."""
+    """Engine kernels a synthetic row ran with, written KERNELS/N[/ATTENTION][/treekernel|/treeops][/dvM] (e.g.
+    compiled/1, eager/32, compiled/16/splitkv, compiled/16/treeops, compiled/16/dv32768). dvM: the drafter
+    drafts over a draft vocabulary of M tokens (`DraftVocab`, as `train-drafter --draft-vocab-size M` ships),
+    its lm_head over those rows only."""
 
     label: str
     compile_kernels: bool
     flex_decode_tokens: int
     attention: str | None = None  # None: the device's default backend
     tree_kernel: bool | None = None  # None: the engine's choice per budget (round.use_tree_kernel)
+    draft_vocab: int | None = None  # tokens of the drafter's draft vocabulary (None: the whole vocabulary)
 
     @staticmethod
     def parse(text: str) -> "Variant":
         kernels, tokens, *extra = text.strip().split("/")
+        vocabs = [x for x in extra if re.fullmatch(r"dv[1-9][0-9]*", x)]
+        extra = [x for x in extra if x not in vocabs]
         attention = next((x for x in extra if x in BACKENDS), None)
         builders = [x for x in extra if x in FORCED_BUILDERS]
-        if kernels not in KERNELS or not tokens.isdigit() or len(extra) > 2 or \
+        if kernels not in KERNELS or not tokens.isdigit() or len(extra) > 2 or len(vocabs) > 1 or \
                 any(x not in BACKENDS and x not in FORCED_BUILDERS for x in extra) or len(builders) > 1 or \
                 sum(x in BACKENDS for x in extra) > 1:
-            raise ValueError(f"variant {text!r}: expected KERNELS/N[/ATTENTION][/treekernel|/treeops] with KERNELS "
-                             f"one of {KERNELS}, N the new tokens up to which FlexAttention's decoding kernel runs, "
-                             f"ATTENTION one of {BACKENDS}, treekernel / treeops to force DDTree's Triton / torch "
-                             f"tree builder (e.g. compiled/1, compiled/16/splitkv, compiled/16/treeops)")
-        label = "/".join([kernels, str(int(tokens)), *extra])
+            raise ValueError(f"variant {text!r}: expected KERNELS/N[/ATTENTION][/treekernel|/treeops][/dvM] with "
+                             f"KERNELS one of {KERNELS}, N the new tokens up to which FlexAttention's decoding "
+                             f"kernel runs, ATTENTION one of {BACKENDS}, treekernel / treeops to force DDTree's "
+                             f"Triton / torch tree builder, dvM a draft vocabulary of M tokens (e.g. compiled/1, "
+                             f"compiled/16/splitkv, compiled/16/treeops, compiled/16/dv32768)")
+        label = "/".join([kernels, str(int(tokens)), *extra, *vocabs])
         return Variant(label, kernels == "compiled", int(tokens), attention,
-                       FORCED_BUILDERS[builders[0]] if builders else None)
+                       FORCED_BUILDERS[builders[0]] if builders else None,
+                       int(vocabs[0][2:]) if vocabs else None)
 
     def engine_options(self) -> dict:
         return {"compile_kernels": self.compile_kernels, "flex_decode_tokens": self.flex_decode_tokens,
@@ -150,7 +159,8 @@ class SyntheticConfig:
         if not self.variants:
             raise ValueError("--variants is empty")
         for v in self.variants:
-            Variant.parse(v)
+            if Variant.parse(v).draft_vocab is not None and self.tensor_parallel_size > 1:
+                raise ValueError(f"variant {v!r}: a draft vocabulary is timed on one device only")
         for _, methods in self.combos():
             fixed = False
             for m in parse_methods(methods):
@@ -317,8 +327,9 @@ def _run_rows(cfg, s, tcfg, dcfg, methods, target, drafter, make_engine, group, 
         try:
             # The stage split (a second engine, its own prefill and capture) only for the first variant.
             stage_rounds = cfg.stage_rounds if variant == variants[0] else 0
-            timing, prefill_s = _time_one(target, drafter, method, batch, prompt, cfg, stage_rounds, options,
-                                          make_engine)
+            with _draft_vocab(drafter, variant.draft_vocab, tcfg.vocab_size):
+                timing, prefill_s = _time_one(target, drafter, method, batch, prompt, cfg, stage_rounds, options,
+                                              make_engine)
         except torch.OutOfMemoryError:
             skipped.append({**where, "reason": "out of device memory"})
             continue
@@ -355,6 +366,21 @@ def _auto_profile(rows: list[dict], batch: int, variant: Variant, device: torch.
     path = folder / f"b{batch}-{variant.label.replace('/', '-')}.json"
     path.write_text(json.dumps({"device": name, "seconds": {str(batch): {str(b): c for b, c in seconds.items()}}}))
     return str(path)
+
+
+@contextmanager
+def _draft_vocab(drafter, size: int | None, vocab_size: int):
+    """The drafter drafts over the first `size` token ids while timed (random weights: which ids is immaterial)."""
+    if drafter is None or size is None:
+        yield
+        return
+    if size > vocab_size:
+        raise ValueError(f"a draft vocabulary of {size} tokens exceeds the target's {vocab_size}")
+    before, drafter.draft_vocab = drafter.draft_vocab, DraftVocab(tuple(range(size)))
+    try:
+        yield
+    finally:
+        drafter.draft_vocab = before
 
 
 def _time_one(target, drafter, method, batch, prompt, cfg: SyntheticConfig, stage_rounds: int, options: dict,
