@@ -33,7 +33,7 @@ from treeflash.round import draft_log_probs
 from treeflash.sampling import SamplingParams
 from treeflash.tree import DraftTree, build_tree
 
-from tree_temperature import tree_acceptance  # the exact expected acceptance of a tree from its verify
+from tree_temperature import one_slot, tree_acceptance  # (the exact expected acceptance of a tree)
 
 
 def sample_continuations(model, context: list[int], count: int, depth: int, temperature: float,
@@ -102,9 +102,9 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=16)
     ap.add_argument("--every", type=int, default=5, help="take every N-th prompt of the set (MT-Bench is in "
                     "category order: 5 spreads 16 prompts over its eight categories)")
-    ap.add_argument("--max-tokens", type=int, default=96, help="new tokens decoded per prompt")
-    ap.add_argument("--rounds-every", type=int, default=4, help="measure the trees at every N-th round")
-    ap.add_argument("--samples", type=int, default=512, help="continuations sampled per measured round (M)")
+    ap.add_argument("--max-tokens", type=int, default=64, help="new tokens decoded per prompt")
+    ap.add_argument("--rounds-every", type=int, default=3, help="measure the trees at every N-th round")
+    ap.add_argument("--samples", type=int, default=128, help="continuations sampled per measured round (M)")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--budget", type=int, default=64)
     ap.add_argument("--device", default="cpu")
@@ -115,14 +115,10 @@ def main() -> None:
         raise SystemExit("--temperature must be > 0: greedily the target's marginals are its one greedy path")
     from transformers import AutoModelForCausalLM
 
-    from treeflash import LLM
     from treeflash.bench.datasets import load_prompts
 
-    llm = LLM(args.model, draft_model=args.draft_model, device=args.device, dtype="float32", spec="ddtree",
-              tree_budget=args.budget, max_num_seqs=1, time_stages=False)
+    llm, sp = one_slot(args.model, args.draft_model, args.budget, args.device)
     hf = AutoModelForCausalLM.from_pretrained(llm.model_dir, dtype=torch.float32).to(args.device).eval()
-    sp = llm.engine.speculator  # its one slot, driven round by round here
-    sp.reserve(2048)
     depth = sp.drafter.config.block_size - 1
     vocab = llm.config.vocab_size
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)

@@ -51,6 +51,17 @@ def tuning_prompts(kind: str, count: int, seed: int = 0):
             for p in load_prompts(kind)[:count]]
 
 
+def one_slot(model, draft_model, budget: int, device: str = "cpu"):
+    """(LLM, its speculator with one slot and 2,048 cache rows), to be driven round by round, float32."""
+    from treeflash import LLM
+
+    llm = LLM(model, draft_model=draft_model, device=device, dtype="float32", spec="ddtree", tree_budget=budget,
+              max_num_seqs=1, time_stages=False)
+    sp = llm.engine.speculator
+    sp.reserve(2048)
+    return llm, sp
+
+
 def tree_acceptance(tree, logits: torch.Tensor, temperature: float) -> float:
     """Tokens the round emits with this tree (greedy) or on average (sampling), from the verify's logits [1, N, V]."""
     if temperature == 0:
@@ -78,13 +89,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    from treeflash import LLM
-
     taus = [float(t) for t in args.taus.split(",")]
-    llm = LLM(args.model, draft_model=args.draft_model, device="cpu", dtype="float32", spec="ddtree",
-              tree_budget=args.budget, max_num_seqs=1, time_stages=False)
-    sp = llm.engine.speculator  # its one slot, driven round by round here
-    sp.reserve(2048)
+    llm, sp = one_slot(args.model, args.draft_model, args.budget)
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
     eos = llm._eos_ids()
     rows, start = [], time.time()
