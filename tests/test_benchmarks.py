@@ -11,6 +11,7 @@ from helpers import make_tiny_target, one_thread
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import bf16_identity  # noqa: E402
+import marginal_oracle  # noqa: E402
 import oracle_acceptance  # noqa: E402
 import sampler_cost  # noqa: E402
 
@@ -116,3 +117,28 @@ def test_tree_acceptance_is_what_the_walk_accepts():
                          if parents[c] == node and tree.valid[0, c])
 
     assert abs(tree_temperature.tree_acceptance(tree, logits, 0.7) - expected(0)) < 1e-5
+
+
+def test_marginal_oracle_pieces(tmp_path):
+    """The marginals' estimate is each depth's token frequencies; the path tree holds the most frequent
+    prefixes, parents first; the sampler is the target's (at a vanishing temperature: its greedy path)."""
+    import torch
+    import transformers
+
+    samples = torch.tensor([[1, 2], [1, 3], [1, 2], [0, 2]])
+    freq = marginal_oracle.marginal_log_probs(samples, 4).exp()[0]
+    assert torch.allclose(freq, torch.tensor([[0.25, 0.75, 0, 0], [0, 0, 0.75, 0.25]]), atol=1e-6)
+
+    tree = marginal_oracle.path_tree(torch.tensor([5]), samples, budget=3)  # counts 3, 2, then 1s: shorter first
+    assert tree.tokens[0].tolist() == [5, 1, 0, 2] and tree.parents[0].tolist() == [0, 0, 0, 1]
+    assert tree.depths[0].tolist() == [0, 1, 1, 2] and tree.valid[0].all() and tree.max_depth == 2
+    padded = marginal_oracle.path_tree(torch.tensor([5]), samples, budget=8)  # only 5 distinct prefixes
+    assert padded.valid[0].tolist() == [True] * 6 + [False] * 3
+
+    model_dir = make_tiny_target(tmp_path / "m", "llama", vocab_size=16, seed=2, logit_scale=3.0)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    context = [3, 1, 4, 1, 5]
+    with torch.inference_mode(), one_thread():
+        got = marginal_oracle.sample_continuations(model, context, 3, 4, 1e-4, torch.Generator().manual_seed(0))
+        greedy = model.generate(torch.tensor([context]), do_sample=False, max_new_tokens=4)[0, len(context):]
+    assert got.shape == (3, 4) and all(row == greedy.tolist() for row in got.tolist())
