@@ -327,6 +327,7 @@ def test_synthetic_draft_vocabulary_variant(tmp_path, monkeypatch):
     assert drafter.draft_vocab is None
     with pytest.raises(ValueError, match="exceeds"), _draft_vocab(drafter, 97, 96):
         pass
+    assert bench("--synthetic", "tiny", "--variants", "compiled/1/dv97", "--out", str(out)) != 0  # before building
 
 
 def test_synthetic_skips_what_would_not_fit(tmp_path, monkeypatch):

@@ -159,8 +159,12 @@ class SyntheticConfig:
         if not self.variants:
             raise ValueError("--variants is empty")
         for v in self.variants:
-            if Variant.parse(v).draft_vocab is not None and self.tensor_parallel_size > 1:
+            size = Variant.parse(v).draft_vocab
+            if size is not None and self.tensor_parallel_size > 1:
                 raise ValueError(f"variant {v!r}: a draft vocabulary is timed on one device only")
+            if size is not None and size > shape(self.shape).target["vocab_size"]:
+                raise ValueError(f"variant {v!r}: a draft vocabulary of {size} tokens exceeds the "
+                                 f"{self.shape} vocabulary's {shape(self.shape).target['vocab_size']}")
         for _, methods in self.combos():
             fixed = False
             for m in parse_methods(methods):
