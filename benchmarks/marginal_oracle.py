@@ -29,7 +29,6 @@ import time
 
 import torch
 
-from treeflash.round import draft_log_probs
 from treeflash.sampling import SamplingParams
 from treeflash.tree import DraftTree, build_tree
 
@@ -138,12 +137,9 @@ def main() -> None:
                 state = sp.state
                 sampling = sp.sampling(1)
                 if round_index % args.rounds_every == 0:
-                    raw = sp.drafter.draft(sp.target, state.bonus, state.seq_lens, sp.draft_cache, sp.layout,
-                                           None, sp.draft_head)
-                    temp = torch.tensor([args.temperature], device=state.bonus.device)
                     samples = sample_continuations(hf, sequence, args.samples, depth, args.temperature, gen)
                     trees = {
-                        "drafter": sp.build(state.bonus, draft_log_probs(raw, temp), args.budget),
+                        "drafter": sp.build(state.bonus, sp.draft(state, sampling), args.budget),
                         "marginal": build_tree(state.bonus, marginal_log_probs(samples, vocab).to(state.bonus.device),
                                                budget=args.budget),
                         "marginal_quarter": build_tree(
