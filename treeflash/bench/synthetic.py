@@ -158,13 +158,14 @@ class SyntheticConfig:
             raise ValueError(f"--stage-rounds must be at least 0, got {self.stage_rounds}")
         if not self.variants:
             raise ValueError("--variants is empty")
+        vocab = shape(self.shape).target["vocab_size"]
         for v in self.variants:
             size = Variant.parse(v).draft_vocab
             if size is not None and self.tensor_parallel_size > 1:
                 raise ValueError(f"variant {v!r}: a draft vocabulary is timed on one device only")
-            if size is not None and size > shape(self.shape).target["vocab_size"]:
+            if size is not None and size > vocab:
                 raise ValueError(f"variant {v!r}: a draft vocabulary of {size} tokens exceeds the "
-                                 f"{self.shape} vocabulary's {shape(self.shape).target['vocab_size']}")
+                                 f"{self.shape} vocabulary's {vocab}")
         for _, methods in self.combos():
             fixed = False
             for m in parse_methods(methods):
