@@ -153,6 +153,16 @@ class SamplingTensors:
             **static_flags(params),
         )
 
+    def per_node(self, nodes: int) -> "SamplingTensors":
+        """Each slot's parameters repeated for its `nodes` tree nodes ([S, nodes]): views, no copy (in a
+        CUDA graph a gather per field was a kernel each)."""
+        def repeat(t):
+            return t[:, None].expand(t.shape[0], nodes, *t.shape[1:])
+
+        return SamplingTensors(repeat(self.temperature), repeat(self.top_k), repeat(self.top_p), repeat(self.min_p),
+                               repeat(self.greedy), repeat(self.seed), self.all_greedy, self.use_top_k,
+                               self.use_top_p, self.use_min_p, self.max_top_k)
+
     def rows(self, index: torch.Tensor) -> "SamplingTensors":
         """The parameters of the slots in `index` (any shape): one row per node of a tree, say."""
         pick = lambda t: t[index]  # noqa: E731
@@ -229,8 +239,13 @@ def draw_uniforms(seed: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """One uniform per draw: seed [S, 2], positions [S, N] of the tokens drawn -> [S, N] float64.
 
     u = (2k + 1) / 2^53 for a 52-bit k from two 32-bit hashes of (seed, position): every value is
-    exact in float64, strictly inside (0, 1), and the grid is symmetric (1 - u is on it too).
+    exact in float64, strictly inside (0, 1), and the grid is symmetric (1 - u is on it too). On CUDA
+    the same int64 arithmetic runs as one Triton kernel (treeflash/hash_uniforms.py), bit for bit.
     """
+    if positions.is_cuda:
+        from treeflash.hash_uniforms import hash_uniforms  # Triton: imported on CUDA only
+
+        return hash_uniforms(seed, positions)
     h = _fmix32((positions & _MASK32) ^ 0x9E3779B9)
     h = _fmix32(h ^ seed[:, :1])
     h = _fmix32(h ^ seed[:, 1:])
@@ -323,8 +338,6 @@ def derive(logits: torch.Tensor, st: SamplingTensors, positions: torch.Tensor) -
     greedy_tokens = vocab_max(logits)[1]
     if st.all_greedy:
         return greedy_tokens
-    slots, nodes = logits.shape[:2]
-    per_node = st.rows(torch.arange(slots, device=logits.device)[:, None].expand(slots, nodes))
-    probs = processed_probs(logits, per_node)
+    probs = processed_probs(logits, st.per_node(logits.shape[1]))
     sampled = sample_from(probs, draw_uniforms(st.seed, positions))
     return torch.where(st.greedy[:, None], greedy_tokens, sampled)
