@@ -12,6 +12,8 @@ decodings, the exact acceptance of three trees of B nodes:
   the estimate's own noise costs);
 - `paths`: the B most frequent prefixes among those continuations, an estimate of the best tree of B nodes
   anyone could draft (`oracle_acceptance.py` finds that bound exactly at other positions).
+- `mix` (with --mix): the tree from the marginals of train-drafter's three modes in equal shares (the greedy
+  continuation, the model card's T=0.2 / top_p 0.9, T=1), the optimum of a drafter not told the temperature.
 
 Acceptance is exact (not sampled): 1 + the sum over the tree's nodes of the probability that the target's
 sample passes through the node, from one verify of the tree. A round with the drafter's tree then moves the
@@ -19,6 +21,7 @@ decoding on, as the engine would. The continuations are sampled with transformer
 
     python benchmarks/marginal_oracle.py --dataset mtbench --num-prompts 16 --every 5 --max-tokens 64 \
         --rounds-every 3 --samples 128 --out marginal-mtbench-t1.json   (benchmarks/cpu-marginal-oracle/)
+    (add --mix --mix-samples 32 for the `mix` column: marginal-mix-mtbench-t1.json there)
 """
 
 from __future__ import annotations
@@ -36,9 +39,10 @@ from tree_temperature import one_slot, tree_acceptance  # (the exact expected ac
 
 
 def sample_continuations(model, context: list[int], count: int, depth: int, temperature: float,
-                         gen: torch.Generator) -> torch.Tensor:
-    """[count, depth] continuations of `context` sampled from the target (plain softmax at `temperature`):
-    one prefill of the context, its cache repeated `count` times, then `depth` batched steps."""
+                         gen: torch.Generator, top_p: float = 1.0) -> torch.Tensor:
+    """[count, depth] continuations of `context` sampled from the target (softmax at `temperature`, then the
+    top-p nucleus; temperature 0: the greedy continuation, repeated): one prefill of the context, its cache
+    repeated `count` times, then `depth` batched steps."""
     from transformers import DynamicCache
 
     device = next(model.parameters()).device
@@ -50,9 +54,17 @@ def sample_continuations(model, context: list[int], count: int, depth: int, temp
     for step in range(depth):
         # Inverse-CDF sampling on the model's device: torch.multinomial over [count, vocab] rows took ~1.4 s
         # a step at 1,024 rows (on the CPU, and on the CPU again when the rows came back from a GPU).
-        cdf = torch.softmax(logits / temperature, dim=-1).cumsum(-1)
-        u = torch.rand(count, 1, generator=gen, device=device) * cdf[:, -1:]
-        nxt = torch.searchsorted(cdf, u, right=True).clamp_max(cdf.shape[-1] - 1)
+        if temperature == 0:
+            nxt = logits.argmax(-1, keepdim=True)
+        else:
+            probs = torch.softmax(logits / temperature, dim=-1)
+            if top_p < 1.0:  # the smallest set of most probable tokens whose mass reaches top_p
+                ranked, order = probs.sort(-1, descending=True)
+                outside = ranked.cumsum(-1) - ranked >= top_p
+                probs = torch.zeros_like(probs).scatter_(-1, order, ranked.masked_fill(outside, 0.0))
+            cdf = probs.cumsum(-1)
+            u = torch.rand(count, 1, generator=gen, device=device) * cdf[:, -1:]
+            nxt = torch.searchsorted(cdf, u, right=True).clamp_max(cdf.shape[-1] - 1)
         tokens.append(nxt[:, 0])
         if step + 1 < depth:
             out = model(input_ids=nxt, past_key_values=cache, use_cache=True)
@@ -60,13 +72,20 @@ def sample_continuations(model, context: list[int], count: int, depth: int, temp
     return torch.stack(tokens, dim=1)
 
 
-def marginal_log_probs(samples: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[1, depth, vocab] log of each depth's empirical token frequencies; unseen tokens get a log-prob far
-    below any seen one's, so the builder never prefers them (and any tree is lossless anyway)."""
+def frequencies(samples: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[depth, vocab] each depth's empirical token frequencies among the continuations [count, depth]."""
     count, depth = samples.shape
     freq = torch.zeros(depth, vocab)
     freq.scatter_add_(1, samples.T.cpu(), torch.ones(depth, count))
-    return torch.log(freq / count + 1e-12)[None]
+    return freq / count
+
+
+def marginal_log_probs(samples: torch.Tensor | list[torch.Tensor], vocab: int) -> torch.Tensor:
+    """[1, depth, vocab] log of each depth's empirical token frequencies (several sample sets: the equal mix of
+    their frequencies); unseen tokens get a log-prob far below any seen one's, so the builder never prefers
+    them (and any tree is lossless anyway)."""
+    sets = samples if isinstance(samples, list) else [samples]
+    return torch.log(sum(frequencies(s, vocab) for s in sets) / len(sets) + 1e-12)[None]
 
 
 def path_tree(bonus: torch.Tensor, samples: torch.Tensor, budget: int) -> DraftTree:
@@ -108,6 +127,10 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=64)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--mix", action="store_true", help="also the tree of the training data's mix of marginals "
+                    "(train-drafter's three modes in equal shares: the greedy continuation, the model card's "
+                    "T=0.2 / top_p 0.9 and T=1), which is what a drafter not told the temperature learns at best")
+    ap.add_argument("--mix-samples", type=int, default=32, help="continuations at T=0.2 / top_p 0.9 for --mix")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     if args.temperature <= 0:
@@ -123,7 +146,10 @@ def main() -> None:
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
     eos = llm._eos_ids()
     gen = torch.Generator(device=args.device).manual_seed(args.seed)
-    kinds = ("drafter", "marginal", "marginal_quarter", "paths")
+    # The mix's extra samples draw from their own stream, so the T=1 samples (and every other column) are
+    # those of a run without --mix.
+    mix_gen = torch.Generator(device=args.device).manual_seed(args.seed + 1)
+    kinds = ("drafter", "marginal", "marginal_quarter", "paths") + (("mix",) if args.mix else ())
     rows, start = [], time.time()
     for i, prompt in enumerate(load_prompts(args.dataset)[::args.every][:args.num_prompts]):
         ids = llm.chat_token_ids(list(prompt.messages)) if prompt.is_chat else llm.encode(prompt.text)
@@ -147,6 +173,11 @@ def main() -> None:
                             budget=args.budget),
                         "paths": path_tree(state.bonus, samples, args.budget),
                     }
+                    if args.mix:
+                        greedy = sample_continuations(hf, sequence, 1, depth, 0.0, mix_gen)
+                        card = sample_continuations(hf, sequence, args.mix_samples, depth, 0.2, mix_gen, top_p=0.9)
+                        mix = marginal_log_probs([greedy, card, samples], vocab).to(state.bonus.device)
+                        trees["mix"] = build_tree(state.bonus, mix, budget=args.budget)
                     row = {"prompt": prompt.id, "position": len(sequence) - len(ids)}
                     for kind, tree in trees.items():
                         logits, _ = sp.verify(tree, state.seq_lens[:, None] + tree.depths, state, sp.cache)
