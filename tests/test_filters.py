@@ -153,3 +153,27 @@ def test_a_large_vocabulary_cut_matches_the_specification():
         want, margin = spec(logits[row], p)
         if margin > 1e-6:
             assert support(got[row]) == support(want)
+
+
+def full_sort_keep(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """top_p's rule by a stable sort of the whole row (what CUDA runs, for CUDA graphs' fixed shapes)."""
+    ascending, order = probs.sort(dim=-1, stable=True)
+    below = ascending.cumsum(-1, dtype=torch.float64)
+    keep_sorted = (below[..., -1:] - below < top_p[..., None] * below[..., -1:]) | (top_p >= 1)[..., None]
+    return torch.empty_like(keep_sorted).scatter_(-1, order, keep_sorted)
+
+
+def test_the_cpu_candidates_keep_what_the_full_sort_keeps():
+    """Off CUDA top_p sorts only the tokens at or above (1 - top_p) * total / V: the same nucleus, flat rows
+    (where nearly every token is a candidate) and ties at the boundary included."""
+    from treeflash.sampling import _top_p_candidates
+
+    gen = torch.Generator().manual_seed(11)
+    rows = [torch.softmax(torch.randn(6, 5000, generator=gen) * scale, -1) for scale in (0.1, 1.0, 4.0)]
+    ties = torch.tensor([0.0, 1.0, 2.0, 4.0])[torch.randint(0, 4, (6, 777), generator=gen)]
+    rows.append(torch.nn.functional.pad(ties / ties.sum(-1, keepdim=True), (0, 5000 - 777)))
+    probs = torch.cat(rows)
+    top_p = torch.tensor([0.05, 0.3, 0.5, 0.9, 0.999, 1.0] * 4, dtype=torch.float64)
+    assert torch.equal(_top_p_candidates(probs, top_p), full_sort_keep(probs, top_p))
+    three = probs[:3].view(3, 1, 5000).expand(3, 2, 5000)  # leading dims, top_p broadcast over them
+    assert torch.equal(_top_p_candidates(three, top_p[:3, None]), full_sort_keep(three, top_p[:3, None].expand(3, 2)))

@@ -204,17 +204,47 @@ def _top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     A stable ascending sort ranks equal probabilities by token id, so among ties the larger id counts
     as more likely (vLLM's and Hugging Face's rule). A token is kept when the tokens ranked above it
     hold less than top_p of the mass; the masses are summed in float64 so that a 150k-token
-    vocabulary does not move the cut.
+    vocabulary does not move the cut. Off CUDA only the candidates are sorted (`_top_p_candidates`).
     """
-    ascending, order = probs.sort(dim=-1, stable=True)
-    below = ascending.cumsum(-1, dtype=torch.float64)  # mass of this token and all ranked below it
-    total = below[..., -1:]
-    above = total - below
-    # top_p = 1 keeps everything (a token under 1e-16 of the mass can vanish in the subtraction).
-    keep_sorted = (above < top_p[..., None] * total) | (top_p >= 1)[..., None]
-    keep = torch.empty_like(keep_sorted).scatter_(-1, order, keep_sorted)
+    if not probs.is_cuda:
+        keep = _top_p_candidates(probs, top_p)
+    else:  # (fixed shapes, for CUDA graphs)
+        ascending, order = probs.sort(dim=-1, stable=True)
+        below = ascending.cumsum(-1, dtype=torch.float64)  # mass of this token and all ranked below it
+        total = below[..., -1:]
+        above = total - below
+        # top_p = 1 keeps everything (a token under 1e-16 of the mass can vanish in the subtraction).
+        keep_sorted = (above < top_p[..., None] * total) | (top_p >= 1)[..., None]
+        keep = torch.empty_like(keep_sorted).scatter_(-1, order, keep_sorted)
     probs = probs.masked_fill(~keep, 0.0)
     return probs / probs.sum(-1, keepdim=True)
+
+
+def _top_p_candidates(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """The keep mask of `_top_p`'s rule [..., V], sorting per row only the tokens that can be in the nucleus.
+
+    Tokens below (1 - top_p) * total / V hold less than (1 - top_p) of the mass all together, so the nucleus'
+    smallest probability is at least that: only tokens at or above it can be kept, and the mass ranked above
+    any of them is theirs alone. On a 2-core CPU the stable sort of every node's 49,152 probabilities was
+    most of a sampled round's draw (benchmarks/cpu-top-p-candidates); a few hundred candidates sort at once.
+    The sums are float64 as in the full sort, added in another order (a cut can move only where the mass
+    above a token is within ~1e-16 of top_p * total). Row by row: the candidates' number varies.
+    """
+    vocab = probs.shape[-1]
+    rows = probs.reshape(-1, vocab)
+    ps = top_p.expand(probs.shape[:-1]).reshape(-1).tolist()
+    keep = torch.zeros(rows.shape, dtype=torch.bool, device=probs.device)
+    totals = rows.sum(-1, dtype=torch.float64).tolist()
+    for r, (row, p, total) in enumerate(zip(rows, ps, totals)):
+        if p >= 1:
+            keep[r] = True
+            continue
+        candidates = torch.nonzero(row >= (1.0 - p) * total / vocab)[:, 0]  # ascending ids
+        ascending, order = row[candidates].sort(stable=True)  # ties: the smaller id first, as in the full sort
+        below = ascending.cumsum(0, dtype=torch.float64)
+        above = below[-1] - below  # mass ranked above each candidate: the candidates after it in this order
+        keep[r, candidates[order]] = above < p * total
+    return keep.view(probs.shape)
 
 
 # --- counter-based uniforms -------------------------------------------------------------------
