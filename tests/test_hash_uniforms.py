@@ -1,5 +1,5 @@
 """The sampler's uniforms as one Triton kernel (treeflash/hash_uniforms.py), run by Triton's interpreter on
-CPU tensors: bit for bit the uniforms of the PyTorch path, so a seeded request draws the same tokens on CUDA."""
+CPU tensors: bit for bit the uniforms of the PyTorch path, so a seeded request gets the same uniforms on CUDA."""
 
 from __future__ import annotations
 

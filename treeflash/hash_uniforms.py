@@ -1,11 +1,11 @@
 """The sampler's counter-based uniforms as one Triton kernel (CUDA).
 
 `sampling.draw_uniforms` hashes (seed, position) with five MurmurHash3 finalisers in int64 arithmetic:
-written as PyTorch ops that is ~110 elementwise kernels over a handful of values, about a fifth of a
+written as PyTorch ops that is ~110 elementwise kernels over a handful of values, about a tenth of a
 SmolLM2 sampling step's GPU time on the H200 (a kernel costs ~1 us inside a CUDA graph, however small).
 This is the same arithmetic, op for op in int64, in one launch, so every uniform is bit for bit the
-PyTorch one (tests/test_hash_uniforms.py): a seeded request draws the same tokens on the CPU and on CUDA.
-The CPU keeps the PyTorch path.
+PyTorch one (tests/test_hash_uniforms.py): a seeded request gets the same uniforms on the CPU and on CUDA
+(its tokens then part only where the devices' logits round differently). The CPU keeps the PyTorch path.
 """
 
 from __future__ import annotations
