@@ -155,18 +155,11 @@ def test_a_large_vocabulary_cut_matches_the_specification():
             assert support(got[row]) == support(want)
 
 
-def full_sort_keep(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """top_p's rule by a stable sort of the whole row (what CUDA runs, for CUDA graphs' fixed shapes)."""
-    ascending, order = probs.sort(dim=-1, stable=True)
-    below = ascending.cumsum(-1, dtype=torch.float64)
-    keep_sorted = (below[..., -1:] - below < top_p[..., None] * below[..., -1:]) | (top_p >= 1)[..., None]
-    return torch.empty_like(keep_sorted).scatter_(-1, order, keep_sorted)
-
-
 def test_the_cpu_candidates_keep_what_the_full_sort_keeps():
-    """Off CUDA top_p sorts only the tokens at or above (1 - top_p) * total / V: the same nucleus, flat rows
-    (where nearly every token is a candidate) and ties at the boundary included."""
+    """Off CUDA top_p sorts only the tokens at or above (1 - top_p) * total / V: the same nucleus as the full
+    sort CUDA runs, flat rows (where nearly every token is a candidate) and ties at the boundary included."""
     from treeflash.sampling import _top_p_candidates
+    from treeflash.sampling import _top_p_sorted as full_sort_keep
 
     gen = torch.Generator().manual_seed(11)
     rows = [torch.softmax(torch.randn(6, 5000, generator=gen) * scale, -1) for scale in (0.1, 1.0, 4.0)]

@@ -1,15 +1,15 @@
 """top-p's nucleus without a sort, the two Triton kernels of benchmarks/h200-top-p-nucleus/ (an experiment, not
 in the package: the first measured slower than the sort on the H200, the second not timed yet), run by Triton's
-interpreter on CPU tensors: the tokens the sort keeps (`sampling._top_p`: ties ranked by the larger id first),
+interpreter on CPU tensors: the tokens the sort keeps (`sampling._top_p_sorted`: ties ranked by the larger id first),
 with ties, zeros and rows that keep everything."""
 
 from __future__ import annotations
 
-import pytest
-import torch
-
 import importlib.util
 from pathlib import Path
+
+import pytest
+import torch
 
 from triton_interpreter import mend  # noqa: F401  (first: it turns the interpreter on)
 from treeflash import sampling
@@ -31,7 +31,7 @@ top_p_nucleus = KERNELS["nucleus"]
 
 def check(probs: torch.Tensor, top_p: list[float], **launch) -> None:
     tp = torch.tensor(top_p, dtype=torch.float64)
-    want = sampling._top_p(probs, tp) > 0  # the sort's nucleus
+    want = sampling._top_p_sorted(probs, tp)  # the sort's nucleus
     got = top_p_nucleus(probs, tp, **launch)
     assert torch.equal(got > 0, want), [torch.nonzero(r).flatten().tolist() for r in (got > 0) ^ want]
     assert torch.equal(got, torch.where(want, probs, 0.0))  # the kept probabilities as they were
@@ -49,7 +49,7 @@ def test_the_first_kernel_as_measured_keeps_the_sorts_nucleus_too():
     levels = torch.tensor([0.0, 1.0, 2.0])[torch.randint(0, 3, (2, 600), generator=gen)]
     probs = torch.cat([torch.softmax(torch.randn(3, 600, generator=gen) * 3, -1), levels / levels.sum(-1, keepdim=True)])
     tp = torch.tensor([0.2, 0.9, 1.0, 0.5, 0.8], dtype=torch.float64)
-    want = sampling._top_p(probs, tp) > 0
+    want = sampling._top_p_sorted(probs, tp)
     assert torch.equal(KERNELS["nucleus_v1"](probs, tp), torch.where(want, probs, 0.0))
 
 

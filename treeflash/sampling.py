@@ -206,18 +206,21 @@ def _top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     hold less than top_p of the mass; the masses are summed in float64 so that a 150k-token
     vocabulary does not move the cut. Off CUDA only the candidates are sorted (`_top_p_candidates`).
     """
-    if not probs.is_cuda:
-        keep = _top_p_candidates(probs, top_p)
-    else:  # (fixed shapes, for CUDA graphs)
-        ascending, order = probs.sort(dim=-1, stable=True)
-        below = ascending.cumsum(-1, dtype=torch.float64)  # mass of this token and all ranked below it
-        total = below[..., -1:]
-        above = total - below
-        # top_p = 1 keeps everything (a token under 1e-16 of the mass can vanish in the subtraction).
-        keep_sorted = (above < top_p[..., None] * total) | (top_p >= 1)[..., None]
-        keep = torch.empty_like(keep_sorted).scatter_(-1, order, keep_sorted)
+    # (CUDA sorts every row: fixed shapes, for CUDA graphs)
+    keep = _top_p_sorted(probs, top_p) if probs.is_cuda else _top_p_candidates(probs, top_p)
     probs = probs.masked_fill(~keep, 0.0)
     return probs / probs.sum(-1, keepdim=True)
+
+
+def _top_p_sorted(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """The keep mask of `_top_p`'s rule [..., V], by a stable sort of every whole row."""
+    ascending, order = probs.sort(dim=-1, stable=True)
+    below = ascending.cumsum(-1, dtype=torch.float64)  # mass of this token and all ranked below it
+    total = below[..., -1:]
+    above = total - below
+    # top_p = 1 keeps everything (a token under 1e-16 of the mass can vanish in the subtraction).
+    keep_sorted = (above < top_p[..., None] * total) | (top_p >= 1)[..., None]
+    return torch.empty_like(keep_sorted).scatter_(-1, order, keep_sorted)
 
 
 def _top_p_candidates(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

@@ -19,19 +19,11 @@ from treeflash import sampling  # noqa: E402
 from treeflash.sampling import SamplingParams, SamplingTensors, derive  # noqa: E402
 
 
-def full_sort_keep(probs, top_p):
-    # _top_p's rule by a stable sort of the whole row (the CPU's path before, CUDA's now).
-    ascending, order = probs.sort(dim=-1, stable=True)
-    below = ascending.cumsum(-1, dtype=torch.float64)
-    keep_sorted = (below[..., -1:] - below < top_p[..., None] * below[..., -1:]) | (top_p >= 1)[..., None]
-    return torch.empty_like(keep_sorted).scatter_(-1, order, keep_sorted)
-
-
 class FullSort:
-    """Within the block, _top_p takes the full sort on the CPU too."""
+    """Within the block, _top_p takes the full sort (CUDA's, the CPU's before) on the CPU too."""
 
     def __enter__(self):
-        self.original, sampling._top_p_candidates = sampling._top_p_candidates, full_sort_keep
+        self.original, sampling._top_p_candidates = sampling._top_p_candidates, sampling._top_p_sorted
 
     def __exit__(self, *exc):
         sampling._top_p_candidates = self.original

@@ -20,12 +20,7 @@ CONFIGS = [(16, 256, 4), (8, 512, 4), (4, 1024, 8), (2, 1024, 8), (2, 512, 4)]  
 
 def sort_cut(probs, top_p):
     # sampling._top_p's sort, without the renormalisation.
-    ascending, order = probs.sort(dim=-1, stable=True)
-    below = ascending.cumsum(-1, dtype=torch.float64)
-    total = below[..., -1:]
-    keep_sorted = (total - below < top_p[..., None] * total) | (top_p >= 1)[..., None]
-    keep = torch.empty_like(keep_sorted).scatter_(-1, order, keep_sorted)
-    return probs.masked_fill(~keep, 0.0)
+    return probs.masked_fill(~sampling._top_p_sorted(probs, top_p), 0.0)
 
 
 def derive_with(cut, logits, st, pos):
