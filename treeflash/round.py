@@ -34,6 +34,9 @@ PREFILL_CHUNK = 512  # prompt tokens per prefill forward
 # budget x budget mask) and every slot's caches hold budget extra rows: the bound turns a mistyped
 # budget into an error at construction instead of an out-of-memory crash or an hours-long round.
 MAX_TREE_BUDGET = 4096
+# The expected drafts m(B) of the automatic budget travel in the round's integer read-back (`readback`)
+# as fixed point: value * PREDICTED_SCALE, rounded.
+PREDICTED_SCALE = 1 << 16
 
 
 # The most candidates (depths x budget, padded to a power of two as the Triton builder sorts them) at
@@ -106,6 +109,9 @@ class RoundResult:
     walk: Walk
     predicted: torch.Tensor | None = None  # [S, len(AUTO_BUDGETS)] expected accepted drafts (auto budget)
     clock: "StageClock | None" = None
+    # [S, 1 + E (+ C)] int64: all the engine reads back after a round (`readback`), made inside the round
+    # so that a CUDA graph writes it and the host's read is one copy, with no kernel launched for it.
+    readback: torch.Tensor | None = None
 
     @property
     def stage_seconds(self) -> dict[str, float]:
@@ -431,8 +437,9 @@ class Speculator:
         accepted = walk(tree, derived)
         lap("derive_walk")
         self.commit(accepted, features, state, cache, num_slots)
+        rows = readback(accepted, predicted)  # (before the last lap: a stage-split capture ends its graphs there)
         lap("commit")
-        return RoundResult(tree, accepted, predicted, clock if isinstance(clock, StageClock) else None)
+        return RoundResult(tree, accepted, predicted, clock if isinstance(clock, StageClock) else None, rows)
 
     def budget(self, budget: int | None) -> int:
         """The tree budget of a round: the one asked for, else the spec's fixed one."""
@@ -508,6 +515,16 @@ class Speculator:
         state.bonus.copy_(accepted.emitted.gather(1, (accepted.accepted - 1)[:, None])[:, 0])
         # Idle slots stay put, so their garbage rounds never write past the cache.
         state.seq_lens.add_(accepted.accepted * state.active)
+
+
+def readback(accepted: Walk, predicted: torch.Tensor | None) -> torch.Tensor:
+    """What the engine reads after a round, in one int64 tensor [S, 1 + E (+ C)]: per slot the tokens
+    emitted (accepted), the emitted tokens [E] and, with the automatic budget, m(B) for each of the
+    C candidate budgets as fixed point (x PREDICTED_SCALE)."""
+    parts = [accepted.accepted[:, None], accepted.emitted]
+    if predicted is not None:
+        parts.append((predicted * PREDICTED_SCALE).round().long())
+    return torch.cat(parts, 1)
 
 
 def draft_log_probs(logits: torch.Tensor, temperature: torch.Tensor | None) -> torch.Tensor:
