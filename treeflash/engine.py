@@ -8,6 +8,15 @@ string, max_tokens or the context limit. With tree_budget="auto" each round's bu
 the cost profile and the recent acceptance (treeflash/budget.py), using only what that sync read.
 `Engine.abort()` ends a request at once, waiting or running, and frees its slot.
 
+Overlap (`EngineConfig.overlap`, on where rounds are CUDA graph replays): a step launches its round
+*before* reading the previous one back, so the host's bookkeeping of one round (stops, text, the
+budget's averages, the next launch) runs while the device computes the next, and the device does not
+wait for the host between rounds. The round launched that way runs for every request still running
+on the host's last word, so a request that the round being read turns out to finish has one more
+round computed for it, whose tokens are thrown away; its slot is released after that round on the
+device's stream, before anything else can use it. Tokens do not change: a round's tokens depend only
+on the slot's device state, and every request's tokens are cut on the host exactly as before.
+
 Prefill is interleaved with the rounds: a step prefills at most `prefill_tokens_per_step` prompt tokens
 (default: one chunk of `prefill_chunk`), so newcomers delay the running requests by at most that much.
 A long prompt is cut into chunks of `prefill_chunk` and takes a step per chunk; the pieces of one step
@@ -31,13 +40,12 @@ from treeflash.attention import FLEX_DECODE_TOKENS
 from treeflash.budget import AUTO_BUDGETS, BudgetChooser, CostProfile
 from treeflash.detokenize import IncrementalDetokenizer
 from treeflash.outputs import RequestMetrics, RequestOutput
-from treeflash.round import PREFILL_CHUNK, PrefillPiece, SpecConfig, Speculator, rows_per_round
+from treeflash.round import PREDICTED_SCALE, PREFILL_CHUNK, PrefillPiece, RoundResult, SpecConfig, Speculator, \
+    rows_per_round
 from treeflash.runner import PREFILL_MIN_TOKENS, GraphRunner
 from treeflash.sampling import SamplingParams
 from treeflash.tree_view import render_tree
 
-
-_FIXED = 1 << 16  # predicted acceptance travels in the round's integer copy as fixed point
 
 
 @dataclass
@@ -71,6 +79,20 @@ class Request:
 class StepUpdate:
     request: Request
     new_token_ids: list[int]
+
+
+@dataclass
+class Launched:
+    """A round launched and not yet read back: the requests it ran for (by slot) and where its
+    read-back lands (on CUDA a pinned host buffer filled by a copy queued after the round, ready when
+    `ready` has passed; elsewhere the round's own tensor)."""
+
+    requests: list[tuple[int, "Request"]]
+    budget: int | None
+    result: RoundResult
+    rows: torch.Tensor
+    ready: torch.cuda.Event | None
+    start: float  # host clock at launch
 
 
 @dataclass
@@ -127,6 +149,11 @@ class EngineConfig:
     # CPU: float32 projections through oneDNN's prepacked weights (models/kernels.linear; a second copy of the
     # weights in memory); False: F.linear (MKL), which packs the weight again at every call.
     cpu_prepack: bool = True
+    # Launch each round before reading the last one back (see the module docstring). None: where rounds run
+    # asynchronously to the host and nothing reads a round's device tensors after it (CUDA graphs, no stage
+    # clock, no recorded trees); True: also otherwise (eagerly it only costs, but the tests check the
+    # bookkeeping on the CPU with it); False: never. The tokens are the same in every case.
+    overlap: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("prefill_chunk", "prefill_tokens_per_step", "admit_batch"):
@@ -151,7 +178,13 @@ class Engine:
         self.config, self.tokenizer = config, tokenizer
         # Rows a request can ever need: its whole context, plus what one round writes past it.
         self.round_rows = rows_per_round(spec, drafter)
-        self.max_capacity = config.max_model_len + self.round_rows + 1
+        graphs = config.cuda_graphs and target.embed_tokens.weight.device.type == "cuda"  # (GraphRunner.enabled)
+        self.overlap = (graphs and not config.time_stages and not config.record_trees) if config.overlap is None \
+            else config.overlap
+        # Rows a slot's caches need past its request's last token: one round's, and with overlap a second
+        # round's (the one launched before the host knew the request had finished).
+        self.spare_rows = self.round_rows * (2 if self.overlap else 1)
+        self.max_capacity = config.max_model_len + self.spare_rows + 1
         self.speculator = Speculator(target, drafter, spec, config.max_num_seqs,
                                      capacity=min(config.min_capacity, self.max_capacity),
                                      time_stages=config.time_stages, attention=config.attention,
@@ -163,6 +196,12 @@ class Engine:
                                   buckets=sizes)
         self.budget = self._budget_chooser(config) if spec.auto else None
         self.record_trees = config.record_trees
+        self.in_flight: Launched | None = None  # the round launched and not yet read back (overlap)
+        self._last_read = 0.0  # host clock when the last round was read back
+        # Two pinned read-back buffers per shape, used in turn: one may still be read while the next
+        # round's copy is queued into the other.
+        self._pinned: dict[tuple[int, ...], list[tuple[torch.Tensor, torch.cuda.Event]]] = {}
+        self._turn = 0
         self.slots: list[Request | None] = [None] * config.max_num_seqs
         self.free = list(range(config.max_num_seqs))  # a heap of free slots: the lowest is taken first
         self.freed: list[int] = []  # slots retired this step, released on the device together (`_release`)
@@ -265,7 +304,7 @@ class Engine:
         return False
 
     def has_work(self) -> bool:
-        return bool(self.waiting) or any(r is not None for r in self.slots)
+        return bool(self.waiting) or any(r is not None for r in self.slots) or self.in_flight is not None
 
     def step(self) -> list[StepUpdate]:
         stats = self.stats
@@ -273,43 +312,104 @@ class Engine:
         clock = time.perf_counter()
         updates = self._admit()
         stats.prefill_seconds += time.perf_counter() - clock
-        running = [i for i, r in enumerate(self.slots) if r is not None and r.running]
-        if running:
-            clock = time.perf_counter()
-            try:
-                self._round(running, updates)
-            finally:
-                self._release()
-            stats.rounds += 1
+        clock = time.perf_counter()
+        try:
+            read = self._rounds(updates)
+        finally:
+            self._release()
+        if read:
+            stats.rounds += read
             stats.round_seconds += time.perf_counter() - clock
         stats.generated_tokens += sum(len(u.new_token_ids) for u in updates)
         return updates
 
-    def _round(self, running: list[int], updates: list[StepUpdate]) -> None:
+    def _running(self) -> list[int]:
+        return [i for i, r in enumerate(self.slots) if r is not None and r.running]
+
+    def _rounds(self, updates: list[StepUpdate]) -> int:
+        """Launch this step's round and read rounds back: without overlap the one just launched; with it
+        the one launched by the step before (after launching this one, so the device never waits for
+        the host). Returns how many rounds were read."""
+        last, self.in_flight = self.in_flight, None
+        read = 0
+        try:
+            running = self._running()
+            if last is not None and running and not self._may_all_end(last):
+                self.in_flight = self._launch(running)  # queued on the device behind `last`
+        finally:  # (even if that launch failed: `last` has advanced its slots, its tokens must not be lost)
+            if last is not None:
+                self._read(last, updates)
+                read += 1
+        if self.in_flight is None:
+            running = self._running()  # (without the requests `last` finished)
+            if running:
+                launched = self._launch(running)
+                if self.overlap:
+                    self.in_flight = launched
+                else:
+                    self._read(launched, updates)
+                    read += 1
+        elif all(request.finished for _, request in self.in_flight.requests):
+            self.in_flight = None  # it ran only for requests that have ended: nothing in it is wanted
+        return read
+
+    def _may_all_end(self, launched: Launched) -> bool:
+        """Whether every request of `launched` may reach max_tokens in it (it emits more than 1.5 rounds'
+        worth of the request's mean acceptance so far, 1 before its first round). Then the step reads it
+        before launching the next round, which would otherwise likely be computed only to be thrown
+        away: at batch 1 that is a whole round for every request, against the host's bookkeeping of one
+        round, which is what reading first costs."""
+        for _, request in launched.requests:
+            rounds = len(request.metrics.acceptance_lengths)  # (the first token came from prefill, not a round)
+            likely = 1.5 * (len(request.output_ids) - 1) / rounds if rounds else 1.0
+            if not request.finished and request.max_new_tokens - len(request.output_ids) > likely:
+                return False
+        return True
+
+    def _launch(self, running: list[int]) -> Launched:
+        """Run (or queue, on a GPU) a round over slots [0, running[-1]] without waiting for it."""
         num_slots = running[-1] + 1
         budget = self.budget.choose(self.runner.bucket(num_slots)) if self.budget else None
         start = time.perf_counter()
         result = self.runner.round(num_slots, budget)
-        # The round's one host synchronisation: accepted counts, emitted tokens and (auto budget) the
-        # predicted acceptance per budget, as fixed point, in one copy.
-        parts = [result.walk.accepted[:, None], result.walk.emitted]
-        if result.predicted is not None:
-            parts.append((result.predicted * _FIXED).round().long())
-        rows = torch.cat(parts, 1).tolist()
+        rows, ready = result.readback, None
+        if rows.is_cuda and self.overlap:
+            # The next replay rewrites the graph's outputs: copy this round's out behind it on the stream.
+            shape = tuple(rows.shape)
+            if shape not in self._pinned:
+                self._pinned[shape] = [(torch.empty(shape, dtype=rows.dtype, pin_memory=True), torch.cuda.Event())
+                                       for _ in range(2)]
+            host, ready = self._pinned[shape][self._turn]
+            self._turn ^= 1
+            host.copy_(rows, non_blocking=True)
+            ready.record()
+            rows = host
+        return Launched([(i, self.slots[i]) for i in running], budget, result, rows, ready, start)
+
+    def _read(self, launched: Launched, updates: list[StepUpdate]) -> None:
+        """Read a round back (the round's one host synchronisation: accepted counts, emitted tokens and,
+        with the automatic budget, the predicted acceptance per budget) and hand its requests their
+        tokens. Requests that ended meanwhile (a stop in the round before, an abort) are skipped."""
+        if launched.ready is not None:
+            launched.ready.synchronize()
+        rows = launched.rows.tolist()
+        now = time.perf_counter()
+        elapsed = now - max(launched.start, self._last_read)  # (with overlap, rounds' intervals do not overlap)
+        self._last_read = now
+        budget, result = launched.budget, launched.result
         width = 1 + result.walk.emitted.shape[1]
-        accepted, emitted = [r[0] for r in rows], [r[1:width] for r in rows]
-        elapsed = time.perf_counter() - start
-        if self.budget is not None:
+        live = [(i, request) for i, request in launched.requests if not request.finished]
+        if self.budget is not None and live:
             if not self.runner.enabled:  # eager rounds: the round just timed refines its cost
-                self.budget.refine(self.runner.bucket(num_slots), budget, elapsed)
-            self.budget.observe(budget, [accepted[i] for i in running],
-                                [[x / _FIXED for x in rows[i][width:]] for i in running])
+                self.budget.refine(self.runner.bucket(len(rows)), budget, elapsed)
+            self.budget.observe(budget, [rows[i][0] for i, _ in live],
+                                [[x / PREDICTED_SCALE for x in rows[i][width:]] for i, _ in live])
         stage_seconds = result.stage_seconds  # (reads the stage clock: once, not per request)
-        for i in running:
-            request = self.slots[i]
-            self.seq_lens[i] += accepted[i]
+        for i, request in live:
+            accepted = rows[i][0]
+            self.seq_lens[i] += accepted
             m = request.metrics
-            m.acceptance_lengths.append(accepted[i])
+            m.acceptance_lengths.append(accepted)
             if self.budget is not None:
                 m.round_budgets.append(budget)
             m.decode_seconds += elapsed
@@ -317,7 +417,7 @@ class Engine:
                 m.stage_seconds[stage] = m.stage_seconds.get(stage, 0.0) + seconds
             if self.record_trees:
                 request.last_tree = render_tree(result.tree, result.walk, i, self._token_text)
-            updates.append(StepUpdate(request, self._append(request, emitted[i][:accepted[i]])))
+            updates.append(StepUpdate(request, self._append(request, rows[i][1:1 + accepted])))
             self._retire_if_done(request)
 
     # --- admission -------------------------------------------------------------------------------
@@ -386,7 +486,7 @@ class Engine:
             return None
         request = self.waiting.popleft()
         slot = heapq.heappop(self.free)
-        need = len(request.prompt_ids) + request.max_new_tokens + self.round_rows + 1
+        need = len(request.prompt_ids) + request.max_new_tokens + self.spare_rows + 1
         if need > self.speculator.capacity:  # doubling keeps regrowth (a copy of the caches) rare
             self.speculator.reserve(min(max(need, 2 * self.speculator.capacity), self.max_capacity))
         request.slot, self.slots[slot] = slot, request

@@ -190,6 +190,10 @@ class LLM:
     in memory; False keeps F.linear (MKL's sgemm, which repacks the weight at every call).
     budget_profile: a JSON file holding the auto budget's cost profile: loaded if present, else
     measured at first use and written there.
+    overlap: launch each round before reading the last one back, so the host's bookkeeping runs while
+    the device computes (treeflash/engine.py). None (default): on where rounds are CUDA graph replays and
+    neither time_stages nor record_trees reads a round after it; True / False: always / never. The tokens
+    are the same either way; a request that ends costs one more round's device work, thrown away.
     prefill_tokens_per_step: prompt tokens the engine prefills per step, over all waiting requests,
     batched into few target forwards (default 512, one chunk: a newcomer delays running requests by
     one chunk at most). For throughput (many short prompts, hundreds of slots) raise it, e.g. 32768,
@@ -208,7 +212,7 @@ class LLM:
                  tensor_parallel_size: int = 1, prefill_tokens_per_step: int | None = None,
                  compile_kernels: bool = True, admit_batch: int = 1,
                  cuda_graph_sizes: Sequence[int] | None = None, draft_vocab: bool = True,
-                 tree_kernel: bool | None = None, cpu_prepack: bool = True):
+                 tree_kernel: bool | None = None, cpu_prepack: bool = True, overlap: bool | None = None):
         draft_model = default_draft_model(model, draft_model, spec)
         self.parallel = None  # the tensor-parallel group (workers), when tensor_parallel_size > 1
         self.spec = SpecConfig(method=spec or ("ddtree" if draft_model else "none"), tree_budget=tree_budget)
@@ -245,6 +249,7 @@ class LLM:
             attention=attention, budget_profile=budget_profile, prefill_tokens_per_step=prefill_tokens_per_step,
             admit_batch=admit_batch, cuda_graph_sizes=_sizes(cuda_graph_sizes), draft_vocab=bool(draft_vocab),
             compile_kernels=bool(compile_kernels), tree_kernel=tree_kernel, cpu_prepack=bool(cpu_prepack),
+            overlap=None if overlap is None else bool(overlap),
             # On CUDA every cache growth recaptures the graphs and recompiles attention kernels (seconds):
             # start with room for typical requests there; on the CPU grow from small, as memory is dearer.
             min_capacity=CUDA_MIN_CAPACITY if self.device.type == "cuda" else EngineConfig.min_capacity)

@@ -8,8 +8,9 @@ eagerly. Graphs are captured lazily, at a key's first use, with a one-line messa
 
 Static buffers: everything a graph reads lives at a fixed address for its life: the slot state
 (seq_lens, bonus, active), the per-slot sampling rows, the caches. What it writes (the tree, the walk,
-the predicted acceptance) is kept in a `Captured` record; the engine reads it after the replay, in the
-round's one host synchronisation. All graphs share one memory pool.
+the predicted acceptance, the read-back rows) is kept in a `Captured` record; the engine reads the
+read-back after the replay (with overlap, from a copy queued behind it, since the next replay rewrites
+it), in the round's one host synchronisation. All graphs share one memory pool.
 
 Prefill too: `prefill` pads a forward's prompt pieces to powers of two (pieces, tokens, cache rows
 attended) and replays that shape's graph; its static inputs are the pieces' tokens, starts, lengths
@@ -236,6 +237,8 @@ class GraphRunner:
 
     def reset(self) -> None:
         """Drop every graph (their memory returns to the allocator)."""
+        if self.speculator.device.type == "cuda":
+            torch.cuda.synchronize()  # a round may still be running from one of them (the engine's overlap)
         self.graphs.clear()
         self.prefill_graphs.clear()
         self.pool = None
