@@ -162,9 +162,29 @@ def test_bench_help_documents_the_modes(capsys):
 def test_methods_parse_and_refuse_nonsense():
     labels = [m.label for m in parse_methods("none, dflash,DDTREE:64,ddtree:auto,ddtree:64")]
     assert labels == ["none", "dflash", "ddtree:64", "ddtree:auto"]
-    for bad in ("ddtree", "ddtree:0", "ddtree:x", "dflash:4", "eagle", ""):
+    for bad in ("ddtree", "ddtree:0", "ddtree:x", "dflash:4", "eagle", "", "none/fast", "ddtree:64/", "/sync"):
         with pytest.raises(ValueError):
             parse_methods(bad)
+    # /sync: the same method with every round read back before the next one is launched
+    sync = parse_methods("none/sync,ddtree:64/SYNC,ddtree:auto/sync")
+    assert [m.label for m in sync] == ["none/sync", "ddtree:64/sync", "ddtree:auto/sync"]
+    assert [(m.spec, m.budget, m.sync) for m in sync] == [("none", None, True), ("ddtree", 64, True),
+                                                          ("ddtree", "auto", True)]
+    assert sync[1].llm_kwargs() == {"spec": "ddtree", "tree_budget": 64, "overlap": False}
+    assert "overlap" not in parse_methods("ddtree:64")[0].llm_kwargs()
+
+
+def test_sync_twins_run_beside_their_methods_with_the_same_tokens(pair, prompts_file, tmp_path):
+    target, drafter = pair
+    out = tmp_path / "sync.json"
+    assert bench("--model", str(target), "--draft-model", str(drafter), "--dataset", str(prompts_file),
+                 "--methods", "none/sync,none,ddtree:8,ddtree:8/sync", "--num-prompts", "2", "--ignore-eos",
+                 "--stage-prompts", "0", "--no-plots", "--out", str(out)) == 0
+    ran = {m["method"]: m for m in json.loads(out.read_text())["methods"]}
+    assert ran["none"]["speedup_vs_none"] == 1.0  # the engine's default is the baseline, wherever it comes
+    assert [m["sync"] for m in ran.values()] == [True, False, False, True]
+    tokens = {k: [p["token_ids"] for p in m["per_prompt"]] for k, m in ran.items()}
+    assert tokens["none/sync"] == tokens["none"] == tokens["ddtree:8"] == tokens["ddtree:8/sync"]
 
 
 # --- prompt sets -------------------------------------------------------------------------------------

@@ -84,8 +84,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); seeds are --seed + prompt index")
     r.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens tokens")
     r.add_argument("--methods", default=None,
-                   help="comma-separated: none, dflash, ddtree:BUDGET, ddtree:auto (default with a drafter: "
-                        "none,dflash,ddtree:16,ddtree:64,ddtree:256; synthetic: none,dflash + --budgets)")
+                   help="comma-separated: none, dflash, ddtree:BUDGET, ddtree:auto, each optionally with /sync "
+                        "(every round read back before the next is launched: LLM(overlap=False)) (default with a "
+                        "drafter: none,dflash,ddtree:16,ddtree:64,ddtree:256; synthetic: none,dflash + --budgets)")
     r.add_argument("--batch-size", type=int, default=1, help="requests running side by side (default 1)")
     r.add_argument("--cuda-graph-sizes", type=_ints, default=None, metavar="LIST",
                    help="batch sizes captured as CUDA graphs (default: powers of two up to --batch-size); "

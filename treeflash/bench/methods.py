@@ -1,17 +1,20 @@
-"""The methods a benchmark compares, written `none`, `dflash`, `ddtree:64`, `ddtree:auto`."""
+"""The methods a benchmark compares, written `none`, `dflash`, `ddtree:64`, `ddtree:auto`; `/sync` after any
+of them (`ddtree:64/sync`) runs it with every round read back before the next is launched
+(`LLM(overlap=False)`), to compare with the engine's default in one run."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from treeflash.round import SpecConfig
 
 
 @dataclass(frozen=True)
 class Method:
-    label: str  # as the user wrote it, normalised: "none", "dflash", "ddtree:64", "ddtree:auto"
+    label: str  # as the user wrote it, normalised: "none", "dflash", "ddtree:64", "ddtree:auto", "none/sync"
     spec: str  # "none", "dflash" or "ddtree"
     budget: int | str | None = None  # ddtree only: draft nodes per round, or "auto"
+    sync: bool = False  # rounds without overlap (LLM(overlap=False)); False: the engine's default
 
     def nodes(self, depth: int) -> int:
         """Draft nodes per round (the chain has one per depth; auto is unknown here, counted as 0)."""
@@ -27,22 +30,29 @@ class Method:
         kwargs = {"spec": self.spec}
         if self.spec == "ddtree":
             kwargs["tree_budget"] = self.budget
+        if self.sync:
+            kwargs["overlap"] = False
         return kwargs
 
 
 def parse_method(text: str) -> Method:
-    name, _, budget = text.strip().lower().partition(":")
+    base, slash, suffix = text.strip().lower().partition("/")
+    if slash and suffix != "sync":
+        raise ValueError(f"method {text!r}: the only suffix is /sync (e.g. ddtree:64/sync)")
+    name, _, budget = base.partition(":")
     if name in ("none", "dflash"):
         if budget:
             raise ValueError(f"method {text!r}: only ddtree takes a budget (ddtree:64, ddtree:auto)")
-        return Method(name, name)
-    if name != "ddtree":
+        method = Method(name, name)
+    elif name != "ddtree":
         raise ValueError(f"unknown method {text!r}: use none, dflash, ddtree:BUDGET or ddtree:auto")
-    if budget == "auto":
-        return Method("ddtree:auto", "ddtree", "auto")
-    if not budget.isdigit() or int(budget) < 1:
+    elif budget == "auto":
+        method = Method("ddtree:auto", "ddtree", "auto")
+    elif not budget.isdigit() or int(budget) < 1:
         raise ValueError(f"method {text!r}: ddtree needs a positive budget, e.g. ddtree:64 (or ddtree:auto)")
-    return Method(f"ddtree:{int(budget)}", "ddtree", int(budget))
+    else:
+        method = Method(f"ddtree:{int(budget)}", "ddtree", int(budget))
+    return replace(method, label=f"{method.label}/sync", sync=True) if slash else method
 
 
 def parse_methods(text: str) -> list[Method]:

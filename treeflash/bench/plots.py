@@ -47,9 +47,10 @@ def plot_bench(result: dict, out_dir: str | Path) -> list[Path]:
 
 
 def _speedup_vs_budget(result: dict, path: Path) -> Path | None:
-    trees = sorted((m for m in result["methods"] if m["spec"] == "ddtree" and isinstance(m["budget"], int)),
+    default = [m for m in result["methods"] if not m.get("sync")]  # (a /sync twin would share its budget's point)
+    trees = sorted((m for m in default if m["spec"] == "ddtree" and isinstance(m["budget"], int)),
                    key=lambda m: m["budget"])
-    chain = next((m for m in result["methods"] if m["spec"] == "dflash"), None)
+    chain = next((m for m in default if m["spec"] == "dflash"), None)
     if not trees and chain is None:
         return None
     plt = _pyplot()

@@ -259,7 +259,8 @@ def _stage_pass(llm, ids: list[list[int]], cfg: BenchConfig) -> list:
 
 
 def _summarise(runs: list[dict], cfg: BenchConfig) -> list[dict]:
-    base = next((r for r in runs if r["method"].spec == "none"), None)
+    base = next((r for r in runs if r["method"].spec == "none" and not r["method"].sync), None)
+    base = base or next((r for r in runs if r["method"].spec == "none"), None)
     base_tps = _tps(base) if base else None
     greedy = cfg.temperature < 1e-5
     summaries = []
@@ -273,7 +274,7 @@ def _summarise(runs: list[dict], cfg: BenchConfig) -> list[dict]:
         if greedy and base is not None:
             same = sum(o.token_ids == b.token_ids for o, b in zip(outs, base["outs"])) / len(outs)
         summaries.append({
-            "method": m.label, "spec": m.spec, "budget": m.budget, "tree_budget_used": r["tree_budget"],
+            "method": m.label, "spec": m.spec, "budget": m.budget, "sync": m.sync, "tree_budget_used": r["tree_budget"],
             "attention": r.get("attention"),
             "tokens_per_second": _tps(r), "wall_seconds": r["wall"],
             "generated_tokens": sum(o.metrics.num_generated_tokens for o in outs), "rounds": rounds,

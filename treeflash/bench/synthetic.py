@@ -344,7 +344,7 @@ def _run_rows(cfg, s, tcfg, dcfg, methods, target, drafter, make_engine, group, 
             continue
         finally:
             _free(device)
-        rows.append({**where, "spec": method.spec, "budget": method.budget,
+        rows.append({**where, "spec": method.spec, "budget": method.budget, "sync": method.sync,
                      "nodes": nodes, "round_ms": timing.median_ms, "round_ms_p10": timing.quantile_ms(0.1),
                      "round_ms_p90": timing.quantile_ms(0.9), "round_ms_all": timing.round_ms,
                      "stage_ms": timing.stage_ms, "prefill_ms": 1e3 * prefill_s, "setup_s": timing.setup_s,
@@ -391,6 +391,8 @@ def _draft_vocab(drafter, size: int | None, vocab_size: int):
 def _time_one(target, drafter, method, batch, prompt, cfg: SyntheticConfig, stage_rounds: int, options: dict,
               make_engine=Engine):
     params = SamplingParams(temperature=cfg.temperature, max_tokens=1 << 20, ignore_eos=True)
+    if method.sync:
+        options = {**options, "overlap": False}
     return time_engine_rounds(target, drafter if method.spec != "none" else None, method.spec_config(), batch,
                               prompt, params, cfg.rounds, cfg.warmup, stage_rounds, seed=cfg.seed,
                               make_engine=make_engine, **options)
@@ -437,9 +439,9 @@ def _goals(rows: list[dict], one_device_ar: list[dict]) -> list[dict]:
 
 
 def _add_ratios(rows: list[dict], floor_ms: float) -> None:
-    ar = {(r["batch"], r.get("variant")): r["round_ms"] for r in rows if r["spec"] == "none"}
+    ar = {(r["batch"], r.get("variant"), r.get("sync", False)): r["round_ms"] for r in rows if r["spec"] == "none"}
     for r in rows:
-        key = (r["batch"], r.get("variant"))
+        key = (r["batch"], r.get("variant"), r.get("sync", False))  # (a /sync method against none/sync)
         r["x_floor"] = r["round_ms"] / floor_ms if floor_ms > 0 else None
         r["x_ar"] = r["round_ms"] / ar[key] if key in ar else None
         total = sum(r["stage_ms"].values())
