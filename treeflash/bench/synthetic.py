@@ -295,8 +295,8 @@ def _run_rows(cfg, s, tcfg, dcfg, methods, target, drafter, make_engine, group, 
                         "target on rank 0's device, same shape, weights, context and rounds, timed first in this run",
             },
             "timing_note": "round_ms: wall time of Engine.step() with every slot running a request (one round and its "
-                           "host synchronisation), median over --rounds steps after warm-up; stage_ms: a separate "
-                           "engine with the per-stage clock on",
+                           "host synchronisation), steps back to back, each from the end of the one before, median "
+                           "over --rounds steps after warm-up; stage_ms: a separate engine with the per-stage clock on",
             "rows": rows,
             "skipped": skipped,
             "errors": errors,

@@ -1,7 +1,7 @@
 """Clocks for benchmarks: the device's copy bandwidth and the wall time of engine rounds.
 
-On CUDA every measurement synchronises before reading the clock, so a time covers the device work,
-not only the launches. Times are reported as medians over repeats: the first calls (allocator
+On CUDA every measurement reads the clock after a synchronisation (an engine step ends with one: it
+reads a round back), so a time covers the device work, not only the launches. Times are reported as medians over repeats: the first calls (allocator
 warm-up, lazy initialisation) are run as warm-up and thrown away.
 """
 
@@ -67,9 +67,13 @@ def time_engine_rounds(target, drafter, spec: SpecConfig, batch: int, prompt: li
 
     A step is one round over every slot plus the engine's one host synchronisation (it reads the
     emitted tokens back), so this is the per-round cost a user sees, through whatever fast path the
-    engine takes (CUDA graphs, kernels). The first step admits the requests (batched prefill forwards);
-    `warmup` steps follow untimed (graph capture, allocator). The stage split comes from a second
-    engine with the per-stage clock on, whose extra synchronisations would inflate the round times.
+    engine takes (CUDA graphs, kernels, overlapped rounds). Steps run back to back, as a serving loop
+    runs them, and each is timed from the end of the one before (with overlap a step launches its round
+    and then reads the previous one back, so only back to back does the host's work hide behind the
+    device's; a synchronisation before each step would idle the device during every launch). The first
+    step admits the requests (batched prefill forwards); `warmup` steps follow untimed (graph capture,
+    allocator). The stage split comes from a second engine with the per-stage clock on, whose extra
+    synchronisations would inflate the round times.
     make_engine: builds each engine from (target, drafter, spec, tokenizer, EngineConfig); a
     tensor-parallel group's builds every rank's and returns rank 0's, whose clock is read (the ranks run
     in lockstep). `engine_options`: further EngineConfig fields (compile_kernels, flex_decode_tokens, ...).
@@ -88,12 +92,13 @@ def time_engine_rounds(target, drafter, spec: SpecConfig, batch: int, prompt: li
     sync(device)
     setup_s = time.perf_counter() - begin
     times = []
+    last = time.perf_counter()
     for _ in range(rounds):
-        sync(device)
-        start = time.perf_counter()
         _step(engine, batch)
-        sync(device)
-        times.append(1e3 * (time.perf_counter() - start))
+        now = time.perf_counter()
+        times.append(1e3 * (now - last))
+        last = now
+    sync(device)
     auto = engine.budget.choose(engine.runner.bucket(batch)) if engine.budget is not None else None
     del engine
     timing = RoundTiming(times, setup_s=setup_s, auto_budget=auto)
