@@ -80,16 +80,17 @@ def format_bench(result: dict) -> str:
              f"{env['device']}, {env['dtype']}" + _attention_note(result["methods"])
              + _tree_builder_note(result["config"])]
     lines += [f"NOTE: {n}" for n in result["notes"]]
-    head = f"{'method':<13} {'accept':>6} {'tok/s':>9} {'speedup':>7} {'ms/round':>9} {'same':>6}  " + \
+    w = max([13] + [len(m["method"]) for m in result["methods"] + result["skipped"]])  # ("ddtree:auto/sync")
+    head = f"{'method':<{w}} {'accept':>6} {'tok/s':>9} {'speedup':>7} {'ms/round':>9} {'same':>6}  " + \
            " ".join(f"{s:>11}" for s in STAGES)
     lines.append(head)
     for m in result["methods"]:
         stages = " ".join(f"{m['stage_ms_per_round'].get(s, 0.0):>11.2f}" for s in STAGES) if m["stage_ms_per_round"] else ""
-        lines.append(f"{m['method']:<13} {m['mean_acceptance_length']:>6.2f} {m['tokens_per_second']:>9.1f} "
+        lines.append(f"{m['method']:<{w}} {m['mean_acceptance_length']:>6.2f} {m['tokens_per_second']:>9.1f} "
                      f"{_cell(m['speedup_vs_none'], '.2f'):>7} {_cell(m['decode_ms_per_round'], '.2f'):>9} "
                      f"{_cell(m['same_tokens_as_none'], '.0%'):>6}  {stages}")
     for s in result["skipped"]:
-        lines.append(f"{s['method']:<13} skipped: {s['reason']}")
+        lines.append(f"{s['method']:<{w}} skipped: {s['reason']}")
     for m in result["methods"]:
         if m.get("auto_budget_rounds"):  # (absent from results written before it existed)
             counts = ", ".join(f"{b} x{n}" for b, n in m["auto_budget_rounds"].items())

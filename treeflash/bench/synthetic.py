@@ -462,17 +462,18 @@ def format_synthetic(result: dict) -> str:
     rows = result["rows"]
     variants = list(dict.fromkeys(r.get("variant", DEFAULT_VARIANT) for r in rows))
     show_variant = len(variants) > 1 or any(r.get("variant", DEFAULT_VARIANT) != DEFAULT_VARIANT for r in rows)
-    header = f"{'batch':>5} {'method':<14} " + (f"{'kernels':<12} " if show_variant else "") + \
+    names = [r["method"] + (f"={r['auto_budget']}" if r.get("auto_budget") else "") for r in rows]
+    w = max([14] + [len(n) for n in names])  # ("ddtree:auto/sync=64")
+    header = f"{'batch':>5} {'method':<{w}} " + (f"{'kernels':<12} " if show_variant else "") + \
         f"{'round ms':>9} {'x AR':>6} {'x floor':>8}  " + \
         " ".join(f"{s:>11}" for s in ("draft", "tree", "verify", "derive_walk", "commit"))
     lines.append(header)
-    for r in rows:
+    for r, method in zip(rows, names):
         stages = " ".join(f"{r['stage_ms'][s]:>11.3f}" if s in r["stage_ms"] else f"{'-':>11}"
                           for s in ("draft", "tree", "verify", "derive_walk", "commit"))
         x_ar = f"{r['x_ar']:.2f}" if r["x_ar"] is not None else "-"
-        method = r["method"] + (f"={r['auto_budget']}" if r.get("auto_budget") else "")
         variant = f"{r.get('variant', DEFAULT_VARIANT):<12} " if show_variant else ""
-        lines.append(f"{r['batch']:>5} {method:<14} {variant}{r['round_ms']:>9.3f} {x_ar:>6} {r['x_floor']:>8.1f}  {stages}")
+        lines.append(f"{r['batch']:>5} {method:<{w}} {variant}{r['round_ms']:>9.3f} {x_ar:>6} {r['x_floor']:>8.1f}  {stages}")
     if len(variants) > 1:
         lines += _variant_pivot(rows, variants)
     for s in result["skipped"]:
