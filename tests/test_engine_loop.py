@@ -15,10 +15,11 @@ from treeflash.server.metrics import ServerMetrics
 PROMPT = [[5, 6, 7]]
 
 
-@pytest.fixture()
-def llm(tmp_path):
+@pytest.fixture(params=[None, True], ids=["default", "overlap"])
+def llm(tmp_path, request):
+    # overlap=True: rounds launched before the last is read back (the default on CUDA graphs), forced here
     return LLM(str(make_tiny_target(tmp_path / "chars", tokenizer=True, max_position_embeddings=2048)),
-               device="cpu", max_num_seqs=2)
+               device="cpu", max_num_seqs=2, overlap=request.param)
 
 
 def greedy(n: int) -> list[SamplingParams]:

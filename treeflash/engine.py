@@ -304,7 +304,9 @@ class Engine:
         return False
 
     def has_work(self) -> bool:
-        return bool(self.waiting) or any(r is not None for r in self.slots) or self.in_flight is not None
+        # (A round in flight is work only while a request it ran for is unfinished, and such a request
+        # still holds its slot; one that ran only for ended requests is left to the next step to drop.)
+        return bool(self.waiting) or any(r is not None for r in self.slots)
 
     def step(self) -> list[StepUpdate]:
         stats = self.stats
