@@ -47,7 +47,6 @@ from treeflash.sampling import SamplingParams
 from treeflash.tree_view import render_tree
 
 
-
 @dataclass
 class Request:
     id: int
@@ -197,7 +196,7 @@ class Engine:
         self.budget = self._budget_chooser(config) if spec.auto else None
         self.record_trees = config.record_trees
         self.in_flight: Launched | None = None  # the round launched and not yet read back (overlap)
-        self._last_read = 0.0  # host clock when the last round was read back
+        self._accounted = 0.0  # host clock up to which time went to a request's prefill or rounds
         # Two pinned read-back buffers per shape, used in turn: one may still be read while the next
         # round's copy is queued into the other.
         self._pinned: dict[tuple[int, ...], list[tuple[torch.Tensor, torch.cuda.Event]]] = {}
@@ -356,8 +355,8 @@ class Engine:
         return read
 
     def _may_all_end(self, launched: Launched) -> bool:
-        """Whether every request of `launched` may reach max_tokens in it (it emits more than 1.5 rounds'
-        worth of the request's mean acceptance so far, 1 before its first round). Then the step reads it
+        """Whether every request of `launched` may reach max_tokens in it: the tokens it has left are at
+        most 1.5x its mean tokens per round so far (1 before its first round). Then the step reads it
         before launching the next round, which would otherwise likely be computed only to be thrown
         away: at batch 1 that is a whole round for every request, against the host's bookkeeping of one
         round, which is what reading first costs."""
@@ -396,8 +395,9 @@ class Engine:
             launched.ready.synchronize()
         rows = launched.rows.tolist()
         now = time.perf_counter()
-        elapsed = now - max(launched.start, self._last_read)  # (with overlap, rounds' intervals do not overlap)
-        self._last_read = now
+        # From its launch, or with overlap from the last read or prefill if later: rounds' times do not overlap.
+        elapsed = now - max(launched.start, self._accounted)
+        self._accounted = now
         budget, result = launched.budget, launched.result
         width = 1 + result.walk.emitted.shape[1]
         live = [(i, request) for i, request in launched.requests if not request.finished]
@@ -437,6 +437,8 @@ class Engine:
             self._prefill(pieces, updates)
         finally:
             self._release()
+        if pieces:  # (the time so far went to prefill, also where a round in flight ran meanwhile)
+            self._accounted = time.perf_counter()
         return updates
 
     def _prefill(self, pieces: list[tuple[Request, int, int]], updates: list[StepUpdate]) -> None:

@@ -1,8 +1,9 @@
 """Clocks for benchmarks: the device's copy bandwidth and the wall time of engine rounds.
 
 On CUDA every measurement reads the clock after a synchronisation (an engine step ends with one: it
-reads a round back), so a time covers the device work, not only the launches. Times are reported as medians over repeats: the first calls (allocator
-warm-up, lazy initialisation) are run as warm-up and thrown away.
+reads a round back), so a time covers the device work, not only the launches. Times are reported as
+medians over repeats: the first calls (allocator warm-up, lazy initialisation) are run as warm-up and
+thrown away.
 """
 
 from __future__ import annotations
