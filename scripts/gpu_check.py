@@ -15,6 +15,8 @@ D. with --smollm2: the real model, greedy float32 identical to transformers on t
 E. graphed == eager (float32): the same requests (greedy and seeded sampling, mixed in one batch) give
    identical tokens with CUDA graphs on and off (rounds and prefill), for none / dflash / ddtree (and
    ddtree with the Triton tree builder), with every attention backend; tree_budget="auto" greedy equals plain decoding.
+   Graphed runs overlap their rounds (the engine's default there); one more run puts the four requests
+   through two slots, so requests end and slots are reused while a round for them is in flight.
 F. no host synchronisation inside a replayed round (set_sync_debug_mode("error") around replays).
 T. the Triton tree builder (treeflash/tree_kernel.py) builds field for field the tree `build_tree` builds,
    on random log-probs at drafter shapes (15 depths, vocabularies of 16,384 and 49,152, budgets 1-512,
@@ -216,6 +218,16 @@ def check_graphs_equal_eager(target: Path, drafter: Path, attentions=("flex", "s
                 results[f"{name}: greedy (graphed) == none"] = outs[True][2:] == reference[2:]
                 results[f"{name}: seeded samples == none (informational: equal up to "
                         f"float rounding at a CDF boundary)"] = str(outs[True][:2] == reference[:2])
+    # Overlapped rounds with slots reused: four requests through two slots, graphed (overlap on) vs eager.
+    outs = {}
+    for graphs in (True, False):
+        llm = LLM(target, device=DEVICE, dtype="float32", draft_model=drafter, spec="ddtree", tree_budget=16,
+                  max_num_seqs=2, cuda_graphs=graphs)
+        outs[graphs] = [o.token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=params,
+                                                          use_tqdm=False)]
+        if graphs:  # (graphs, hence overlap, on CUDA only)
+            results["ddtree-16, 2 slots: overlap on exactly where graphs run"] = llm.engine.overlap == (DEVICE == "cuda")
+    results["ddtree-16, 2 slots: graphed with overlap == eager"] = outs[True] == outs[False]
     plain = LLM(target, device=DEVICE, dtype="float32", max_num_seqs=2).generate(
         prompt_token_ids=PROMPTS, sampling_params=greedy(40), use_tqdm=False)
     auto = LLM(target, device=DEVICE, dtype="float32", draft_model=drafter, max_num_seqs=1, attention="sdpa",
