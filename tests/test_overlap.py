@@ -152,3 +152,13 @@ def test_no_round_is_wasted_on_requests_that_end_at_max_tokens(pair):
                     PROMPTS[:2], max_num_seqs=1)
     assert [len(t) for t, _ in outs] == [20, 20]
     assert llm.engine.stats.rounds == 2 * 19  # the first token comes from prefill
+
+
+def test_caches_grow_while_a_round_is_in_flight(pair):
+    """A long request admitted while another's round is launched: the caches are replaced (and the graphs
+    dropped) under a round in flight, and every request keeps its tokens."""
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (10, 40, 300)]
+    _, at_once = run(pair, "ddtree:8", False, params, PROMPTS[:3], max_num_seqs=2)
+    llm, overlapped = run(pair, "ddtree:8", True, params, PROMPTS[:3], max_num_seqs=2)
+    assert overlapped == at_once and [len(t) for t, _ in overlapped] == [10, 40, 300]
+    assert llm.engine.speculator.capacity > 256  # (the CPU's starting capacity: it grew)
