@@ -226,7 +226,8 @@ def check_graphs_equal_eager(target: Path, drafter: Path, attentions=("flex", "s
         outs[graphs] = [o.token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=params,
                                                           use_tqdm=False)]
         if graphs:  # (graphs, hence overlap, on CUDA only)
-            results["ddtree-16, 2 slots: overlap on exactly where graphs run"] = llm.engine.overlap == (DEVICE == "cuda")
+            overlaps = llm.engine.overlap == (DEVICE == "cuda")
+            results["ddtree-16, 2 slots: overlap on exactly where graphs run"] = overlaps
     results["ddtree-16, 2 slots: graphed with overlap == eager"] = outs[True] == outs[False]
     plain = LLM(target, device=DEVICE, dtype="float32", max_num_seqs=2).generate(
         prompt_token_ids=PROMPTS, sampling_params=greedy(40), use_tqdm=False)

@@ -193,7 +193,8 @@ class LLM:
     overlap: launch each round before reading the last one back, so the host's bookkeeping runs while
     the device computes (treeflash/engine.py). None (default): on where rounds are CUDA graph replays and
     neither time_stages nor record_trees reads a round after it; True / False: always / never. The tokens
-    are the same either way; a request that ends costs one more round's device work, thrown away.
+    are the same either way; a request that ends at a stop token or string (or an abort) costs one more
+    round's device work, thrown away (one that may end at max_tokens is read before the next launch).
     prefill_tokens_per_step: prompt tokens the engine prefills per step, over all waiting requests,
     batched into few target forwards (default 512, one chunk: a newcomer delays running requests by
     one chunk at most). For throughput (many short prompts, hundreds of slots) raise it, e.g. 32768,
