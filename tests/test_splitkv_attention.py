@@ -192,3 +192,37 @@ def test_launch_for_follows_the_measured_rule():
     assert launch_for(128, 4 * 17, batch=8) == FEW_ROWS_WIDE_HEADS  # 544: programs enough without
     # float32: the same launch with KV steps half as wide (the same tile bytes)
     assert launch_for(128, 4 * 65, 4) == Launch(64, 64, 4, 2, 1) and launch_for(64, 1, 4).block_n == 32
+
+
+def test_a_prefill_of_pieces_in_any_slots_attends_and_stores_as_sdpa_does(tmp_path):
+    """Prefill through the splitkv kernels (each piece's slot passed to them, every padded token stored as a
+    prefill graph stores it) gives the hidden states and cache rows of the dense-mask path."""
+    from treeflash.checkpoint import load_drafter, load_target
+    from treeflash.round import PrefillPiece, SpecConfig, Speculator
+
+    target_dir = make_target(tmp_path / "target", vocab=64, hidden=64, heads=4, kv_heads=2, layers=2)
+    target = load_target(target_dir, "cpu", torch.float32)[0]
+    drafter = load_drafter(make_drafter(tmp_path / "drafter", target_dir, block_size=4), "cpu", torch.float32)
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(1, 62, (n,), generator=gen).tolist() for n in (7, 30, 19)]
+
+    def prefilled(attention):
+        sp = Speculator(target, drafter, SpecConfig("ddtree", 8), slots=5, capacity=64, time_stages=False,
+                        attention=attention)
+        sp.prefill_many([PrefillPiece(1, prompts[1], 0, 16)])  # a later chunk starts at row 16
+        # Three pieces padded to 16 tokens and 4 pieces (the fourth repeats the first), slots out of order.
+        pieces = [PrefillPiece(3, prompts[0], 0, 7), PrefillPiece(1, prompts[1], 16, 30),
+                  PrefillPiece(0, prompts[2], 0, 16)]
+        last = sp.prefill_forward(sp.prefill_batch(pieces, 4, 16), 32)
+        return sp, last[:3]
+
+    dense, want = prefilled("sdpa")
+    mine, got = prefilled("splitkv")
+    assert isinstance(mine.attention, str) and mine.attention == "splitkv"
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for slot, end in ((3, 7), (1, 30), (0, 16)):
+        for caches in ((mine.cache, dense.cache), (mine.draft_cache, dense.draft_cache)):
+            for a, b in zip(caches[0].stacked, caches[1].stacked):
+                torch.testing.assert_close(a[:, slot, :, :end], b[:, slot, :, :end], rtol=1e-5, atol=1e-5)
+    untouched = (2, 4)
+    assert all(not t[:, list(untouched)].any() for t in mine.cache.stacked)

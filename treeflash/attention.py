@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from treeflash.kv_cache import KVCache, append_layout
+from treeflash.kv_cache import KVCache, SlotSelection, append_layout
 
 BACKENDS = ("sdpa", "flex", "splitkv", "hybrid")
 FLEX_BLOCK = 128  # rows per FlexAttention block (its default sparse block size)
@@ -222,14 +222,18 @@ def attend_new(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache, layer: 
     """New tokens (queries q [B, H, T, D], keys and values k, v [B, Hkv, T, D]) stored in `cache` at
     `rows`, then attending over it (`attend`) -> [B, T, H*D]. With a SplitKVMask over a KVCache the
     splitkv kernels do both in one launch (the new rows read from k, v and stored as they go): two
-    scatter kernels fewer per layer (benchmarks/h200-splitkv)."""
+    scatter kernels fewer per layer (benchmarks/h200-splitkv). A prefill's pieces (a SlotSelection of
+    any slots, every new token stored) go the same way, the kernels told each piece's slot: no gathered
+    copy of the slots' rows, no dense mask (benchmarks/admission)."""
     if isinstance(mask, HybridMask):
         mask = mask.pick(q.shape[2], q.shape[1] // k.shape[1])
-    if isinstance(mask, SplitKVMask) and isinstance(cache, KVCache):
+    if isinstance(mask, SplitKVMask) and (isinstance(cache, KVCache) or (
+            isinstance(cache, SlotSelection) and cache.real is None)):
         from treeflash.splitkv_attention import splitkv_attention
 
-        return splitkv_attention(q, cache.keys[layer][:, :, :mask.kv_len], cache.values[layer][:, :, :mask.kv_len],
-                                 mask.seq_lens, mask.new_mask, k, v)
+        whole, slots = (cache, None) if isinstance(cache, KVCache) else (cache.cache, cache.slots)
+        return splitkv_attention(q, whole.keys[layer][:, :, :mask.kv_len], whole.values[layer][:, :, :mask.kv_len],
+                                 mask.seq_lens, mask.new_mask, k, v, slots=slots)
     keys, values = cache.extend(layer, k, v, rows, mask.shape[-1])
     return attend(q, keys, values, mask)
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from treeflash.attention import FLEX_BLOCK, FLEX_DECODE_TOKENS, check_backend, default_backend, round_layout
+from treeflash.attention import FLEX_BLOCK, FLEX_DECODE_TOKENS, SplitKVMask, check_backend, default_backend, \
+    round_layout
 from treeflash.budget import AUTO_BUDGETS, NO_DRAFT, expected_drafts
 from treeflash.kv_cache import KVCache, append_layout
 from treeflash.models.dflash import DFlashDrafter
@@ -326,7 +327,10 @@ class Speculator:
         # so no query row is all-masked).
         causal = torch.ones(t, t, dtype=torch.bool, device=dev).tril()
         new_mask = causal[None] & (torch.arange(t, device=dev)[None, None, :] < batch.lengths[:, None, None])
-        _, mask = append_layout(batch.starts, new_mask, kv_len)
+        if self.attention in ("splitkv", "hybrid"):  # the splitkv kernels, told each piece's slot (attend_new)
+            mask = SplitKVMask(batch.starts.to(torch.int32), new_mask.to(torch.uint8), kv_len)
+        else:
+            _, mask = append_layout(batch.starts, new_mask, kv_len)
         hidden, features = self.target(batch.tokens, positions, self.cache.select(batch.slots, real), positions,
                                        mask, self.capture)
         if self.drafter:

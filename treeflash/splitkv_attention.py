@@ -97,11 +97,11 @@ def _softmax_step(s, m_i, l_i):
 
 
 @triton.jit
-def _partial(Q, K, V, NewK, NewV, SeqLens, NewMask, Out, PartAcc, PartMax, PartSum,
+def _partial(Q, K, V, NewK, NewV, SeqLens, NewMask, Slots, Out, PartAcc, PartMax, PartSum,
              sq_b, sq_h, sq_t, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, snk_b, snk_h, snk_t, snv_b, snv_h, snv_t,
              sm_b, sm_q, sm_k, so_b, so_t, scale, KV_HEADS, GROUPS, T, ROWS,
              NUM_SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-             PRECISION: tl.constexpr, STORE_NEW: tl.constexpr):
+             PRECISION: tl.constexpr, STORE_NEW: tl.constexpr, HAS_SLOTS: tl.constexpr):
     bh = tl.program_id(0)
     m_block = tl.program_id(1)
     split = tl.program_id(2)
@@ -124,8 +124,12 @@ def _partial(Q, K, V, NewK, NewV, SeqLens, NewMask, Out, PartAcc, PartMax, PartS
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    k_base = K + b * sk_b + h * sk_h
-    v_base = V + b * sv_b + h * sv_h
+    if HAS_SLOTS:  # batch row b is cache slot Slots[b] (a prefill's pieces, in any slots)
+        cb = tl.load(Slots + b).to(tl.int64)
+    else:
+        cb = b
+    k_base = K + cb * sk_b + h * sk_h
+    v_base = V + cb * sv_b + h * sv_h
     new_k_base = NewK + b * snk_b + h * snk_h
     new_v_base = NewV + b * snv_b + h * snv_h
     if STORE_NEW:
@@ -238,12 +242,14 @@ def num_splits(programs: int, capacity: int, device: torch.device, launch: Launc
 
 def splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor,
                       new_mask: torch.Tensor, new_k: torch.Tensor | None = None,
-                      new_v: torch.Tensor | None = None, launch: Launch | None = None) -> torch.Tensor:
+                      new_v: torch.Tensor | None = None, launch: Launch | None = None,
+                      slots: torch.Tensor | None = None) -> torch.Tensor:
     """q: [B, H, T, D] new tokens' queries; k, v: [B, Hkv, L, D] the cache; seq_lens: [B] int32 committed
     rows; new_mask: [B, T, T] uint8 (1 = visible). new_k, new_v: [B, Hkv, T, D], the new tokens' keys
     and values, stored at rows seq_lens + t by the kernel itself (one launch instead of two scatters
-    and the attention); None: those rows are in the cache already. launch: None picks `launch_for` the
-    shape. Returns [B, T, H*D]."""
+    and the attention); None: those rows are in the cache already. slots: [B] long, the cache slot of
+    each batch row (k, v then hold every slot, [S, Hkv, L, D]: a prefill's pieces in any slots, read and
+    written in place); None: row b is slot b. launch: None picks `launch_for` the shape. Returns [B, T, H*D]."""
     batch, heads, t, head_dim = q.shape
     kv_heads, capacity = k.shape[1], k.shape[2]
     groups = heads // kv_heads
@@ -266,7 +272,8 @@ def splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len
     if any(x.stride(3) != 1 for x in (q, k, v, new_k, new_v)):
         raise ValueError("splitkv attention needs the head dimension contiguous")
     _partial[(batch * kv_heads, m_blocks, splits)](
-        q, k, v, new_k, new_v, seq_lens, new_mask, out, part_acc, part_max, part_sum,
+        q, k, v, new_k, new_v, seq_lens, new_mask, seq_lens if slots is None else slots, out, part_acc, part_max,
+        part_sum,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), new_k.stride(0), new_k.stride(1), new_k.stride(2),
         new_v.stride(0), new_v.stride(1), new_v.stride(2), new_mask.stride(0), new_mask.stride(1),
@@ -274,7 +281,7 @@ def splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len
         NUM_SPLITS=splits, BLOCK_M=block_m, BLOCK_N=launch.block_n, HEAD_DIM=head_dim,
         # float32 stays float32 (TF32 would round the operands to 10 bits: the float32 equality checks
         # compare rounds of different shapes); 16-bit operands are exact in either.
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", STORE_NEW=store_new,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", STORE_NEW=store_new, HAS_SLOTS=slots is not None,
         num_warps=launch.num_warps, **({} if launch.num_stages is None else {"num_stages": launch.num_stages}))
     if splits > 1:
         merge_m = max(1, min(16, MERGE_TILE // (splits * head_dim)))
