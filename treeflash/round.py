@@ -26,6 +26,7 @@ from treeflash.models.dflash import DFlashDrafter
 from treeflash.models.kernels import COMPILED, EAGER, prepack_cpu, projection_weights, use_fast_path
 from treeflash.models.transformer import Transformer
 from treeflash.sampling import SamplingParams, SamplingTensors, derive, static_flags
+from treeflash.transfer import to_device
 from treeflash.tree import DraftTree, Walk, ancestor_mask, build_chain, build_tree, root_only, walk
 
 METHODS = ("none", "dflash", "ddtree")
@@ -242,7 +243,7 @@ class Speculator:
         """Write requests' sampling parameters into their slots' static rows (None: the slot is free) and
         mark the flags stale (recomputed once, when a round reads them); returns the requests' rows."""
         rows = SamplingTensors.build([p or IDLE for p in params], seeds, self.device)
-        index = torch.tensor(slots, dtype=torch.long, device=self.device)
+        index = to_device(slots, self.device, torch.long)
         for f in dataclasses.fields(SamplingTensors):
             value = getattr(rows, f.name)
             if isinstance(value, torch.Tensor):
@@ -303,11 +304,10 @@ class Speculator:
             raise ValueError(f"cannot pad {k} pieces of up to {max(lengths)} tokens to {num} x {t}")
         padded = pieces + [pieces[0]] * (num - k)
         return PrefillBatch(
-            tokens=torch.tensor([p.prompt[p.start:p.end] + [0] * (t - p.end + p.start) for p in padded],
-                                device=self.device),
-            starts=torch.tensor([p.start for p in padded], device=self.device),
-            lengths=torch.tensor([p.end - p.start for p in padded], device=self.device),
-            slots=torch.tensor([p.slot for p in padded], device=self.device))
+            tokens=to_device([p.prompt[p.start:p.end] + [0] * (t - p.end + p.start) for p in padded], self.device),
+            starts=to_device([p.start for p in padded], self.device),
+            lengths=to_device([p.end - p.start for p in padded], self.device),
+            slots=to_device([p.slot for p in padded], self.device))
 
     @torch.inference_mode()
     def prefill_forward(self, batch: PrefillBatch, kv_len: int,
@@ -341,9 +341,9 @@ class Speculator:
     def commit_prefill(self, pieces: list[PrefillPiece]) -> None:
         """After the pieces' forward: each slot's committed length becomes its piece's end, and a slot
         whose whole prompt is in becomes active."""
-        slots = torch.tensor([p.slot for p in pieces], device=self.device)
-        self.state.seq_lens[slots] = torch.tensor([p.end for p in pieces], device=self.device)
-        self.state.active[slots] = torch.tensor([p.end == len(p.prompt) for p in pieces], device=self.device)
+        slots = to_device([p.slot for p in pieces], self.device)
+        self.state.seq_lens[slots] = to_device([p.end for p in pieces], self.device)
+        self.state.active[slots] = to_device([p.end == len(p.prompt) for p in pieces], self.device)
 
     def prefill(self, slot: int, prompt: list[int], chunk: int = PREFILL_CHUNK, start: int = 0,
                 activate: bool = True) -> torch.Tensor:
@@ -365,9 +365,9 @@ class Speculator:
         from the logits after its prompt [k, V]. The first token sits at position len(prompt), the
         same counter key plain decoding uses; it becomes the slot's first root. Returns them [k]."""
         rows = self.set_sampling_many(slots, params, seeds)
-        positions = torch.tensor(prompt_lens, device=self.device)[:, None]
+        positions = to_device(prompt_lens, self.device)[:, None]
         first = derive(logits[:, None], rows, positions)[:, 0]
-        self.state.bonus[torch.tensor(slots, device=self.device)] = first
+        self.state.bonus[to_device(slots, self.device)] = first
         return first
 
     def admit(self, slot: int, prompt: list[int], params: SamplingParams, seed: int, start: int = 0) -> torch.Tensor:
@@ -401,7 +401,7 @@ class Speculator:
         (a step that retires many requests pays it once, not per request)."""
         if not slots:
             return
-        index = torch.tensor(slots, dtype=torch.long, device=self.device)
+        index = to_device(slots, self.device, torch.long)
         self.state.seq_lens[index] = 0
         self.state.active[index] = False
         self.set_sampling_many(slots, [None] * len(slots), [0] * len(slots))

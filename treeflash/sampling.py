@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from treeflash.transfer import to_device
 
 GREEDY_BELOW = 1e-5  # temperatures below this decode greedily
 
@@ -140,7 +141,7 @@ class SamplingTensors:
     @staticmethod
     def build(params: list[SamplingParams], seeds: list[int], device) -> "SamplingTensors":
         def tensor(values, dtype):
-            return torch.tensor(values, dtype=dtype, device=device)
+            return to_device(values, device, dtype)
 
         top_k = [max(p.top_k, 0) for p in params]
         return SamplingTensors(

@@ -1,0 +1,20 @@
+"""Small host values onto the device without a hidden synchronisation.
+
+`torch.tensor(values, device="cuda")` copies from pageable memory, and CUDA makes such a copy wait for
+all the work already queued on the stream: admitting a request, the host stood idle through the whole
+prefill forward at its first such copy, and then the device stood idle while the host issued the first
+token's draw (benchmarks/admission). Through pinned memory the copy is queued like a kernel; PyTorch's
+pinned-memory cache keeps the buffer until the copy has run.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def to_device(values, device: torch.device | str, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """`torch.tensor(values, dtype=dtype)` on `device`, queued without waiting on CUDA."""
+    tensor = torch.tensor(values, dtype=dtype)
+    if torch.device(device).type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
