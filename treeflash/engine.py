@@ -44,6 +44,7 @@ from treeflash.round import PREDICTED_SCALE, PREFILL_CHUNK, PrefillPiece, RoundR
     rows_per_round
 from treeflash.runner import PREFILL_MIN_TOKENS, GraphRunner
 from treeflash.sampling import SamplingParams
+from treeflash.transfer import to_device
 from treeflash.tree_view import render_tree
 
 
@@ -451,9 +452,12 @@ class Engine:
             first = []
             if done:
                 ready = [group[i][0] for i in done]
+                # (A list index would be copied to the device from pageable memory, which waits for the
+                # forward: the host would then issue the draw only once the device had nothing left to do.)
+                rows = logits if len(done) == len(group) else logits[to_device(done, logits.device)]
                 first = self.speculator.first_tokens(
                     [r.slot for r in ready], [len(r.prompt_ids) for r in ready], [r.params for r in ready],
-                    [r.seed for r in ready], logits[done]).tolist()
+                    [r.seed for r in ready], rows).tolist()
             elapsed = time.perf_counter() - clock  # each request waited for the whole forward
             for request, _, end in group:
                 request.prefilled = self.seq_lens[request.slot] = end

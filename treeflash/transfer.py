@@ -13,8 +13,9 @@ import torch
 
 
 def to_device(values, device: torch.device | str, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """`torch.tensor(values, dtype=dtype)` on `device`, queued without waiting on CUDA."""
-    tensor = torch.tensor(values, dtype=dtype)
+    """`torch.tensor(values, dtype=dtype)` (or a CPU tensor as it is) on `device`, queued without waiting on
+    CUDA."""
+    tensor = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
     if torch.device(device).type != "cuda":
         return tensor.to(device)
     return tensor.pin_memory().to(device, non_blocking=True)
