@@ -142,3 +142,21 @@ def test_marginal_oracle_pieces(tmp_path):
         got = marginal_oracle.sample_continuations(model, context, 3, 4, 1e-4, torch.Generator().manual_seed(0))
         greedy = model.generate(torch.tensor([context]), do_sample=False, max_new_tokens=4)[0, len(context):]
     assert got.shape == (3, 4) and all(row == greedy.tolist() for row in got.tolist())
+
+
+def test_the_admission_profile_runs_every_variant(tmp_path):
+    """benchmarks/admission/admission_profile.py on the CPU (its step marks and graph timings need CUDA)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "admission"))
+    import admission_profile
+
+    import treeflash.round
+    from treeflash.transfer import to_device
+
+    out = tmp_path / "adm.json"
+    with one_thread():
+        result = admission_profile.main(["--device", "cpu", "--spec", "ddtree:4", "--prompt-len", "8",
+                                         "--max-tokens", "3", "--requests", "1", "--out", str(out)])
+    assert treeflash.round.to_device is to_device  # the variants' copies swapped back
+    assert [r["variant"] for r in result["rows"]] == ["default", "pageable", "before"]
+    assert all(r["admit_ms"] > 0 and r["request_ms"] > 0 for r in result["rows"])
+    assert json.loads(out.read_text()) == result
