@@ -3,8 +3,9 @@
 The new tokens of a round (a draft block, a draft tree, one decode step) see every committed row of
 their slot plus the new rows their own mask allows. Three representations of that visibility (and a mix):
 
-- "sdpa": a dense boolean mask [B, T, L] and `scaled_dot_product_attention`. The reference, the CPU
-  path and prefill; on a GPU it reads all L rows of the cache whatever the slot's length.
+- "sdpa": a dense boolean mask [B, T, L] and `scaled_dot_product_attention`. The reference and the CPU
+  path (prefill too where the backend is "flex"); on a GPU it reads all L rows of the cache whatever the
+  slot's length.
 - "flex": a FlexAttention `BlockMask` over 128-row blocks: committed blocks are "full" (no mask
   evaluated), the blocks holding the new rows evaluate the ancestor mask, and blocks past the slot's
   length are skipped, so a round costs what the slot's context costs, not what the cache could hold.
@@ -12,7 +13,7 @@ their slot plus the new rows their own mask allows. Three representations of tha
 - "splitkv": the slots' committed lengths and the [B, T, T] mask among the new rows, read by our own
   Triton kernels (treeflash/splitkv_attention.py): each KV head's query heads folded together, the
   visible rows split over many programs and merged. Like flex it reads only the slot's context
-  (CUDA only).
+  (CUDA only). Prefill runs it too, with "hybrid" as well (`Speculator.prefill_forward`).
 - "hybrid": both, chosen per call by its folded query rows: splitkv for few (the AR step, draft blocks,
   small trees; at one slot trees to 128 nodes), flex for many (HybridMask.pick).
 
