@@ -101,12 +101,12 @@ def install_oracle(monkeypatch, known: dict[tuple[int, ...], list[int]], vocab: 
     the slot's own state (committed length, bonus), so a request's drafts do not depend on its batch.
     """
     sequences: dict[tuple[int, int], list[int]] = {}
-    original_prefill = Speculator.prefill_many
+    original_batch = Speculator.prefill_batch
 
-    def prefill_many(self, pieces):
+    def prefill_batch(self, pieces, *args, **kwargs):  # (every prefill, eager or a graph's, builds one)
         for piece in pieces:
             sequences[(id(self), piece.slot)] = known.get(tuple(piece.prompt))
-        return original_prefill(self, pieces)
+        return original_batch(self, pieces, *args, **kwargs)
 
     def draft(self, state, sampling, depths=None):
         depth = self.drafter.config.depth
@@ -127,7 +127,7 @@ def install_oracle(monkeypatch, known: dict[tuple[int, ...], list[int]], vocab: 
             out[s] = logits
         return torch.log_softmax(out[:, :depths] / sampling.temperature[:, None, None], dim=-1)
 
-    monkeypatch.setattr(Speculator, "prefill_many", prefill_many)
+    monkeypatch.setattr(Speculator, "prefill_batch", prefill_batch)
     monkeypatch.setattr(Speculator, "draft", draft)
 
 

@@ -85,13 +85,13 @@ def _llm(paths, spec: str, budget: int | None, slots: int = 8) -> LLM:
 
 
 def _record_forwards(llm: LLM) -> list[list[tuple[int, int]]]:
-    forwards, original = [], llm.engine.speculator.prefill_many
+    forwards, original = [], llm.engine.runner.prefill
 
     def recording(pieces):
         forwards.append([(p.start, p.end) for p in pieces])
         return original(pieces)
 
-    llm.engine.speculator.prefill_many = recording
+    llm.engine.runner.prefill = recording
     return forwards
 
 
@@ -177,26 +177,30 @@ def test_admit_batch_is_checked():
 
 
 class _EagerGraph:
-    """Stands in for a captured prefill graph on the CPU: a replay runs the same forward on the same
-    static inputs and writes the same output buffer."""
+    """Stands in for a captured prefill graph on the CPU: a replay runs the same forward, commit and draw on
+    the same static inputs and writes the same output buffer. A graph holds the sampling flags it was
+    captured with, so a replay under other flags would draw wrongly: the runner must key graphs by them."""
 
-    def __init__(self, sp: Speculator, inputs, kv_len: int, last: torch.Tensor, replays: list):
-        self.sp, self.inputs, self.kv_len, self.last, self.replays = sp, inputs, kv_len, last, replays
+    def __init__(self, sp: Speculator, inputs, kv_len: int, first: torch.Tensor, replays: list):
+        self.sp, self.inputs, self.kv_len, self.first, self.replays = sp, inputs, kv_len, first, replays
+        self.flags = sp.flags
 
     def replay(self) -> None:
+        assert self.sp.flags == self.flags, "a prefill graph replayed under other sampling flags"
         self.replays.append(tuple(self.inputs.tokens.shape) + (self.kv_len,))
         with torch.inference_mode():
-            self.last.copy_(self.sp.prefill_forward(self.inputs, self.kv_len))
+            self.first.copy_(self.sp.prefill_and_start(self.inputs, self.kv_len))
 
 
 def _graph_prefill(llm: LLM) -> list:
     """Route the engine's prefill through GraphRunner.prefill's graph path (padded shapes, static
-    inputs, padding stored past each slot's length), with eager stand-ins for the graphs."""
+    inputs, padding stored past each slot's length, first tokens drawn in the graph), with eager
+    stand-ins for the graphs."""
     runner, sp, replays = llm.engine.runner, llm.engine.speculator, []
 
     def capture(inputs, shape):
-        last = sp.prefill_forward(inputs, shape[2])
-        return PrefillGraph(_EagerGraph(sp, inputs, shape[2], last, replays), inputs, last)
+        first = sp.prefill_and_start(inputs, shape[2])
+        return PrefillGraph(_EagerGraph(sp, inputs, shape[2], first, replays), inputs, first)
 
     runner.enabled = True
     runner._capture_prefill = capture

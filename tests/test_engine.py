@@ -122,13 +122,13 @@ def test_a_long_prompt_is_prefilled_one_chunk_per_step_beside_running_requests(p
     server = llm(chunk=8)
     engine = server.engine
     prefilled = []
-    original = engine.speculator.prefill_many
+    original = engine.runner.prefill
 
     def counting_prefill(pieces):
         prefilled.extend(p.end - p.start for p in pieces)
         return original(pieces)
 
-    monkeypatch.setattr(engine.speculator, "prefill_many", counting_prefill)
+    monkeypatch.setattr(engine.runner, "prefill", counting_prefill)
     short, running, newcomer = server._requests(
         None, [SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), params, params],
         [PROMPTS[1], PROMPTS[0], long_prompt])

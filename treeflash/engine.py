@@ -44,7 +44,6 @@ from treeflash.round import PREDICTED_SCALE, PREFILL_CHUNK, PrefillPiece, RoundR
     rows_per_round
 from treeflash.runner import PREFILL_MIN_TOKENS, GraphRunner
 from treeflash.sampling import SamplingParams
-from treeflash.transfer import to_device
 from treeflash.tree_view import render_tree
 
 
@@ -251,7 +250,8 @@ class Engine:
     def capture_graphs(self, max_batch: int, params: SamplingParams, budget: int | None = None) -> int:
         """Capture now the graphs that rounds of up to `max_batch` requests sampled with `params` will
         replay (every bucket up to the one holding max_batch), so no capture lands inside a timed run.
-        Also the prefill graphs of one prompt of each length bucket up to `prefill_chunk` tokens. With
+        Also the prefill graphs (which draw first tokens, so `params`' flags too) of one prompt of each
+        length bucket up to `prefill_chunk` tokens. With
         tree_budget="auto", each bucket's cost profile is measured now (which captures its graphs).
         Only on an idle engine (the free slots borrow `params` for the flags, then are idle again).
         Returns the number of graphs captured; 0 where graphs are off (the CPU)."""
@@ -267,6 +267,7 @@ class Engine:
             pieces = [PrefillPiece(0, [0] * length, 0, length)]
             if self.runner.prefill_shape(pieces) is None:
                 break
+            sp.set_sampling_many([0], [params], [0])  # (a prefill graph draws first tokens with these flags)
             try:
                 self.runner.prefill(pieces)
             finally:
@@ -447,23 +448,21 @@ class Engine:
             clock = time.perf_counter()
             self.stats.prefill_forwards += 1
             self.stats.prefill_tokens += sum(e - s for _, s, e in group)
-            logits = self.runner.prefill([PrefillPiece(r.slot, r.prompt_ids, s, e) for r, s, e in group])
             done = [i for i, (r, _, e) in enumerate(group) if e == len(r.prompt_ids)]
-            first = []
-            if done:
-                ready = [group[i][0] for i in done]
-                # (A list index would be copied to the device from pageable memory, which waits for the
-                # forward: the host would then issue the draw only once the device had nothing left to do.)
-                rows = logits if len(done) == len(group) else logits[to_device(done, logits.device)]
-                first = self.speculator.first_tokens(
-                    [r.slot for r in ready], [len(r.prompt_ids) for r in ready], [r.params for r in ready],
-                    [r.seed for r in ready], rows).tolist()
+            ready = [group[i][0] for i in done]
+            if ready:  # their sampling rows, which the forward's first-token draw reads
+                self.speculator.set_sampling_many([r.slot for r in ready], [r.params for r in ready],
+                                                  [r.seed for r in ready])
+            # The forward, each slot's commit and every finished prompt's first token: one graph replay on
+            # a GPU (Speculator.prefill_and_start); the tokens' read-back is the step's wait for it.
+            drawn = self.runner.prefill([PrefillPiece(r.slot, r.prompt_ids, s, e) for r, s, e in group])
+            first = drawn.tolist() if ready else []
             elapsed = time.perf_counter() - clock  # each request waited for the whole forward
             for request, _, end in group:
                 request.prefilled = self.seq_lens[request.slot] = end
                 request.metrics.prefill_seconds += elapsed
-            for i, token in zip(done, first):
-                request = group[i][0]
+            for i in done:
+                token, request = first[i], group[i][0]
                 request.metrics.num_prompt_tokens = len(request.prompt_ids)
                 updates.append(StepUpdate(request, self._append(request, [token])))
                 self._retire_if_done(request)

@@ -161,6 +161,7 @@ class PrefillBatch:
     starts: torch.Tensor  # [K] position (= cache row) of each piece's first token
     lengths: torch.Tensor  # [K] real tokens of each piece (>= 1)
     slots: torch.Tensor  # [K]
+    done: torch.Tensor  # [K] bool: the piece ends its prompt (its slot becomes active, its first token drawn)
 
     def copy_(self, other: "PrefillBatch") -> None:
         for f in dataclasses.fields(self):
@@ -282,14 +283,36 @@ class Speculator:
         committed rows alone: they only write past them, where the next piece overwrites).
         """
         batch = self.prefill_batch(pieces)
-        lengths = [p.end - p.start for p in pieces]
-        real = None
-        if min(lengths) < max(lengths):  # (batch, token) of the real tokens, from the host's lengths: no device read
-            valid = torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]
-            real = tuple(to_device(x, self.device) for x in valid.nonzero(as_tuple=True))
-        last = self.prefill_forward(batch, max(p.end for p in pieces), real)
-        self.commit_prefill(pieces)
+        last = self.prefill_forward(batch, max(p.end for p in pieces), self.real_tokens(pieces))
+        self.commit_prefill(batch)
         return self.target.logits(last)
+
+    @torch.inference_mode()
+    def prefill_and_start(self, batch: PrefillBatch, kv_len: int,
+                          real: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """`prefill_forward` of the pieces, then what admission does after it, all on the device: commit
+        each slot's length, and draw the first token of each piece that ends its prompt (`done`) from the
+        logits after it with the slot's sampling row (written beforehand, `set_sampling_many`) at
+        position len(prompt), as `first_tokens` does; it becomes the slot's first root. Returns every
+        piece's draw [K] (an unfinished piece's is unused and written nowhere). Capturable: a prefill
+        graph replays all of it, so admitting a request costs the host the replay and one read, not the
+        ~30 eager ops of commit, lm_head and draw (benchmarks/admission)."""
+        last = self.prefill_forward(batch, kv_len, real)
+        self.commit_prefill(batch)
+        rows = dataclasses.replace(self.sampling_rows.rows(batch.slots), **dataclasses.asdict(self.flags))
+        ends = (batch.starts + batch.lengths)[:, None]
+        first = derive(self.target.logits(last)[:, None], rows, ends)[:, 0]
+        self.state.bonus[batch.slots] = torch.where(batch.done, first, self.state.bonus[batch.slots])
+        return first
+
+    def real_tokens(self, pieces: list[PrefillPiece]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(batch index, token index) of the pieces' real tokens when they differ in length (padding is then
+        not stored: `SlotSelection.real`), from the host's lengths (no device read); None when none is padded."""
+        lengths = [p.end - p.start for p in pieces]
+        if min(lengths) == max(lengths):
+            return None
+        valid = torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]
+        return tuple(to_device(x, self.device) for x in valid.nonzero(as_tuple=True))
 
     def prefill_batch(self, pieces: list[PrefillPiece], num: int | None = None,
                       length: int | None = None) -> PrefillBatch:
@@ -307,7 +330,8 @@ class Speculator:
             tokens=to_device([p.prompt[p.start:p.end] + [0] * (t - p.end + p.start) for p in padded], self.device),
             starts=to_device([p.start for p in padded], self.device),
             lengths=to_device([p.end - p.start for p in padded], self.device),
-            slots=to_device([p.slot for p in padded], self.device))
+            slots=to_device([p.slot for p in padded], self.device),
+            done=to_device([p.end == len(p.prompt) for p in padded], self.device))
 
     @torch.inference_mode()
     def prefill_forward(self, batch: PrefillBatch, kv_len: int,
@@ -341,12 +365,11 @@ class Speculator:
                                      self.draft_cache.select(batch.slots, real), positions)
         return hidden[torch.arange(k, device=dev), batch.lengths - 1]
 
-    def commit_prefill(self, pieces: list[PrefillPiece]) -> None:
+    def commit_prefill(self, batch: PrefillBatch) -> None:
         """After the pieces' forward: each slot's committed length becomes its piece's end, and a slot
-        whose whole prompt is in becomes active."""
-        slots = to_device([p.slot for p in pieces], self.device)
-        self.state.seq_lens[slots] = to_device([p.end for p in pieces], self.device)
-        self.state.active[slots] = to_device([p.end == len(p.prompt) for p in pieces], self.device)
+        whose whole prompt is in becomes active (device tensors alone: capturable)."""
+        self.state.seq_lens[batch.slots] = (batch.starts + batch.lengths).to(self.state.seq_lens.dtype)
+        self.state.active[batch.slots] = batch.done
 
     def prefill(self, slot: int, prompt: list[int], chunk: int = PREFILL_CHUNK, start: int = 0,
                 activate: bool = True) -> torch.Tensor:

@@ -13,9 +13,11 @@ read-back after the replay (with overlap, from a copy queued behind it, since th
 it), in the round's one host synchronisation. All graphs share one memory pool.
 
 Prefill too: `prefill` pads a forward's prompt pieces to powers of two (pieces, tokens, cache rows
-attended) and replays that shape's graph; its static inputs are the pieces' tokens, starts, lengths
-and slots. An eager prefill forward is launch-bound on a GPU (thousands of small kernels for a
-prompt of a hundred tokens), so this is what makes a request's first token cheap. Padding tokens are
+attended) and replays that shape's graph (one per sampling flags: it also commits each slot's length
+and draws each finished prompt's first token, `Speculator.prefill_and_start`); its static inputs are
+the pieces' tokens, starts, lengths, slots and whether each ends its prompt. An eager prefill forward
+is launch-bound on a GPU (thousands of small kernels for a prompt of a hundred tokens), so this is what
+makes a request's first token cheap. Padding tokens are
 stored at rows past their slot's new length (nothing reads them before they are overwritten); padding
 pieces repeat the first piece. Larger forwards (`PREFILL_GRAPH_ELEMENTS`), continuations that would
 write past the cache's end, and the CPU prefill eagerly (`Speculator.prefill_many`).
@@ -75,12 +77,12 @@ class Captured:
 
 @dataclass
 class PrefillGraph:
-    """One prefill shape's graph: replays read `batch` and write `last` (the final hidden state of
-    each piece's last token, [K, hidden]) in place."""
+    """One prefill key's graph (`Speculator.prefill_and_start`): replays read `batch` and write `first`
+    (each piece's first-token draw, [K]) in place."""
 
     graph: object  # torch.cuda.CUDAGraph
     batch: PrefillBatch
-    last: torch.Tensor
+    first: torch.Tensor
 
 
 def _pow2(n: int) -> int:
@@ -146,7 +148,7 @@ class GraphRunner:
             raise ValueError(f"batch buckets {self.buckets} exceed the speculator's {speculator.slots} slots")
         self.log = log
         self.graphs: dict[tuple, Captured] = {}
-        self.prefill_graphs: dict[tuple[int, int, int], PrefillGraph] = {}
+        self.prefill_graphs: dict[tuple, PrefillGraph] = {}  # (padded shape, sampling flags)
         self.pool = None
         self._cache_ptr = None
 
@@ -216,24 +218,23 @@ class GraphRunner:
         return num, length, min(_pow2(start + length), sp.capacity)
 
     def prefill(self, pieces: list[PrefillPiece]) -> torch.Tensor:
-        """`Speculator.prefill_many` of the pieces, replayed from a graph where one fits. Returns the
-        logits after each piece's last token [k, V] (computed after the replay from the graph's hidden
-        states: one lm_head matmul, so no graph keeps vocabulary-wide rows)."""
+        """`Speculator.prefill_and_start` of the pieces (forward, commit, each finished piece's first token,
+        whose sampling row must be written first), replayed from a graph where one fits, one per (padded
+        shape, sampling flags). Returns each piece's draw [k] on the device (read nothing back here)."""
         sp = self.speculator
         shape = self.prefill_shape(pieces) if self.enabled else None
         if shape is None:
-            return sp.prefill_many(pieces)
+            return sp.prefill_and_start(sp.prefill_batch(pieces), max(p.end for p in pieces), sp.real_tokens(pieces))
         self._check_cache()
         inputs = sp.prefill_batch(pieces, shape[0], shape[1])
-        captured = self.prefill_graphs.get(shape)
+        key = (shape, sp.flags)
+        captured = self.prefill_graphs.get(key)
         if captured is None:
-            captured = self.prefill_graphs[shape] = self._capture_prefill(inputs, shape)
+            captured = self.prefill_graphs[key] = self._capture_prefill(inputs, shape)
         else:
             captured.batch.copy_(inputs)
         captured.graph.replay()
-        sp.commit_prefill(pieces)
-        with torch.inference_mode():
-            return sp.target.logits(captured.last[:len(pieces)])
+        return captured.first[:len(pieces)]
 
     def reset(self) -> None:
         """Drop every graph (their memory returns to the allocator)."""
@@ -286,8 +287,9 @@ class GraphRunner:
         return Captured(capture.graphs, capture.stages, result)
 
     def _capture_prefill(self, inputs: PrefillBatch, shape: tuple[int, int, int]) -> PrefillGraph:
-        """Capture the prefill forward of `inputs` (which become the graph's static inputs). The warm-up
-        runs it for real: it writes the same rows the replay that follows writes again."""
+        """Capture `prefill_and_start` of `inputs` (which become the graph's static inputs) with the
+        speculator's sampling flags now. The warm-up runs it for real: it writes the same rows, lengths
+        and first tokens the replay that follows writes again."""
         sp = self.speculator
         start = time.perf_counter()
         if self.pool is None:
@@ -297,15 +299,16 @@ class GraphRunner:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                sp.prefill_forward(inputs, kv_len)
+                sp.prefill_and_start(inputs, kv_len)
         torch.cuda.current_stream().wait_stream(side)
         with _Capture(self.pool, False, sp.device) as capture:
-            last = sp.prefill_forward(inputs, kv_len)
+            first = sp.prefill_and_start(inputs, kv_len)
         torch.cuda.synchronize()
         if self.log:
-            self.log(f"captured a CUDA graph for prefill of {shape[0]} x {shape[1]} tokens "
+            sampling = "greedy" if sp.flags.all_greedy else "sampling"
+            self.log(f"captured a CUDA graph for prefill of {shape[0]} x {shape[1]} tokens, {sampling} "
                      f"({time.perf_counter() - start:.1f} s)")
-        return PrefillGraph(capture.graphs[0], inputs, last)
+        return PrefillGraph(capture.graphs[0], inputs, first)
 
 
 class _NoClock:

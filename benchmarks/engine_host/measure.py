@@ -70,8 +70,7 @@ def wrap(obj, name, region):
 
 eng = llm.engine
 sp = eng.speculator
-wrap(sp, "prefill_many", "prefill_many")
-wrap(sp, "first_tokens", "first_tokens")
+wrap(sp, "prefill_and_start", "prefill_and_start")  # forward, commit and first tokens
 wrap(sp, "release_many", "release") if hasattr(sp, "release_many") else wrap(sp, "release", "release")
 wrap(eng.runner, "round", "round")
 wrap(eng, "_append", "append")
