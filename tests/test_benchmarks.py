@@ -157,6 +157,6 @@ def test_the_admission_profile_runs_every_variant(tmp_path):
         result = admission_profile.main(["--device", "cpu", "--spec", "ddtree:4", "--prompt-len", "8",
                                          "--max-tokens", "3", "--requests", "1", "--out", str(out)])
     assert treeflash.round.to_device is to_device  # the variants' copies swapped back
-    assert [r["variant"] for r in result["rows"]] == ["default", "pageable", "before"]
+    assert [r["variant"] for r in result["rows"]] == ["default", "pageable", "dense"]
     assert all(r["admit_ms"] > 0 and r["request_ms"] > 0 for r in result["rows"])
     assert json.loads(out.read_text()) == result

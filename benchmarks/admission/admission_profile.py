@@ -6,9 +6,11 @@ another with a fixed prompt length and max_tokens, each timed from `Engine.add` 
 and a CUDA event at each boundary of the admission step (read after the step, so nothing extra synchronises),
 and the prefill graph replayed alone. Variants, each a fresh engine over the same weights and prompts:
 `default` (the engine as it is: the prefill forward's attention through the splitkv kernels, each piece's
-slot passed in, where they fit; admission's host values copied through pinned memory, `treeflash/transfer.py`),
-`pageable` (those copies from pageable memory, as before, which wait for the work queued on the device) and
-`before` (that, and the prefill's dense mask, gathered slot rows and SDPA: the engine before both changes).
+slot passed in, where they fit; admission's host values copied through pinned memory, `treeflash/transfer.py`;
+since the commit after 7f79228 the commit, lm_head and first-token draw inside the prefill graph),
+`pageable` (those copies from pageable memory, which wait for the work queued on the device) and `dense`
+(that, and the prefill's dense mask, gathered slot rows and SDPA). Until 7f79228 `dense` was named `before`
+and was the engine before both changes; the draw's move into the graph has no variant here.
 
     python benchmarks/admission/admission_profile.py --shape smollm2-135m --spec ddtree:64 --out DIR
 """
@@ -54,9 +56,9 @@ def measure(args, variant, target, drafter, method, vocab, device) -> dict:
     engine = Engine(target, drafter, method.spec_config(), None, EngineConfig(
         max_num_seqs=1, max_model_len=args.prompt_len + args.max_tokens + 64, time_stages=False))
     sp, runner = engine.speculator, engine.runner
-    if variant == "before":
+    if variant == "dense":
         sp.prefill_forward = dense_prefill(sp)
-    copies = pageable if variant in ("before", "pageable") else transfer.to_device
+    copies = pageable if variant in ("dense", "pageable") else transfer.to_device
     round_module.to_device = sampling_module.to_device = copies
     gen = torch.Generator().manual_seed(0)
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, ignore_eos=True,
@@ -115,8 +117,7 @@ def measure(args, variant, target, drafter, method, vocab, device) -> dict:
             mark(name + "<")
             return out
         setattr(obj, name, g)
-    for obj, name in [(sp, "prefill_batch"), (sp, "commit_prefill"), (sp.target, "logits"), (sp, "first_tokens"),
-                      (engine, "_launch")]:
+    for obj, name in [(sp, "set_sampling_many"), (sp, "prefill_batch"), (runner, "prefill"), (engine, "_launch")]:
         wrapped(obj, name)
     pieces: dict[str, list[float]] = {}
     for i in range(10):
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--requests", type=int, default=30)
     ap.add_argument("--temperature", type=float, default=0.0)
-    ap.add_argument("--variants", default="default,pageable,before")
+    ap.add_argument("--variants", default="default,pageable,dense")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", default=None, help="a JSON file")
     args = ap.parse_args(argv)
