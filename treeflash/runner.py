@@ -20,7 +20,8 @@ is launch-bound on a GPU (thousands of small kernels for a prompt of a hundred t
 makes a request's first token cheap. Padding tokens are
 stored at rows past their slot's new length (nothing reads them before they are overwritten); padding
 pieces repeat the first piece. Larger forwards (`PREFILL_GRAPH_ELEMENTS`), continuations that would
-write past the cache's end, and the CPU prefill eagerly (`Speculator.prefill_many`).
+write past the cache's end, and the CPU run the same `prefill_and_start` eagerly. A prefill graph keeps
+its pieces' logits ([K, V], K the padded pieces) in the shared pool, as round graphs keep their nodes'.
 
 Cache growth (`Speculator.reserve`) replaces the cache tensors: the runner notices and drops every
 graph (they are captured again at next use). Caches double when they grow, so this is rare.
