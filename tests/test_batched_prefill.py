@@ -67,6 +67,35 @@ def test_one_forward_over_several_slots_matches_one_slot_at_a_time(paths):
             assert not a[[2, 4, 5]].any()  # nor into slots outside the batch
 
 
+def test_prefill_and_start_draws_what_admission_drew_after_the_forward(paths):
+    """The device-side admission (forward, commit, first-token draw: what a prefill graph replays) gives the
+    first tokens, bonus, lengths and active flags of prefill_many + first_tokens; an unfinished piece (a
+    prompt's first chunk) is committed but neither activated nor given a bonus; padded pieces change nothing."""
+    target = load_target(paths[0], "cpu", torch.float32)[0]
+    drafter = load_drafter(paths[1], "cpu", torch.float32)
+    pieces = [PrefillPiece(3, PROMPTS[0], 0, 5), PrefillPiece(6, PROMPTS[1], 0, 16), PrefillPiece(0, PROMPTS[2], 0, 12)]
+    params = [SamplingParams(temperature=1.0, seed=1), SamplingParams(temperature=0),
+              SamplingParams(temperature=0.7, top_k=5)]
+    done = [i for i, p in enumerate(pieces) if p.end == len(p.prompt)]
+    assert done == [0, 2]
+    device_side, reference = (Speculator(target, drafter, SpecConfig("ddtree", 8), slots=8, capacity=96,
+                                         time_stages=False) for _ in range(2))
+    for sp in (device_side, reference):
+        sp.state.bonus.fill_(-7)  # (a bonus left from the slot's last request)
+    logits = reference.prefill_many(pieces)
+    want = reference.first_tokens([pieces[i].slot for i in done], [len(pieces[i].prompt) for i in done],
+                                  [params[i] for i in done], [40 + i for i in done], logits[done])
+    device_side.set_sampling_many([pieces[i].slot for i in done], [params[i] for i in done], [40 + i for i in done])
+    # Padded as a graph would run them: 4 pieces of 16 tokens (the fourth repeats the first), rows up to 32.
+    drawn = device_side.prefill_and_start(device_side.prefill_batch(pieces, 4, 16), 32)
+    assert drawn[done].tolist() == want.tolist()
+    assert device_side.state.bonus.tolist() == reference.state.bonus.tolist()
+    assert device_side.state.bonus[6].item() == -7  # the unfinished piece's slot keeps its bonus
+    assert device_side.state.seq_lens.tolist() == reference.state.seq_lens.tolist()
+    assert device_side.state.active.tolist() == reference.state.active.tolist()
+    assert device_side.state.active[[3, 0]].all() and not device_side.state.active[6]
+
+
 def test_prefill_many_rejects_empty_or_repeated_slots(paths):
     target = load_target(paths[0], "cpu", torch.float32)[0]
     sp = Speculator(target, None, SpecConfig(), slots=2, capacity=32, time_stages=False)
