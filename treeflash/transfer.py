@@ -3,8 +3,9 @@
 `torch.tensor(values, device="cuda")` copies from pageable memory, and CUDA makes such a copy wait for
 all the work already queued on the stream: admitting a request, the host stood idle through the whole
 prefill forward at its first such copy, and then the device stood idle while the host issued the first
-token's draw (benchmarks/admission). Through pinned memory the copy is queued like a kernel; PyTorch's
-pinned-memory cache keeps the buffer until the copy has run.
+token's draw (benchmarks/admission; the draw has since moved into the prefill graph). With overlapped
+rounds a pageable copy also waits for the round in flight. Through pinned memory the copy is queued like a
+kernel; PyTorch's pinned-memory cache keeps the buffer until the copy has run.
 """
 
 from __future__ import annotations
