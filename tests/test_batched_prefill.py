@@ -18,12 +18,23 @@ from treeflash.checkpoint import load_drafter, load_target
 from treeflash.engine import EngineConfig
 from treeflash.round import PrefillPiece, SpecConfig, Speculator
 from treeflash.runner import GraphRunner, PrefillGraph
+from treeflash.sampling import derive
 from spec_helpers import make_drafter, make_target
 
 _g = torch.Generator().manual_seed(7)
 # Lengths 5..30 beside one of 45: with 8-token chunks the long one takes 6 steps among short newcomers.
 PROMPTS = [torch.randint(1, 62, (n,), generator=_g).tolist() for n in (5, 45, 12, 3, 30, 9, 1)]
 CHUNK = 8
+
+
+def first_tokens(sp: Speculator, slots, prompt_lens, params, seeds, logits: torch.Tensor) -> torch.Tensor:
+    """The reference first-token draw, eagerly after a prefill forward (as admission drew it before the draw
+    moved into `Speculator.prefill_and_start`): write the requests' sampling rows, draw each first token from
+    the logits after its prompt [k, V] at position len(prompt), make it the slot's bonus. Returns them [k]."""
+    rows = sp.set_sampling_many(slots, params, seeds)
+    first = derive(logits[:, None], rows, torch.tensor(prompt_lens)[:, None])[:, 0]
+    sp.state.bonus[torch.tensor(slots)] = first
+    return first
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +63,8 @@ def test_one_forward_over_several_slots_matches_one_slot_at_a_time(paths):
     torch.testing.assert_close(logits, reference, rtol=0, atol=1e-5)
 
     slots, lens = [p.slot for p in pieces], [len(p.prompt) for p in pieces]
-    first = batched.first_tokens(slots, lens, params, list(range(5)), logits)
-    first_alone = [alone.first_tokens([s], [n], [q], [i], reference[i:i + 1])
+    first = first_tokens(batched, slots, lens, params, list(range(5)), logits)
+    first_alone = [first_tokens(alone, [s], [n], [q], [i], reference[i:i + 1])
                    for i, (s, n, q) in enumerate(zip(slots, lens, params))]
     assert first.tolist() == torch.cat(first_alone).tolist()
     assert batched.state.bonus.tolist() == alone.state.bonus.tolist()
@@ -69,7 +80,7 @@ def test_one_forward_over_several_slots_matches_one_slot_at_a_time(paths):
 
 def test_prefill_and_start_draws_what_admission_drew_after_the_forward(paths):
     """The device-side admission (forward, commit, first-token draw: what a prefill graph replays) gives the
-    first tokens, bonus, lengths and active flags of prefill_many + first_tokens; an unfinished piece (a
+    first tokens, bonus, lengths and active flags of prefill_many + the reference draw; an unfinished piece (a
     prompt's first chunk) is committed but neither activated nor given a bonus; padded pieces change nothing."""
     target = load_target(paths[0], "cpu", torch.float32)[0]
     drafter = load_drafter(paths[1], "cpu", torch.float32)
@@ -83,8 +94,8 @@ def test_prefill_and_start_draws_what_admission_drew_after_the_forward(paths):
     for sp in (device_side, reference):
         sp.state.bonus.fill_(-7)  # (a bonus left from the slot's last request)
     logits = reference.prefill_many(pieces)
-    want = reference.first_tokens([pieces[i].slot for i in done], [len(pieces[i].prompt) for i in done],
-                                  [params[i] for i in done], [40 + i for i in done], logits[done])
+    want = first_tokens(reference, [pieces[i].slot for i in done], [len(pieces[i].prompt) for i in done],
+                       [params[i] for i in done], [40 + i for i in done], logits[done])
     device_side.set_sampling_many([pieces[i].slot for i in done], [params[i] for i in done], [40 + i for i in done])
     # Padded as a graph would run them: 4 pieces of 16 tokens (the fourth repeats the first), rows up to 32.
     drawn = device_side.prefill_and_start(device_side.prefill_batch(pieces, 4, 16), 32)

@@ -293,8 +293,8 @@ class Speculator:
         """`prefill_forward` of the pieces, then what admission does after it, all on the device: commit
         each slot's length, and draw the first token of each piece that ends its prompt (`done`) from the
         logits after it with the slot's sampling row (written beforehand, `set_sampling_many`) at
-        position len(prompt), as `first_tokens` does; it becomes the slot's first root. Returns every
-        piece's draw [K] (an unfinished piece's is unused and written nowhere). Capturable: a prefill
+        position len(prompt) (the counter key plain decoding uses); it becomes the slot's first root.
+        Returns every piece's draw [K] (an unfinished piece's is unused and written nowhere). Capturable: a prefill
         graph replays all of it, so admitting a request costs the host the replay and one read, not the
         ~30 eager ops of commit, lm_head and draw (benchmarks/admission)."""
         last = self.prefill_forward(batch, kv_len, real)
@@ -385,23 +385,16 @@ class Speculator:
         self.state.active[slot] = activate
         return logits[0]
 
-    def first_tokens(self, slots: list[int], prompt_lens: list[int], params: list[SamplingParams], seeds: list[int],
-                     logits: torch.Tensor) -> torch.Tensor:
-        """Start requests whose prompts are in: write their sampling rows and derive each first token
-        from the logits after its prompt [k, V]. The first token sits at position len(prompt), the
-        same counter key plain decoding uses; it becomes the slot's first root. Returns them [k]."""
-        rows = self.set_sampling_many(slots, params, seeds)
-        positions = to_device(prompt_lens, self.device)[:, None]
-        first = derive(logits[:, None], rows, positions)[:, 0]
-        self.state.bonus[to_device(slots, self.device)] = first
-        return first
-
     def admit(self, slot: int, prompt: list[int], params: SamplingParams, seed: int, start: int = 0) -> torch.Tensor:
         """Prefill `slot` with prompt[start:] (earlier rows already hold the rest), write its sampling row
-        and derive its first token (the first round's root). Returns it as a [1] device tensor.
+        and draw its first token (the first round's root), as the engine admits a request
+        (`prefill_and_start`, eagerly, a chunk at a time). Returns it as a [1] device tensor.
         """
-        logits = self.prefill(slot, prompt, start=start)
-        return self.first_tokens([slot], [len(prompt)], [params], [seed], logits[None])
+        self.set_sampling_many([slot], [params], [seed])
+        for begin in range(start, len(prompt), PREFILL_CHUNK):
+            piece = PrefillPiece(slot, prompt, begin, min(begin + PREFILL_CHUNK, len(prompt)))
+            first = self.prefill_and_start(self.prefill_batch([piece]), piece.end)
+        return first
 
     def set_bonus(self, slot: int, token: int) -> None:
         self.state.bonus[slot] = token
