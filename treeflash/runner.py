@@ -151,6 +151,11 @@ class GraphRunner:
         self.graphs: dict[tuple, Captured] = {}
         self.prefill_graphs: dict[tuple, PrefillGraph] = {}  # (padded shape, sampling flags)
         self.pool = None
+        # The stream captures warm up on: one for every capture, as the allocator caches a stream's freed blocks
+        # for that stream alone. A new stream per capture kept each warm-up's blocks reserved: measuring the
+        # auto budget at batch 32 on an H200 held ~80 GiB that no one used and then ran out of memory
+        # (benchmarks/h200-serve).
+        self._side: torch.cuda.Stream | None = None
         self._cache_ptr = None
 
     def bucket(self, num_slots: int) -> int:
@@ -243,7 +248,7 @@ class GraphRunner:
             torch.cuda.synchronize()  # a round may still be running from one of them (the engine's overlap)
         self.graphs.clear()
         self.prefill_graphs.clear()
-        self.pool = None
+        self.pool = self._side = None
         gc.collect()
         if self.enabled:
             torch.cuda.empty_cache()
@@ -261,6 +266,11 @@ class GraphRunner:
             self.graphs[key] = self._capture(bucket, budget, key)
         return self.graphs[key]
 
+    def _side_stream(self) -> torch.cuda.Stream:
+        if self._side is None:
+            self._side = torch.cuda.Stream()
+        return self._side
+
     def _capture(self, bucket: int, budget: int | None, key: tuple) -> Captured:
         sp = self.speculator
         start = time.perf_counter()
@@ -269,7 +279,7 @@ class GraphRunner:
         saved = _save(sp)
         # Warm-up on a side stream: compiles kernels (FlexAttention), creates library handles and
         # lets the allocator see every size before capture. It really runs: restore the state after.
-        side = torch.cuda.Stream()
+        side = self._side_stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
@@ -280,7 +290,7 @@ class GraphRunner:
             result = sp.round(bucket, budget, clock=capture)
         torch.cuda.synchronize()
         if self.log:
-            method, b, _, flags = key
+            _, method, b, flags = key
             name = f"ddtree:{b}" if method == "ddtree" else method
             sampling = "greedy" if flags.all_greedy else "sampling"
             self.log(f"captured a CUDA graph for batch <= {bucket}, {name}, {sampling} "
@@ -296,7 +306,7 @@ class GraphRunner:
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         kv_len = shape[2]
-        side = torch.cuda.Stream()
+        side = self._side_stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
