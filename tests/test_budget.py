@@ -233,3 +233,100 @@ def test_eager_rounds_refine_the_cost_they_ran_at():
     assert chooser.costs(1)[8] == pytest.approx(1.5)  # the others keep their measurement
     chooser.refine(2, 4, 9.0)  # a bucket never measured: nothing to refine
     assert 2 not in chooser.profile.seconds
+
+
+def test_auto_budget_limit_bounds_the_tokens_a_round_verifies_and_its_memory():
+    from treeflash.budget import MAX_AUTO_ROUND_TOKENS, ROUND_BYTES_PER_LOGIT, auto_budget_limit
+
+    assert auto_budget_limit(1, 49152, None) == MAX_AUTO_ROUND_TOKENS - 1
+    assert auto_budget_limit(32, 49152, None) == MAX_AUTO_ROUND_TOKENS // 32 - 1  # 127: up to budget 64
+    # Memory: half of the free bytes over the vocabulary-wide tensors of each verified token.
+    free = 2 * 1000 * 151936 * ROUND_BYTES_PER_LOGIT  # room for 1,000 tokens' tensors in half of it
+    assert auto_budget_limit(1, 151936, free) == 999 and auto_budget_limit(8, 151936, free) == 1000 // 8 - 1
+
+
+def test_budgets_over_the_limit_are_neither_measured_nor_chosen():
+    measured = []
+    chooser = BudgetChooser(lambda bucket, b: measured.append((bucket, b)) or 1.0 + b / 1000, log=None,
+                            max_budget=lambda bucket: 4096 // bucket - 1)
+    assert chooser.allowed(1) == AUTO_BUDGETS and chooser.allowed(32) == (4, 8, 16, 32, 64)
+    chooser.costs(32)
+    assert [b for bucket, b in measured if bucket == 32] == [NO_DRAFT, 4, 8, 16, 32, 64]
+    assert chooser.choose(32) == 64  # the initial budget, a candidate here
+    # A drafter that keeps gaining with every node: the largest candidate, never one over the limit.
+    chooser.observe(64, [9], [[float(b) for b in AUTO_BUDGETS]])
+    assert chooser.choose(32) == 64 and chooser.choose(1) == 512
+    # A stored profile measured without a limit: its larger budgets are not weighed.
+    stored = CostProfile("cpu", {32: {NO_DRAFT: 1.0, **{b: 1.0 for b in AUTO_BUDGETS}}})
+    small = BudgetChooser(None, stored, log=None, max_budget=lambda bucket: 20)
+    assert set(small.costs(32)) == {NO_DRAFT, 4, 8, 16} and small.choose(32) == 16
+    # The smallest budget stays a candidate however large the batch.
+    assert BudgetChooser(None, log=None, max_budget=lambda bucket: 0).allowed(4096) == (4,)
+    # Eager rounds measure by running: only the candidates, largest first.
+    eager = BudgetChooser(None, budgets=(4, 8, 16), log=None, measure_by_running=True,
+                          max_budget=lambda bucket: 64 // bucket - 1)
+    assert eager.choose(4) == 8 and eager.choose(1) == 16
+
+
+def test_a_cost_profile_is_written_whole_into_a_new_folder(tmp_path):
+    path = tmp_path / "profiles" / "p.json"
+    CostProfile("NVIDIA H200", {1: {0: 0.5, 64: 1.25}}).save(path)
+    assert CostProfile.load(path) == CostProfile("NVIDIA H200", {1: {0: 0.5, 64: 1.25}})
+    assert [p.name for p in path.parent.iterdir()] == ["p.json"]  # no part file left beside it
+
+
+def test_the_default_cost_profile_is_named_after_what_a_round_costs_on(tmp_path, monkeypatch):
+    # (On the CPU the engine keeps no profile by default: its rounds measure themselves. The file a CUDA engine
+    # would use is computed here with a stand-in device name.)
+    from treeflash.engine import default_budget_profile
+
+    monkeypatch.setenv("TREEFLASH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    target = make_target(tmp_path / "target", vocab=64)
+    drafter = make_drafter(tmp_path / "drafter", target, 8)
+    engines = [LLM(str(target), device="cpu", draft_model=str(drafter), max_num_seqs=n).engine for n in (2, 2, 4)]
+    paths = [default_budget_profile(e) for e in engines]
+    assert paths[0] == paths[1] and paths[0] != paths[2]
+    assert paths[0].parent == tmp_path / "cache" / "budget_profiles" and paths[0].suffix == ".json"
+    llm = LLM(str(target), device="cpu", draft_model=str(drafter), max_num_seqs=2)
+    llm.generate(prompt_token_ids=[[1, 2, 3]], sampling_params=SamplingParams(temperature=0, max_tokens=4))
+    assert not (tmp_path / "cache" / "budget_profiles").exists()
+
+
+def test_measured_costs_are_stored_per_bucket_and_found_by_the_next_engine(tmp_path, monkeypatch):
+    # The chooser a CUDA engine builds (rounds timed as graph replays), made on the CPU: the runner says it
+    # captures, and times rounds by a stand-in.
+    from treeflash.engine import default_budget_profile
+
+    monkeypatch.setenv("TREEFLASH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    target = make_target(tmp_path / "target", vocab=64)
+    drafter = make_drafter(tmp_path / "drafter", target, 8)
+
+    def gpu_like_chooser(timed):
+        engine = LLM(str(target), device="cpu", draft_model=str(drafter), max_num_seqs=4).engine
+        engine.runner.enabled = True
+        engine.runner.time_round = lambda bucket, budget: timed.append((bucket, budget)) or 1e-3 * (1 + budget / 64)
+        return engine, engine._budget_chooser(engine.config)
+
+    first = []
+    engine, chooser = gpu_like_chooser(first)
+    path = default_budget_profile(engine)
+    chooser.costs(1)
+    assert [b for _, b in first] == [NO_DRAFT, *AUTO_BUDGETS] and path.is_file()
+    assert set(CostProfile.load(path).seconds) == {1}
+    chooser.costs(1)
+    assert len(first) == 1 + len(AUTO_BUDGETS)  # measured once
+    second = []
+    _, again = gpu_like_chooser(second)
+    assert again.costs(1) == chooser.costs(1) and second == []  # found, not measured
+    again.costs(4)
+    assert {bucket for bucket, _ in second} == {4} and set(CostProfile.load(path).seconds) == {1, 4}
+
+
+@pytest.mark.parametrize("value", [True, 3])
+def test_a_budget_profile_that_is_no_path_is_refused(value):
+    from treeflash.engine import EngineConfig
+
+    with pytest.raises(ValueError, match="budget_profile must be a file path"):
+        EngineConfig(budget_profile=value)

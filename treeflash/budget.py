@@ -36,11 +36,19 @@ synchronisation already copied):
 Before the first round has been observed the chooser uses `initial` (64, or the largest candidate when all
 are smaller: 16 on the CPU). Ties go to the smaller
 budget. No synchronisation happens here: `observe` takes plain Python numbers.
+
+Not every budget is a candidate at every batch size: `max_budget(S)` bounds them (the engine's
+`auto_budget_limit`: a round verifies S x (B + 1) tokens, at most `MAX_AUTO_ROUND_TOKENS`, and its
+vocabulary-wide sampling tensors must fit in half the device memory free after loading). Past a few
+hundred tokens a round's forward is compute-bound on any GPU, so its cost grows with the tree while
+the tree's gain flattens; and measuring budget 512 at batch 32 ran an H200 out of memory
+(benchmarks/h200-serve). Budgets above the bound are neither measured nor chosen.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +68,25 @@ NO_DRAFT_AFTER = 8
 # NO_DRAFT must beat the best tree's expected rate by this factor: acceptance comes in stretches, and
 # at NO_DRAFT the averages learn only from the exploring rounds, so a close call would stick.
 NO_DRAFT_MARGIN = 1.15
+# Tokens a round may verify (batch bucket x (budget + 1)) for a budget to be a candidate of the auto budget.
+MAX_AUTO_ROUND_TOKENS = 4096
+# Bytes of vocabulary-wide working tensors per verified token and vocabulary entry, at most: the logits and,
+# sampling with top-p on CUDA, float32 scores and probabilities, the sort's values and int64 indices, float64
+# cumulative masses and the masks (~50 bytes; a round at batch 32 x 513 tokens of SmolLM2's 49,152-token
+# vocabulary held 49 GiB in its CUDA graph's pool). The auto budget's candidates keep these within
+# AUTO_MEMORY_FRACTION of the device memory free when the chooser is made (after weights and caches).
+ROUND_BYTES_PER_LOGIT = 64
+AUTO_MEMORY_FRACTION = 0.5
+
+
+def auto_budget_limit(bucket: int, vocab_size: int, free_bytes: int | None) -> int:
+    """The largest tree budget the auto budget weighs at batch bucket `bucket`: its round verifies at most
+    MAX_AUTO_ROUND_TOKENS tokens and, where `free_bytes` is known (CUDA), its vocabulary-wide tensors take at
+    most AUTO_MEMORY_FRACTION of them."""
+    tokens = MAX_AUTO_ROUND_TOKENS
+    if free_bytes is not None:
+        tokens = min(tokens, int(free_bytes * AUTO_MEMORY_FRACTION) // (vocab_size * ROUND_BYTES_PER_LOGIT))
+    return tokens // bucket - 1
 
 
 def expected_drafts(tree, budgets: torch.Tensor) -> torch.Tensor:
@@ -103,8 +130,14 @@ class CostProfile:
         raise AssertionError("unreachable")
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps({"device": self.device, "seconds": {
+        """Write the profile to `path` (its folder made if missing), whole or not at all: written beside it,
+        then renamed over it, so a reader (another engine on the same machine) never sees half a file."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        part = path.with_name(f".{path.name}.{os.getpid()}.part")
+        part.write_text(json.dumps({"device": self.device, "seconds": {
             str(s): {str(b): c for b, c in costs.items()} for s, costs in self.seconds.items()}}, indent=1))
+        os.replace(part, path)
 
     @staticmethod
     def load(path: str | Path) -> "CostProfile":
@@ -123,14 +156,18 @@ class BudgetChooser:
     measure(bucket, budget) -> seconds per round; called for `probes` the first time a bucket runs
     without a stored profile. budgets: the tree budgets weighed (all must appear in AUTO_BUDGETS'
     order, as the round's `predicted` columns do). no_draft: weigh NO_DRAFT too (its cost is
-    measured with the probes, or on its own for a stored profile that lacks it).
+    measured with the probes, or on its own for a stored profile that lacks it). max_budget(bucket):
+    the largest tree budget measured or chosen at that bucket (None: every budget); the smallest
+    budget stays a candidate whatever it says.
     """
 
     def __init__(self, measure: Callable[[int, int], float] | None, profile: CostProfile | None = None,
                  budgets: tuple[int, ...] = AUTO_BUDGETS, probes: tuple[int, ...] | None = None,
                  initial: int = 64, decay: float = 0.9, log: Callable[[str], None] | None = _log,
-                 no_draft: bool = True, measure_by_running: bool = False):
+                 no_draft: bool = True, measure_by_running: bool = False,
+                 max_budget: Callable[[int], int] | None = None):
         self.measure, self.budgets, self.decay, self.log = measure, budgets, decay, log
+        self.max_budget = max_budget
         self.initial = min(initial, max(budgets))  # the first round's budget (no acceptance seen yet): a candidate
         self.no_draft = no_draft
         # Eager rounds (the CPU) time themselves (`refine`): there the first real round at each probe is its
@@ -152,6 +189,17 @@ class BudgetChooser:
         # (this CPU), between the round's sync and the next replay.
         self._costs: tuple[tuple, dict[int, float]] | None = None
 
+    def allowed(self, bucket: int) -> tuple[int, ...]:
+        """The tree budgets weighed at this bucket: those within max_budget(bucket), the smallest always."""
+        if self.max_budget is None:
+            return self.budgets
+        top = self.max_budget(bucket)
+        return tuple(b for b in self.budgets if b <= top) or self.budgets[:1]
+
+    def _probes(self, bucket: int) -> tuple[int, ...]:
+        top = max(self.allowed(bucket))
+        return tuple(b for b in self.probes if b <= top)  # (NO_DRAFT, 0, always)
+
     @property
     def calibration(self) -> float:
         return self.observed / self.predicted if self.predicted > 1e-6 else 1.0
@@ -160,15 +208,16 @@ class BudgetChooser:
         if bucket not in self.profile.seconds:
             if self.measure is None:
                 raise ValueError(f"no cost profile for batch bucket {bucket} and nothing to measure it with")
+            probes = self._probes(bucket)
             if self.log:
-                self.log(f"measuring round cost at tree budgets {list(self.probes)} for batch size <= {bucket}")
-            self.profile.seconds[bucket] = {b: self.measure(bucket, b) for b in self.probes}
+                self.log(f"measuring round cost at tree budgets {list(probes)} for batch size <= {bucket}")
+            self.profile.seconds[bucket] = {b: self.measure(bucket, b) for b in probes}
         measured = self.profile.seconds[bucket]
         if self.no_draft and NO_DRAFT not in measured and self.measure is not None:
             measured[NO_DRAFT] = self.measure(bucket, NO_DRAFT)  # (a stored profile from before NO_DRAFT)
         key = (bucket, tuple(measured.items()))  # (eager rounds refine the measurements every round)
         if self._costs is None or self._costs[0] != key:
-            costs = {b: self.profile.cost(bucket, b) for b in self.budgets}
+            costs = {b: self.profile.cost(bucket, b) for b in self.allowed(bucket)}
             if self.no_draft and NO_DRAFT in measured:  # never extrapolated: measured or not weighed
                 costs[NO_DRAFT] = self.profile.cost(bucket, NO_DRAFT)
             self._costs = (key, costs)
@@ -177,15 +226,16 @@ class BudgetChooser:
     def choose(self, bucket: int) -> int:
         if self.measure_by_running:
             measured = self.profile.seconds.setdefault(bucket, {})
-            unmeasured = [b for b in self.probes if b not in measured]
+            unmeasured = [b for b in self._probes(bucket) if b not in measured]
             if unmeasured:
                 return unmeasured[0]
         costs = self.costs(bucket)
+        allowed = self.allowed(bucket)
         if self.curve is None:
-            return self.initial
+            return min(self.initial, max(allowed))
         r = self.calibration
         drafts = {b: r * m for b, m in zip(self.budgets, self.curve)}
-        trees = {b: costs[b] for b in self.budgets}
+        trees = {b: costs[b] for b in allowed}
         budget = best_budget(trees, drafts)
         if NO_DRAFT not in costs or self.drafted < NO_DRAFT_AFTER:
             return budget

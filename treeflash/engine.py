@@ -28,7 +28,9 @@ that can no longer change (one implementation for `LLM.stream` and the server).
 
 from __future__ import annotations
 
+import hashlib
 import heapq
+import json
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -37,9 +39,11 @@ from pathlib import Path
 import torch
 
 from treeflash.attention import FLEX_DECODE_TOKENS
-from treeflash.budget import AUTO_BUDGETS, BudgetChooser, CostProfile
+from treeflash.budget import AUTO_BUDGETS, NO_DRAFT, BudgetChooser, CostProfile, auto_budget_limit
 from treeflash.detokenize import IncrementalDetokenizer
+from treeflash.gguf_convert import default_cache_dir
 from treeflash.outputs import RequestMetrics, RequestOutput
+from treeflash.provenance import source_digest
 from treeflash.round import PREDICTED_SCALE, PREFILL_CHUNK, PrefillPiece, RoundResult, SpecConfig, Speculator, \
     rows_per_round
 from treeflash.runner import PREFILL_MIN_TOKENS, GraphRunner
@@ -127,7 +131,11 @@ class EngineConfig:
     # size suits a throughput job whose slots are always nearly full.
     cuda_graph_sizes: tuple[int, ...] | None = None
     attention: str | None = None  # "sdpa", "flex", "splitkv", "hybrid" (treeflash/attention.py); None: the default
-    budget_profile: str | None = None  # tree_budget="auto": a stored CostProfile (JSON) to load or write
+    # tree_budget="auto": the CostProfile (JSON) to load, or to write once measured. None: with CUDA graphs, a
+    # file of the treeflash cache named after everything the costs depend on (`default_budget_profile`), so
+    # the measurement runs once per machine, model shapes and code; eagerly (the CPU), none. False: measure
+    # in every process and store nothing.
+    budget_profile: str | bool | None = None
     prefill_chunk: int = PREFILL_CHUNK  # a long prompt is prefilled in chunks of this many tokens, one per step
     # Prompt tokens prefilled per step at most, over all requests (None: prefill_chunk). Larger admits
     # many requests per step (throughput: filling hundreds of slots); smaller keeps rounds steady.
@@ -155,6 +163,9 @@ class EngineConfig:
     overlap: bool | None = None
 
     def __post_init__(self) -> None:
+        if self.budget_profile is True or not isinstance(self.budget_profile, (str, Path, bool, type(None))):
+            raise ValueError(f"budget_profile must be a file path, None (on CUDA, a file in the treeflash cache) or "
+                             f"False (keep none), got {self.budget_profile!r}")
         for name in ("prefill_chunk", "prefill_tokens_per_step", "admit_batch"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -212,17 +223,25 @@ class Engine:
     def _budget_chooser(self, config: EngineConfig) -> BudgetChooser:
         sp = self.speculator
         device = torch.cuda.get_device_name(sp.device) if sp.device.type == "cuda" else "cpu"
-        path = Path(config.budget_profile) if config.budget_profile else None
-        profile = CostProfile.load(path) if path and path.is_file() else CostProfile(device)
-        if profile.device != device:
-            raise ValueError(f"{path}: a cost profile measured on {profile.device!r}, this is {device!r}")
         # Eager (CPU) rounds cost in proportion to their nodes, so large budgets never pay there, and
         # measuring them at a large batch takes minutes: eagerly, only the first few are candidates.
         eager = not self.runner.enabled
+        if config.budget_profile is None and not eager:
+            path = default_budget_profile(self)
+        else:
+            path = Path(config.budget_profile) if config.budget_profile else None
+        profile = CostProfile.load(path) if path and path.is_file() else CostProfile(device)
+        if profile.device != device:
+            raise ValueError(f"{path}: a cost profile measured on {profile.device!r}, this is {device!r}")
         budgets = EAGER_AUTO_BUDGETS if eager else AUTO_BUDGETS
+        free = torch.cuda.mem_get_info(sp.device)[0] if sp.device.type == "cuda" else None
+        vocab = sp.target.config.vocab_size
         # Eager rounds time themselves (refine): the first real round at each budget is its measurement.
         chooser = BudgetChooser(None if eager else lambda bucket, budget: self.runner.time_round(bucket, budget),
-                                profile, budgets=budgets, probes=budgets, measure_by_running=eager)
+                                profile, budgets=budgets, probes=budgets, measure_by_running=eager,
+                                max_budget=lambda bucket: auto_budget_limit(bucket, vocab, free))
+        if profile.seconds and chooser.log:
+            chooser.log(f"tree budget costs for batch sizes {sorted(profile.seconds)} from {path}")
         if path is None:
             return chooser
         if eager:
@@ -236,15 +255,19 @@ class Engine:
 
             chooser.refine = refine_and_store
         else:
-            measure = chooser.measure
+            costs = chooser.costs
 
-            def measure_and_store(bucket: int, budget: int) -> float:
-                seconds = measure(bucket, budget)
-                profile.seconds.setdefault(bucket, {})[budget] = seconds
+            def costs_and_store(bucket: int) -> dict[int, float]:
+                # A bucket is stored once all its budgets are measured: a process stopped halfway leaves none
+                # of it (a stored bucket is never measured again).
+                measured = profile.seconds.get(bucket)
+                if measured is not None and (NO_DRAFT in measured or not chooser.no_draft):
+                    return costs(bucket)  # (every round: no more work than a lookup)
+                result = costs(bucket)
                 profile.save(path)
-                return seconds
+                return result
 
-            chooser.measure = measure_and_store
+            chooser.costs = costs_and_store
         return chooser
 
     def capture_graphs(self, max_batch: int, params: SamplingParams, budget: int | None = None) -> int:
@@ -602,6 +625,23 @@ class Engine:
         return RequestOutput(request.id, request.prompt, request.prompt_ids, list(request.output_ids),
                              self.text_of(request), request.finish_reason or "length", request.metrics,
                              request.last_tree)
+
+
+def default_budget_profile(engine: Engine) -> Path:
+    """Where `tree_budget="auto"` keeps its measured round costs unless told otherwise: the treeflash cache's
+    budget_profiles/ (`$TREEFLASH_CACHE`, else ~/.cache/treeflash), a file per device, torch version, treeflash
+    sources and engine shape (the models' configurations, dtype, slots, graph sizes, attention and kernels),
+    which decide what a round costs. Another engine of the same kind finds the costs there and skips the
+    measurement (tens of seconds on an H200, minutes where kernels compile for the first time)."""
+    sp, c = engine.speculator, engine.config
+    what = {"device": torch.cuda.get_device_name(sp.device), "torch": torch.__version__, "sources": source_digest(),
+            "target": repr(sp.target.config), "drafter": repr(sp.drafter.config) if sp.drafter else None,
+            "draft_vocab": None if sp.draft_tokens is None else sp.draft_tokens.numel(),
+            "dtype": str(sp.target.embed_tokens.weight.dtype), "spec": sp.spec.method, "slots": c.max_num_seqs,
+            "buckets": engine.runner.buckets, "attention": c.attention, "compile_kernels": c.compile_kernels,
+            "tree_kernel": c.tree_kernel, "flex_decode_tokens": c.flex_decode_tokens}
+    key = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return default_cache_dir() / "budget_profiles" / f"{key}.json"
 
 
 def _forwards(pieces: list[tuple[Request, int, int]]) -> list[list[tuple[Request, int, int]]]:

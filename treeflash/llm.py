@@ -189,7 +189,10 @@ class LLM:
     copies of their weights (treeflash/models/kernels.py: linear), which costs a second copy of the weights
     in memory; False keeps F.linear (MKL's sgemm, which repacks the weight at every call).
     budget_profile: a JSON file holding the auto budget's cost profile: loaded if present, else
-    measured at first use and written there.
+    measured at first use and written there. None (default): with CUDA graphs, a file in the treeflash
+    cache named after the device, torch, treeflash's sources and the engine's shape
+    (`engine.default_budget_profile`), so an H200 measures once per model pair and version rather than in
+    every process; on the CPU (rounds measured by running) none. False: measure, store nothing.
     overlap: launch each round before reading the last one back, so the host's bookkeeping runs while
     the device computes (treeflash/engine.py). None (default): on where rounds are CUDA graph replays and
     neither time_stages nor record_trees reads a round after it; True / False: always / never. The tokens
@@ -209,7 +212,7 @@ class LLM:
                  dtype: str | torch.dtype | None = None, max_model_len: int | None = None, *,
                  draft_model: str | Path | None = None, spec: str | None = None, tree_budget: int | str = "auto",
                  max_num_seqs: int = 8, time_stages: bool | None = None, record_trees: bool = False,
-                 cuda_graphs: bool | None = None, attention: str | None = None, budget_profile: str | None = None,
+                 cuda_graphs: bool | None = None, attention: str | None = None, budget_profile: str | bool | None = None,
                  tensor_parallel_size: int = 1, prefill_tokens_per_step: int | None = None,
                  compile_kernels: bool = True, admit_batch: int = 1,
                  cuda_graph_sizes: Sequence[int] | None = None, draft_vocab: bool = True,
