@@ -182,18 +182,24 @@ def test_capture_graphs_takes_every_bucket_up_to_the_batch_with_its_flags(pair):
     sampled = SamplingParams(temperature=0.7, top_p=0.9, max_tokens=4)
     engine.capture_graphs(3, sampled)
     assert seen == [(1, False), (2, False), (4, False)]  # 3 runs in the 4-bucket's graph
-    # One prompt of each prefill length bucket that fits the cache (256 rows on the CPU), in slot 0.
-    assert prefills == [[(0, 0, n)] for n in (16, 32, 64, 128, 256)]
+    # 1, 2 and 4 prompts (up to the 4-bucket) of each power-of-two length that fits the cache (256 rows on the
+    # CPU) and one step's prefill (512 tokens), in slots 0, 1, ...
+    assert prefills == [[(slot, 0, n) for slot in range(count)] for count, lengths in
+                        ((1, (16, 32, 64, 128, 256)), (2, (16, 32, 64, 128, 256)), (4, (16, 32, 64, 128)))
+                        for n in lengths]
     assert engine.speculator.state.seq_lens.tolist() == [0] * 8 and not engine.speculator.state.active.any()
     assert engine.speculator.flags.all_greedy and all(p is None for p in engine.speculator.slot_params)
-    # tree_budget="auto": each bucket's cost profile is measured (its graphs captured) up front.
+    # tree_budget="auto": each bucket's cost profile is measured (its graphs captured) up front, and every
+    # budget weighed there is captured under these flags too (a stored profile measured nothing here).
     auto = LLM(str(target), device="cpu", draft_model=str(pair[1]), max_num_seqs=8, cuda_graph_sizes=[1, 2, 4, 8]).engine
-    measured = []
+    measured, captured = [], []
     auto.runner.enabled = True
     auto.runner.prefill = lambda pieces: None
-    auto.budget.costs = lambda bucket: measured.append((bucket, auto.speculator.flags.all_greedy))
+    auto.budget.costs = lambda bucket: measured.append((bucket, auto.speculator.flags.all_greedy)) or {0: 1.0, 4: 2.0}
+    auto.runner.graph = lambda bucket, budget: captured.append((bucket, budget, auto.speculator.flags.all_greedy))
     auto.capture_graphs(2, sampled)
     assert measured == [(1, False), (2, False)]
+    assert captured == [(1, 0, False), (1, 4, False), (2, 0, False), (2, 4, False)]
     with pytest.raises(ValueError, match="cuda_graph_sizes"):
         LLM(str(target), device="cpu", max_num_seqs=8, cuda_graph_sizes=[16])
 

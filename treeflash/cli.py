@@ -110,7 +110,11 @@ Serve MODEL (default: the embedded SmolLM2 with its drafter) over HTTP: /v1/mode
 /v1/completions and /v1/chat/completions as OpenAI defines them (streamed or not), /health, and
 /metrics in the Prometheus text format. Requests join and leave the running batch between rounds; a client that
 goes away has its request aborted at once. SIGINT/SIGTERM: stop taking connections, let the
-requests in flight finish (up to --shutdown-timeout seconds, then cancel them), exit 0."""
+requests in flight finish (up to --shutdown-timeout seconds, then cancel them), exit 0. On CUDA the
+server first captures the CUDA graphs its requests will replay (every batch size up to --max-num-seqs;
+greedy, temperature and top_p sampling; with the auto tree budget, its round costs, measured once per
+machine and model pair and kept in the treeflash cache) and only then listens: seconds with compiled
+kernels cached, minutes on a fresh machine, instead of stalls inside the first requests."""
 
 SERVE_EPILOG = """\
 examples:
@@ -168,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
                           f"if set, else half the usable cores, 1 to 4)")
     srv.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     srv.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    srv.add_argument("--no-warmup", action="store_true",
+                     help="listen at once and capture CUDA graphs when requests first need them (each capture then "
+                          "holds up the running requests)")
     _add_debug_arg(srv, argparse.SUPPRESS)
 
     conv = sub.add_parser("convert", help="convert a GGUF file to a cached safetensors directory",
@@ -355,6 +362,12 @@ def _serve(args) -> int:
               draft_model=args.draft_model, spec=args.spec, tree_budget=args.tree_budget,
               max_num_seqs=args.max_num_seqs)
     name = args.served_model_name or args.model or DEFAULT_MODEL_NAME
+    if not args.no_warmup and llm.device.type == "cuda":
+        start = time.perf_counter()
+        print("treeflash: capturing CUDA graphs before serving (--no-warmup skips this)", file=sys.stderr, flush=True)
+        graphs = llm.warm_up()
+        print(f"treeflash: {graphs} CUDA graphs ready in {time.perf_counter() - start:.1f} s", file=sys.stderr,
+              flush=True)
     serve(llm, ServerConfig(model_name=name, api_key=args.api_key or None, max_choices=args.max_choices,
                             shutdown_timeout=args.shutdown_timeout),
           host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log)

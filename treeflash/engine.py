@@ -272,12 +272,13 @@ class Engine:
 
     def capture_graphs(self, max_batch: int, params: SamplingParams, budget: int | None = None) -> int:
         """Capture now the graphs that rounds of up to `max_batch` requests sampled with `params` will
-        replay (every bucket up to the one holding max_batch), so no capture lands inside a timed run.
-        Also the prefill graphs (which draw first tokens, so `params`' flags too) of one prompt of each
-        length bucket up to `prefill_chunk` tokens. With
-        tree_budget="auto", each bucket's cost profile is measured now (which captures its graphs).
-        Only on an idle engine (the free slots borrow `params` for the flags, then are idle again).
-        Returns the number of graphs captured; 0 where graphs are off (the CPU)."""
+        replay (every bucket up to the one holding max_batch), so no capture lands inside a timed run or
+        stalls a server's requests. Also the prefill graphs (which draw first tokens, so `params`' flags
+        too) of 1, 2, 4, ... prompts (up to that bucket) of each power-of-two length that fits one step's
+        prefill (`prefill_budget` tokens in all). With tree_budget="auto", each bucket's cost profile is
+        measured now if it is not known yet (which captures its graphs under these flags), and every budget
+        it weighs there is captured. Only on an idle engine (the free slots borrow `params` for the flags,
+        then are idle again). Returns the number of graphs captured; 0 where graphs are off (the CPU)."""
         if not self.runner.enabled:
             return 0
         if any(r is not None for r in self.slots):
@@ -285,23 +286,30 @@ class Engine:
         top = self.runner.bucket(min(max_batch, len(self.slots)))
         before = len(self.runner.graphs) + len(self.runner.prefill_graphs)
         sp = self.speculator
-        length = PREFILL_MIN_TOKENS
-        while length <= self.config.prefill_chunk:  # pieces of one prompt, in slot 0 (idle: its rows are free)
-            pieces = [PrefillPiece(0, [0] * length, 0, length)]
-            if self.runner.prefill_shape(pieces) is None:
-                break
-            sp.set_sampling_many([0], [params], [0])  # (a prefill graph draws first tokens with these flags)
-            try:
-                self.runner.prefill(pieces)
-            finally:
-                sp.release_many([0])
-            length *= 2
+        count = 1
+        while count <= min(top, len(self.slots)):  # pieces of idle slots 0..count-1 (their rows are free)
+            length = PREFILL_MIN_TOKENS
+            while length <= self.config.prefill_chunk and count * length <= max(self.config.prefill_budget, length):
+                pieces = [PrefillPiece(slot, [0] * length, 0, length) for slot in range(count)]
+                if self.runner.prefill_shape(pieces) is None:
+                    break
+                slots = list(range(count))
+                sp.set_sampling_many(slots, [params] * count, [0] * count)  # (a prefill graph draws first tokens)
+                try:
+                    self.runner.prefill(pieces)
+                finally:
+                    sp.release_many(slots)
+                length *= 2
+            count *= 2
         for bucket in [b for b in self.runner.buckets if b <= top]:
             slots = list(range(bucket))
             sp.set_sampling_many(slots, [params] * bucket, [0] * bucket)
             try:
                 if self.budget is not None:
-                    self.budget.costs(bucket)  # measures (and captures) every budget it weighs, once per bucket
+                    # Measured once per bucket (which captures its graphs under these flags); then each budget
+                    # weighed there (no draft among them) under these.
+                    for weighed in self.budget.costs(bucket):
+                        self.runner.graph(bucket, weighed)
                 else:
                     self.runner.graph(bucket, budget)
             finally:

@@ -328,6 +328,19 @@ class LLM:
             # A consumer that stops early (or an error) must not leave the request holding a slot.
             engine.abort(request.id)
 
+    def warm_up(self, sampling_params: Sequence[SamplingParams] | None = None) -> int:
+        """Capture now (CUDA) the graphs that requests sampled like each of `sampling_params` replay, at every
+        batch size up to max_num_seqs: the rounds, at every budget `tree_budget="auto"` weighs (measuring its
+        costs first where no stored profile has them), and the prefills of up to one step's tokens. Without
+        it they are captured when first needed, which holds up every running request (seconds each, minutes
+        where kernels compile for the first time). Default: greedy, temperature sampling and temperature with
+        top_p (what OpenAI clients send); other flags (top_k, min_p) are captured when first met. Returns the
+        number of graphs captured: 0 on the CPU, where rounds run eagerly."""
+        if sampling_params is None:
+            sampling_params = [SamplingParams(temperature=0), SamplingParams(temperature=1.0),
+                               SamplingParams(temperature=1.0, top_p=0.9)]
+        return sum(self.engine.capture_graphs(self.max_num_seqs, params) for params in sampling_params)
+
     def chat_token_ids(self, messages: list[dict], tokenizer=None) -> list[int]:
         """The prompt token ids of one conversation under the model's chat template (checked first).
 
