@@ -165,7 +165,8 @@ def percentiles(values: list[float], scale: float = 1000.0) -> dict:
             "mean": round(float(a.mean()), 1), "n": len(values)}
 
 
-def check_offline(results: list[Result], model: str | None, max_num_seqs: int, spec: str = "none") -> list[dict]:
+def check_offline(results: list[Result], model: str | None, max_num_seqs: int, spec: str = "none",
+                  dtype: str | None = None) -> list[dict]:
     """Run every answered request offline (plain decoding by default: a speculative server must give
     exactly its tokens); return the answers that differ."""
     import torch
@@ -176,7 +177,7 @@ def check_offline(results: list[Result], model: str | None, max_num_seqs: int, s
     torch.set_num_threads(default_threads())  # all cores would spin against the server on a busy CPU
     answered = [r for r in results if r.error is None]
     jobs = sorted({r.job for r in answered}, key=lambda j: j.k)
-    llm = LLM(model, max_num_seqs=max_num_seqs, spec=spec)
+    llm = LLM(model, max_num_seqs=max_num_seqs, spec=spec, dtype=dtype)
     params = [SamplingParams(temperature=0, max_tokens=j.max_tokens) if j.seed is None else
               SamplingParams(temperature=0.8, top_p=0.95, seed=j.seed, max_tokens=j.max_tokens) for j in jobs]
     outs = llm.chat([[{"role": "user", "content": j.prompt}] for j in jobs], params, use_tqdm=False)
@@ -244,6 +245,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--check-max-num-seqs", type=int, default=16, help="batch of the offline check")
     ap.add_argument("--check-spec", default="none", choices=("none", "dflash", "ddtree"),
                     help="decoding method of the offline check (default none: plain decoding)")
+    ap.add_argument("--check-dtype", default=None, choices=("float32", "bfloat16", "float16"),
+                    help="dtype of the offline check (default: LLM's, bfloat16 on CUDA). Only float32 gives a "
+                         "batch's tokens exactly: compare a float32 server with a float32 check")
     ap.add_argument("--no-check", action="store_true", help="skip the offline comparison")
     ap.add_argument("--note", default="", help="free text stored with the result (e.g. what else ran)")
     ap.add_argument("--out", default=None, help="write the report (JSON) here")
@@ -261,7 +265,7 @@ def main(argv: list[str] | None = None) -> dict:
     report = {**run_info(torch.device("cpu")), "url": args.url, "served_model": served, "clients": args.clients,
               "duration_s": args.duration, "note": args.note, "summary": summarize(results, elapsed, before, after)}
     if not args.no_check:
-        mismatched = check_offline(results, args.model, args.check_max_num_seqs, args.check_spec)
+        mismatched = check_offline(results, args.model, args.check_max_num_seqs, args.check_spec, args.check_dtype)
         report["check_spec"] = args.check_spec
         report["mismatches"] = len(mismatched)
         report["mismatch_examples"] = mismatched[:5]
