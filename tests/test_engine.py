@@ -195,8 +195,9 @@ def test_capture_graphs_takes_every_bucket_up_to_the_batch_with_its_flags(pair):
     measured, captured = [], []
     auto.runner.enabled = True
     auto.runner.prefill = lambda pieces: None
-    auto.budget.costs = lambda bucket: measured.append((bucket, auto.speculator.flags.all_greedy)) or {0: 1.0, 4: 2.0}
-    auto.runner.graph = lambda bucket, budget: captured.append((bucket, budget, auto.speculator.flags.all_greedy))
+    flags = lambda: auto.speculator.flags.all_greedy  # noqa: E731
+    auto.budget.costs = lambda bucket: measured.append((bucket, flags())) or {0: 1.0, 4: 2.0}
+    auto.runner.graph = lambda bucket, budget: captured.append((bucket, budget, flags()))
     auto.capture_graphs(2, sampled)
     assert measured == [(1, False), (2, False)]
     assert captured == [(1, 0, False), (1, 4, False), (2, 0, False), (2, 4, False)]
@@ -210,3 +211,27 @@ def test_the_tree_builder_setting_reaches_the_round(pair):
     for setting in (None, True, False):
         llm = LLM(str(target), device="cpu", draft_model=str(drafter), tree_budget=8, tree_kernel=setting)
         assert llm.engine.speculator.tree_kernel is setting
+
+
+def test_reserve_all_grows_the_caches_to_the_longest_request_where_memory_allows(pair):
+    target, drafter = pair
+    engine = LLM(str(target), device="cpu", draft_model=str(drafter), max_model_len=200).engine
+    sp = engine.speculator
+    before = sp.capacity
+    assert before < engine.max_capacity
+    per_row = (sp.cache.nbytes + sp.draft_cache.nbytes) / before
+    # Too little free memory for the new rows: nothing grows.
+    assert not engine.reserve_all(free_bytes=int(per_row * (engine.max_capacity - before)))
+    assert sp.capacity == before
+    assert engine.reserve_all(free_bytes=int(3 * per_row * (engine.max_capacity - before)))
+    assert sp.capacity == engine.max_capacity and sp.draft_cache.capacity == engine.max_capacity
+    assert engine.reserve_all(free_bytes=0)  # (already there)
+    # A request of the longest kind then needs no growth: the same tokens as an engine that grew on demand.
+    params = SamplingParams(temperature=0, max_tokens=150, ignore_eos=True)
+    grown = LLM(str(target), device="cpu", draft_model=str(drafter), max_model_len=200)
+    want = grown.generate(prompt_token_ids=[PROMPTS[0]], sampling_params=params)[0].token_ids
+    llm = LLM(str(target), device="cpu", draft_model=str(drafter), max_model_len=200)
+    llm.engine.reserve_all()
+    capacity = llm.engine.speculator.capacity
+    assert llm.generate(prompt_token_ids=[PROMPTS[0]], sampling_params=params)[0].token_ids == want
+    assert llm.engine.speculator.capacity == capacity

@@ -265,10 +265,30 @@ class Engine:
                     return costs(bucket)  # (every round: no more work than a lookup)
                 result = costs(bucket)
                 profile.save(path)
+                if chooser.log:
+                    chooser.log(f"round costs for batch size <= {bucket} kept in {path}")
                 return result
 
             chooser.costs = costs_and_store
         return chooser
+
+    def reserve_all(self, memory_fraction: float = 0.5, free_bytes: int | None = None) -> bool:
+        """Grow the caches now to what the longest request needs (max_model_len and a round's spare rows), if
+        the new rows fit in `memory_fraction` of the free device memory (`free_bytes`; None: asked of the
+        device on CUDA, unbounded elsewhere). Returns whether the caches hold that much. Growing later
+        drops every captured graph (they point at the old caches), so a warm-up that should last calls this
+        first: a chat request without max_tokens asks for the whole context at once."""
+        sp = self.speculator
+        if sp.capacity >= self.max_capacity:
+            return True
+        if free_bytes is None and sp.device.type == "cuda":
+            free_bytes = torch.cuda.mem_get_info(sp.device)[0]
+        caches = [sp.cache] + ([sp.draft_cache] if sp.draft_cache is not None else [])
+        extra = sum(c.nbytes for c in caches) * (self.max_capacity - sp.capacity) / sp.capacity
+        if free_bytes is not None and extra > memory_fraction * free_bytes:
+            return False
+        sp.reserve(self.max_capacity)
+        return True
 
     def capture_graphs(self, max_batch: int, params: SamplingParams, budget: int | None = None) -> int:
         """Capture now the graphs that rounds of up to `max_batch` requests sampled with `params` will

@@ -38,6 +38,11 @@ class KVCache:
     def capacity(self) -> int:
         return self.keys[0].shape[2]
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every layer's keys and values."""
+        return sum(t.numel() * t.element_size() for t in (self.stacked or (*self.keys, *self.values)))
+
     def grown(self, capacity: int) -> "KVCache":
         """A copy with room for `capacity` rows per slot; the rows written so far come along."""
         def grow(t: torch.Tensor) -> torch.Tensor:  # [..., rows, head_dim]

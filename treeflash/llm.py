@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import operator
+import sys
 import warnings
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -212,7 +213,8 @@ class LLM:
                  dtype: str | torch.dtype | None = None, max_model_len: int | None = None, *,
                  draft_model: str | Path | None = None, spec: str | None = None, tree_budget: int | str = "auto",
                  max_num_seqs: int = 8, time_stages: bool | None = None, record_trees: bool = False,
-                 cuda_graphs: bool | None = None, attention: str | None = None, budget_profile: str | bool | None = None,
+                 cuda_graphs: bool | None = None, attention: str | None = None,
+                 budget_profile: str | bool | None = None,
                  tensor_parallel_size: int = 1, prefill_tokens_per_step: int | None = None,
                  compile_kernels: bool = True, admit_batch: int = 1,
                  cuda_graph_sizes: Sequence[int] | None = None, draft_vocab: bool = True,
@@ -335,7 +337,16 @@ class LLM:
         it they are captured when first needed, which holds up every running request (seconds each, minutes
         where kernels compile for the first time). Default: greedy, temperature sampling and temperature with
         top_p (what OpenAI clients send); other flags (top_k, min_p) are captured when first met. Returns the
-        number of graphs captured: 0 on the CPU, where rounds run eagerly."""
+        number of graphs captured: 0 on the CPU, where rounds run eagerly.
+
+        The caches are first grown to the longest request (`Engine.reserve_all`) where that fits in half the
+        free memory: growing them later (a longer request than they hold) would drop every graph captured here."""
+        if not self.engine.runner.enabled or self.parallel is not None:
+            return 0  # (tensor parallel: ranks capture lazily, in lockstep, and grow their caches together)
+        if not self.engine.reserve_all():
+            print(f"treeflash: the caches hold {self.engine.speculator.capacity} rows per slot, not the "
+                  f"{self.engine.max_capacity} a request of max_model_len={self.max_model_len} may need (too little "
+                  f"free memory): a longer request will grow them and capture the graphs again", file=sys.stderr)
         if sampling_params is None:
             sampling_params = [SamplingParams(temperature=0), SamplingParams(temperature=1.0),
                                SamplingParams(temperature=1.0, top_p=0.9)]
