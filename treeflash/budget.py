@@ -39,7 +39,8 @@ budget. No synchronisation happens here: `observe` takes plain Python numbers.
 
 Not every budget is a candidate at every batch size: `max_budget(S)` bounds them (the engine's
 `auto_budget_limit`: a round verifies S x (B + 1) tokens, at most `MAX_AUTO_ROUND_TOKENS`, and its
-vocabulary-wide sampling tensors must fit in half the device memory free after loading). Past a few
+vocabulary-wide sampling tensors must fit in half the device memory free when the bucket is first
+weighed). Past a few
 hundred tokens a round's forward is compute-bound on any GPU, so its cost grows with the tree while
 the tree's gain flattens; and measuring budget 512 at batch 32 ran an H200 out of memory
 (benchmarks/h200-serve). Budgets above the bound are neither measured nor chosen.
@@ -74,7 +75,8 @@ MAX_AUTO_ROUND_TOKENS = 4096
 # sampling with top-p on CUDA, float32 scores and probabilities, the sort's values and int64 indices, float64
 # cumulative masses and the masks (~50 bytes; a round at batch 32 x 513 tokens of SmolLM2's 49,152-token
 # vocabulary held 49 GiB in its CUDA graph's pool). The auto budget's candidates keep these within
-# AUTO_MEMORY_FRACTION of the device memory free when the chooser is made (after weights and caches).
+# AUTO_MEMORY_FRACTION of the device memory free when their batch bucket is first weighed: a capture holds
+# them twice at its peak (its warm-up's blocks, cached for the warm-up's stream, and the graph's pool).
 ROUND_BYTES_PER_LOGIT = 64
 AUTO_MEMORY_FRACTION = 0.5
 

@@ -234,12 +234,20 @@ class Engine:
         if profile.device != device:
             raise ValueError(f"{path}: a cost profile measured on {profile.device!r}, this is {device!r}")
         budgets = EAGER_AUTO_BUDGETS if eager else AUTO_BUDGETS
-        free = torch.cuda.mem_get_info(sp.device)[0] if sp.device.type == "cuda" else None
-        vocab = sp.target.config.vocab_size
+        limits: dict[int, int] = {}
+
+        def max_budget(bucket: int) -> int:
+            # Fixed when a bucket is first weighed, from the memory free then (after a warm-up has grown the
+            # caches and captured the smaller buckets' graphs): asked every round, the device would be too.
+            if bucket not in limits:
+                free = torch.cuda.mem_get_info(sp.device)[0] if sp.device.type == "cuda" else None
+                limits[bucket] = auto_budget_limit(bucket, sp.target.config.vocab_size, free)
+            return limits[bucket]
+
         # Eager rounds time themselves (refine): the first real round at each budget is its measurement.
         chooser = BudgetChooser(None if eager else lambda bucket, budget: self.runner.time_round(bucket, budget),
                                 profile, budgets=budgets, probes=budgets, measure_by_running=eager,
-                                max_budget=lambda bucket: auto_budget_limit(bucket, vocab, free))
+                                max_budget=max_budget)
         if profile.seconds and chooser.log:
             chooser.log(f"tree budget costs for batch sizes {sorted(profile.seconds)} from {path}")
         if path is None:
