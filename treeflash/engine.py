@@ -33,6 +33,7 @@ import heapq
 import json
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -313,7 +314,6 @@ class Engine:
             raise RuntimeError("capture_graphs needs an idle engine")
         top = self.runner.bucket(min(max_batch, len(self.slots)))
         before = len(self.runner.graphs) + len(self.runner.prefill_graphs)
-        sp = self.speculator
         count = 1
         while count <= min(top, len(self.slots)):  # pieces of idle slots 0..count-1 (their rows are free)
             length = PREFILL_MIN_TOKENS
@@ -321,18 +321,12 @@ class Engine:
                 pieces = [PrefillPiece(slot, [0] * length, 0, length) for slot in range(count)]
                 if self.runner.prefill_shape(pieces) is None:
                     break
-                slots = list(range(count))
-                sp.set_sampling_many(slots, [params] * count, [0] * count)  # (a prefill graph draws first tokens)
-                try:
+                with self._borrowed(count, params):  # (a prefill graph draws first tokens with these flags)
                     self.runner.prefill(pieces)
-                finally:
-                    sp.release_many(slots)
                 length *= 2
             count *= 2
         for bucket in [b for b in self.runner.buckets if b <= top]:
-            slots = list(range(bucket))
-            sp.set_sampling_many(slots, [params] * bucket, [0] * bucket)
-            try:
+            with self._borrowed(bucket, params):
                 if self.budget is not None:
                     # Measured once per bucket (which captures its graphs under these flags); then each budget
                     # weighed there (no draft among them) under these.
@@ -340,9 +334,18 @@ class Engine:
                         self.runner.graph(bucket, weighed)
                 else:
                     self.runner.graph(bucket, budget)
-            finally:
-                sp.release_many(slots)
         return len(self.runner.graphs) + len(self.runner.prefill_graphs) - before
+
+    @contextmanager
+    def _borrowed(self, count: int, params: SamplingParams):
+        """Idle slots 0..count-1 sampled with `params` (their rows and the flags) while a capture runs, then
+        free again."""
+        slots = list(range(count))
+        self.speculator.set_sampling_many(slots, [params] * count, [0] * count)
+        try:
+            yield
+        finally:
+            self.speculator.release_many(slots)
 
     def add(self, request: Request) -> None:
         self._detok(request)
