@@ -160,3 +160,20 @@ def test_the_admission_profile_runs_every_variant(tmp_path):
     assert [r["variant"] for r in result["rows"]] == ["default", "pageable", "dense"]
     assert all(r["admit_ms"] > 0 and r["request_ms"] > 0 for r in result["rows"])
     assert json.loads(out.read_text()) == result
+
+
+def test_capture_cost_runs_on_the_cpu(tmp_path):
+    # On the CPU nothing is captured (rounds run eagerly); the script still builds its random checkpoint from
+    # a config-and-tokenizer directory and writes its report, with the profile's summary.
+    import capture_cost
+
+    model = make_tiny_target(tmp_path / "m", "llama", vocab_size=64, seed=2, tokenizer=True)
+    (model / "model.safetensors").unlink()  # only the shape and the tokenizer are read
+    out = tmp_path / "cost.json"
+    with one_thread():
+        assert capture_cost.main(["--model", str(model), "--random-weights", "--max-num-seqs", "2",
+                                  "--max-model-len", "64", "--sampling", "greedy,top_p", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["graphs"] == 0 and report["captures"] == [] and report["command"]
+    assert set(report["profile"]) >= {"wall_s", "triton_ptxas", "capture", "budget_measure"}
+    assert (tmp_path / "cost.txt").read_text().strip()
