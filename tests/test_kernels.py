@@ -208,3 +208,22 @@ def test_hybrid_takes_splitkv_for_few_folded_rows_and_flex_past_them():
         assert isinstance(mask, HybridMask) and mask.shape[-1] == 512 and torch.equal(rows[:, 0], seq)
         assert isinstance(mask.pick(t, groups), want), (t, groups)
         assert torch.equal(mask.splitkv.new_mask.bool(), new) and torch.equal(mask.splitkv.seq_lens, seq.int())
+
+
+def test_triton_cache_dir_is_pinned_once_for_every_kernel(tmp_path, monkeypatch):
+    # Inductor points $TRITON_CACHE_DIR at its own directory the first time it builds a kernel wrapper; a CUDA
+    # engine pins it first, so every process of a machine looks in the same place for every kernel.
+    from treeflash.models.kernels import pin_triton_cache_dir
+
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    monkeypatch.setenv("TREEFLASH_CACHE", str(tmp_path))
+    assert pin_triton_cache_dir() == str(tmp_path / "triton") == os.environ["TRITON_CACHE_DIR"]
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "mine"))  # the user's choice stands
+    assert pin_triton_cache_dir() == str(tmp_path / "mine") == os.environ["TRITON_CACHE_DIR"]
+
+
+def test_a_cpu_engine_leaves_the_triton_cache_alone(pair, monkeypatch):
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    target, drafter = pair
+    LLM(str(target), draft_model=str(drafter), device="cpu", dtype="float32", max_model_len=64)
+    assert "TRITON_CACHE_DIR" not in os.environ

@@ -114,8 +114,8 @@ requests in flight finish (up to --shutdown-timeout seconds, then cancel them), 
 server first captures the CUDA graphs its requests will replay (every batch size up to --max-num-seqs;
 greedy, temperature and top_p sampling; with the auto tree budget, its round costs, measured once per
 machine and model pair and kept in the treeflash cache) and only then listens, so that no capture
-stalls the requests it serves (on an H200 with the default pair and 32 slots: 4.5 minutes on a fresh
-machine, over 2.5 when started again; --no-warmup skips it)."""
+stalls the requests it serves (on an H200 at the default pair's shape, 32 slots: 2.4 minutes with empty
+caches, 24 s when started again; --no-warmup skips it)."""
 
 SERVE_EPILOG = """\
 examples:

@@ -23,7 +23,8 @@ from treeflash.attention import FLEX_BLOCK, FLEX_DECODE_TOKENS, SplitKVMask, che
 from treeflash.budget import AUTO_BUDGETS, NO_DRAFT, expected_drafts
 from treeflash.kv_cache import KVCache, append_layout
 from treeflash.models.dflash import DFlashDrafter
-from treeflash.models.kernels import COMPILED, EAGER, prepack_cpu, projection_weights, use_fast_path
+from treeflash.models.kernels import COMPILED, EAGER, pin_triton_cache_dir, prepack_cpu, projection_weights, \
+    use_fast_path
 from treeflash.models.transformer import Transformer
 from treeflash.sampling import SamplingParams, SamplingTensors, derive, static_flags
 from treeflash.transfer import to_device
@@ -195,6 +196,7 @@ class Speculator:
         self.flex_decode_tokens = flex_decode_tokens
         self.tree_kernel = tree_kernel  # use_tree_kernel's setting, read per round (gpu_check E flips it)
         if self.device.type == "cuda":
+            pin_triton_cache_dir()  # before any kernel compiles (its docstring says why)
             # The models are switched as a whole (shared with any other speculator on them): the last
             # one built decides their eager forwards; captured graphs keep what they recorded.
             for model in (target, self.drafter):

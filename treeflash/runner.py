@@ -93,20 +93,28 @@ def _pow2(n: int) -> int:
 class _Capture:
     """Records the round on a side stream; with `split`, one graph per stage (ends at each lap)."""
 
-    def __init__(self, pool, split: bool, device: torch.device):
-        self.pool, self.split = pool, split
+    def __init__(self, pool, split: bool, device: torch.device, stream: torch.cuda.Stream):
+        self.pool, self.split, self.stream = pool, split, stream
         self.graphs: list = []
         self.stages: list[str] = []
         self.touch = torch.zeros(1, device=device)
 
     def __enter__(self) -> "_Capture":
         torch.cuda.synchronize()
-        gc.collect()
-        self.stream = torch.cuda.Stream()
-        self.stream.wait_stream(torch.cuda.current_stream())
-        self._ctx = torch.cuda.stream(self.stream)
-        self._ctx.__enter__()
-        self._begin()
+        # No garbage collection inside a capture (a finalizer there could free or sync what the capture
+        # forbids). No full collection before it either: with Inductor's and Dynamo's objects alive it cost
+        # ~0.2 s a graph on the H200, ~40 s of a server's 207 (benchmarks/h200-capture-cost).
+        self._gc = gc.isenabled()
+        gc.disable()
+        try:
+            self.stream.wait_stream(torch.cuda.current_stream())
+            self._ctx = torch.cuda.stream(self.stream)
+            self._ctx.__enter__()
+            self._begin()
+        except BaseException:
+            if self._gc:
+                gc.enable()
+            raise
         return self
 
     def _begin(self) -> None:
@@ -130,6 +138,8 @@ class _Capture:
         finally:
             self._ctx.__exit__(*exc)
             torch.cuda.current_stream().wait_stream(self.stream)
+            if self._gc:
+                gc.enable()
 
 
 class GraphRunner:
@@ -151,10 +161,12 @@ class GraphRunner:
         self.graphs: dict[tuple, Captured] = {}
         self.prefill_graphs: dict[tuple, PrefillGraph] = {}  # (padded shape, sampling flags)
         self.pool = None
-        # The stream captures warm up on: one for every capture, as the allocator caches a stream's freed blocks
-        # for that stream alone. A new stream per capture kept each warm-up's blocks reserved: measuring the
-        # auto budget at batch 32 on an H200 held ~80 GiB that no one used and then ran out of memory
-        # (benchmarks/h200-serve).
+        # The stream captures warm up and record on: one for every capture, as the allocator reuses a freed
+        # block only on the stream that freed it. A new stream per warm-up kept each warm-up's blocks reserved:
+        # measuring the auto budget at batch 32 on an H200 held ~80 GiB that no one used and then ran out of
+        # memory (benchmarks/h200-serve). Recording on one stream too lets each graph reuse what the graphs
+        # before it freed in their shared pool (their round's temporaries), as torch.cuda.graph's one
+        # capture stream does.
         self._side: torch.cuda.Stream | None = None
         self._cache_ptr = None
 
@@ -286,7 +298,7 @@ class GraphRunner:
                 sp.round(bucket, budget, clock=_NoClock())
                 _restore(sp, saved)
         torch.cuda.current_stream().wait_stream(side)
-        with _Capture(self.pool, self.time_stages, sp.device) as capture:
+        with _Capture(self.pool, self.time_stages, sp.device, side) as capture:
             result = sp.round(bucket, budget, clock=capture)
         torch.cuda.synchronize()
         if self.log:
@@ -312,7 +324,7 @@ class GraphRunner:
             for _ in range(2):
                 sp.prefill_and_start(inputs, kv_len)
         torch.cuda.current_stream().wait_stream(side)
-        with _Capture(self.pool, False, sp.device) as capture:
+        with _Capture(self.pool, False, sp.device, side) as capture:
             first = sp.prefill_and_start(inputs, kv_len)
         torch.cuda.synchronize()
         if self.log:

@@ -96,6 +96,25 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def pin_triton_cache_dir() -> str:
+    """Keep every compiled Triton kernel of this process (ours and Inductor's) in one directory that every
+    process finds: $TRITON_CACHE_DIR where set, else the treeflash cache's triton/ (`$TREEFLASH_CACHE`, else
+    ~/.cache/treeflash). Returns it. Called before a CUDA engine compiles anything.
+
+    Why: Triton reads $TRITON_CACHE_DIR at each compile, and Inductor sets it (to its own directory under
+    /tmp) the first time it builds a kernel wrapper. Which kernels went where then depended on what ran
+    first in a process: on the H200 a restarted warm-up compiled 51 kernels again that the process before it
+    had compiled (the tree builder's, seconds each), and took 81 s where it now takes 7
+    (benchmarks/h200-capture-cost)."""
+    directory = os.environ.get("TRITON_CACHE_DIR")
+    if not directory:
+        from treeflash.gguf_convert import default_cache_dir
+
+        directory = str(default_cache_dir() / "triton")
+        os.environ["TRITON_CACHE_DIR"] = directory
+    return directory
+
+
 @functools.cache
 def _compiled(fn: Callable) -> Callable:
     # One compiled wrapper per piece and process, compiled at its first call. dynamic=None plus the
