@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from helpers import make_tiny_target, one_thread, write_char_tokenizer
 from spec_helpers import make_drafter, make_target
@@ -260,6 +261,33 @@ def test_cli_unexpected_errors_are_one_line_too_and_debug_shows_the_traceback(ca
     monkeypatch.setenv("TREEFLASH_DEBUG", "1")
     with pytest.raises(KeyError):
         main(["convert", "x.gguf"])
+
+
+def test_serve_says_which_options_to_lower_when_the_warm_up_runs_out_of_memory(capsys, monkeypatch):
+    # A fixed tree budget too large for the slots runs the GPU out of memory in the warm-up, before the server
+    # listens: one line naming the options, no traceback, and the server never starts.
+    import types
+
+    import treeflash
+    import treeflash.server
+
+    class OutOfMemoryLLM:
+        def __init__(self, *args, max_num_seqs, tree_budget, **kwargs):
+            self.device, self.max_num_seqs = torch.device("cuda"), max_num_seqs
+            self.spec = types.SimpleNamespace(method="ddtree", tree_budget=tree_budget)
+
+        def warm_up(self):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.00 GiB")
+
+    monkeypatch.setattr(treeflash, "LLM", OutOfMemoryLLM)
+    monkeypatch.setattr(treeflash.server, "serve", lambda *a, **k: pytest.fail("the server must not start"))
+    code, _, err = cli(capsys, "serve", "--tree-budget", "512", "--max-num-seqs", "32")
+    lines = err.splitlines()  # the warm-up's first line, then the error
+    assert code == 1 and len(lines) == 2 and lines[1].startswith("treeflash: error: ") and "Traceback" not in err
+    assert "out of GPU memory capturing the CUDA graphs of 32 slots at tree budget 512" in err
+    assert "lower --max-num-seqs, --tree-budget" in err and "Tried to allocate 3.00 GiB" in err
+    code, _, err = cli(capsys, "serve", "--max-num-seqs", "32")  # auto: nothing to say about the budget
+    assert code == 1 and "lower --max-num-seqs or --max-model-len" in err
 
 
 def test_cli_system_implies_chat(capsys, text_dir):

@@ -366,7 +366,14 @@ def _serve(args) -> int:
     if not args.no_warmup and llm.device.type == "cuda":
         start = time.perf_counter()
         print("treeflash: capturing CUDA graphs before serving (--no-warmup skips this)", file=sys.stderr, flush=True)
-        graphs = llm.warm_up()
+        try:
+            graphs = llm.warm_up()
+        except torch.OutOfMemoryError as e:  # options asking more than the GPU holds: say which ones
+            budget = f" at tree budget {args.tree_budget}" if llm.spec.method == "ddtree" else ""
+            fixed = ", --tree-budget (or leave it auto, which weighs only budgets that fit)" if budget and \
+                args.tree_budget != "auto" else ""
+            raise ValueError(f"out of GPU memory capturing the CUDA graphs of {llm.max_num_seqs} slots{budget}: "
+                             f"lower --max-num-seqs{fixed} or --max-model-len ({' '.join(str(e).split())})") from e
         print(f"treeflash: {graphs} CUDA graphs ready in {time.perf_counter() - start:.1f} s", file=sys.stderr,
               flush=True)
     serve(llm, ServerConfig(model_name=name, api_key=args.api_key or None, max_choices=args.max_choices,
