@@ -93,8 +93,8 @@ def _pow2(n: int) -> int:
 class _Capture:
     """Records the round on a side stream; with `split`, one graph per stage (ends at each lap)."""
 
-    def __init__(self, pool, split: bool, device: torch.device, stream: torch.cuda.Stream):
-        self.pool, self.split, self.stream = pool, split, stream
+    def __init__(self, pool, split: bool, device: torch.device):
+        self.pool, self.split = pool, split
         self.graphs: list = []
         self.stages: list[str] = []
         self.touch = torch.zeros(1, device=device)
@@ -107,6 +107,13 @@ class _Capture:
         self._gc = gc.isenabled()
         gc.disable()
         try:
+            # A new stream per capture: the graphs share one pool, but the allocator reuses a freed block only
+            # on the stream that freed it, so no graph's temporaries land on another graph's outputs, whatever
+            # order graphs replay in (buckets, budgets, prefills). One stream for all reserved 4.5x less memory
+            # (benchmarks/h200-capture-cost), but then tokens stay right only while every graph's outputs are
+            # consumed before another graph replays: true of the engine today, enforced nowhere, and not yet
+            # checked on the GPU that way. Not taken.
+            self.stream = torch.cuda.Stream()
             self.stream.wait_stream(torch.cuda.current_stream())
             self._ctx = torch.cuda.stream(self.stream)
             self._ctx.__enter__()
@@ -161,12 +168,10 @@ class GraphRunner:
         self.graphs: dict[tuple, Captured] = {}
         self.prefill_graphs: dict[tuple, PrefillGraph] = {}  # (padded shape, sampling flags)
         self.pool = None
-        # The stream captures warm up and record on: one for every capture, as the allocator reuses a freed
-        # block only on the stream that freed it. A new stream per warm-up kept each warm-up's blocks reserved:
-        # measuring the auto budget at batch 32 on an H200 held ~80 GiB that no one used and then ran out of
-        # memory (benchmarks/h200-serve). Recording on one stream too lets each graph reuse what the graphs
-        # before it freed in their shared pool (their round's temporaries), as torch.cuda.graph's one
-        # capture stream does.
+        # The stream captures warm up on: one for every capture, as the allocator caches a stream's freed blocks
+        # for that stream alone. A new stream per capture kept each warm-up's blocks reserved: measuring the
+        # auto budget at batch 32 on an H200 held ~80 GiB that no one used and then ran out of memory
+        # (benchmarks/h200-serve).
         self._side: torch.cuda.Stream | None = None
         self._cache_ptr = None
 
@@ -298,7 +303,7 @@ class GraphRunner:
                 sp.round(bucket, budget, clock=_NoClock())
                 _restore(sp, saved)
         torch.cuda.current_stream().wait_stream(side)
-        with _Capture(self.pool, self.time_stages, sp.device, side) as capture:
+        with _Capture(self.pool, self.time_stages, sp.device) as capture:
             result = sp.round(bucket, budget, clock=capture)
         torch.cuda.synchronize()
         if self.log:
@@ -324,7 +329,7 @@ class GraphRunner:
             for _ in range(2):
                 sp.prefill_and_start(inputs, kv_len)
         torch.cuda.current_stream().wait_stream(side)
-        with _Capture(self.pool, False, sp.device, side) as capture:
+        with _Capture(self.pool, False, sp.device) as capture:
             first = sp.prefill_and_start(inputs, kv_len)
         torch.cuda.synchronize()
         if self.log:
