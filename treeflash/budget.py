@@ -40,9 +40,8 @@ budget. No synchronisation happens here: `observe` takes plain Python numbers.
 Not every budget is a candidate at every batch size: `max_budget(S)` bounds them (the engine's
 `auto_budget_limit`: a round verifies S x (B + 1) tokens, at most `MAX_AUTO_ROUND_TOKENS`, and its
 vocabulary-wide sampling tensors must fit in half the device memory free when the bucket is first
-weighed). Past a few
-hundred tokens a round's forward is compute-bound on any GPU, so its cost grows with the tree while
-the tree's gain flattens; and measuring budget 512 at batch 32 ran an H200 out of memory
+weighed). Past a few hundred tokens a round's forward is compute-bound on any GPU, so its cost grows
+with the tree while the tree's gain flattens; and measuring budget 512 at batch 32 ran an H200 out of memory
 (benchmarks/h200-serve). Budgets above the bound are neither measured nor chosen.
 """
 

@@ -369,9 +369,10 @@ def _serve(args) -> int:
         try:
             graphs = llm.warm_up()
         except torch.OutOfMemoryError as e:  # options asking more than the GPU holds: say which ones
-            budget = f" at tree budget {args.tree_budget}" if llm.spec.method == "ddtree" else ""
-            fixed = ", --tree-budget (or leave it auto, which weighs only budgets that fit)" if budget and \
-                args.tree_budget != "auto" else ""
+            ddtree = llm.spec.method == "ddtree"
+            budget = f" at tree budget {args.tree_budget}" if ddtree else ""
+            fixed = ", --tree-budget (or leave it auto, which weighs only budgets that fit)" \
+                if ddtree and args.tree_budget != "auto" else ""
             raise ValueError(f"out of GPU memory capturing the CUDA graphs of {llm.max_num_seqs} slots{budget}: "
                              f"lower --max-num-seqs{fixed} or --max-model-len ({' '.join(str(e).split())})") from e
         print(f"treeflash: {graphs} CUDA graphs ready in {time.perf_counter() - start:.1f} s", file=sys.stderr,
