@@ -18,6 +18,8 @@ E. graphed == eager (float32): the same requests (greedy and seeded sampling, mi
    Graphed runs overlap their rounds (the engine's default there); one more run puts the four requests
    through two slots, so requests end and slots are reused while a round for them is in flight.
 F. no host synchronisation inside a replayed round (set_sync_debug_mode("error") around replays).
+P. graphs sharing one memory pool: rounds hop between graphs (buckets, budgets 0-256, one pool, one capture
+   stream) and equal the same rounds run eagerly; a round's read-back survives other graphs' replays.
 T. the Triton tree builder (treeflash/tree_kernel.py) builds field for field the tree `build_tree` builds,
    on random log-probs at drafter shapes (15 depths, vocabularies of 16,384 and 49,152, budgets 1-512,
    1 and 8 slots, with and without ties).
@@ -141,9 +143,9 @@ def check_no_sync(target: Path, drafter: Path, attention: str = "flex") -> dict:
     return results
 
 
-def mixed_speculator(llm: LLM, attention: str) -> Speculator:
+def mixed_speculator(llm: LLM, attention: str | None, capacity: int = 256) -> Speculator:
     """Four slots of a fresh speculator: greedy, fully filtered sampling, plain sampling, greedy."""
-    speculator = Speculator(llm.model, llm.drafter, llm.spec, slots=4, capacity=256, time_stages=False,
+    speculator = Speculator(llm.model, llm.drafter, llm.spec, slots=4, capacity=capacity, time_stages=False,
                             attention=attention)
     params = [greedy(8), SamplingParams(temperature=0.7, top_k=20, top_p=0.9, min_p=0.05, seed=1),
               SamplingParams(temperature=1.0, seed=2), greedy(8)]
@@ -262,6 +264,50 @@ def check_no_sync_in_replay(target: Path, drafter: Path, attention: str = "flex"
             label = "staged graphs" if time_stages else "one graph"
             results[f"{spec}: 3 replays ({label}) without host sync"] = ok
     return results
+
+
+# --- P: graphs sharing one memory pool -------------------------------------------------------------
+POOL_ROUNDS = [(4, 16), (2, 64), (4, 0), (1, 256), (4, 4), (2, 8), (1, 32), (4, 64), (2, 0), (1, 16)] * 3
+
+
+def check_shared_pool(target: Path, drafter: Path, attention: str | None = None) -> dict:
+    """Every capture is recorded into one pool on one stream, so a replay may overwrite blocks other graphs
+    freed while they were captured. Rounds hop between graphs (buckets 1 / 2 / 4, budgets 0-256) against the
+    same rounds eagerly: equal read-backs, trees and walks (read right after each round), and every read-back
+    left as it was by the later rounds' replays of other graphs."""
+    llm = LLM(target, device=DEVICE, dtype="float32", draft_model=drafter, spec="ddtree", tree_budget="auto",
+              time_stages=False)
+    graphed, eager = (mixed_speculator(llm, attention, capacity=1024) for _ in range(2))  # (trees of 257 rows)
+    runner = GraphRunner(graphed, log=None)
+    if DEVICE == "cuda" and not runner.enabled:
+        return {"error": "graphs are off"}
+    equal, kept = _hop(runner, graphed, eager)
+    keys = sorted({runner.key(runner.bucket(n), b) for n, b in POOL_ROUNDS}, key=str)
+    results = {f"{len(POOL_ROUNDS)} rounds over {len(keys)} graphs in one pool == eager (read-back, tree, walk, state)": equal,
+               "each round's read-back kept through other graphs' later replays": kept,
+               "graphs": len(runner.graphs)}
+    # The control: the same with the read-back left in the pool (the round ignores the runner's buffer).
+    graphed, eager = (mixed_speculator(llm, attention, capacity=1024) for _ in range(2))
+    round_ = graphed.round
+    graphed.round = lambda *a, readback_out=None, **k: round_(*a, **k)
+    _, kept = _hop(GraphRunner(graphed, log=None), graphed, eager)
+    results["control, read-back inside the pool: kept (informational; False shows the hazard is real)"] = str(kept)
+    return results
+
+
+def _hop(runner: GraphRunner, graphed: Speculator, eager: Speculator) -> tuple[bool, bool]:
+    equal, kept, held = True, True, {}  # held: per graph, its last read-back and what it should hold
+    for n, budget in POOL_ROUNDS:
+        g, e = runner.round(n, budget), eager.round(n, budget)
+        equal &= all(torch.equal(a[:n], b[:n]) for a, b in [
+            (g.readback, e.readback), (g.tree.tokens, e.tree.tokens), (g.tree.parents, e.tree.parents),
+            (g.walk.emitted, e.walk.emitted), (graphed.state.seq_lens, eager.state.seq_lens),
+            (graphed.state.bonus, eager.state.bonus)])
+        key = runner.key(runner.bucket(n), budget)
+        held.pop(key, None)  # (its own graph rewrites it)
+        kept &= all(torch.equal(rows[:len(want)], want) for rows, want in held.values())
+        held[key] = (g.readback, e.readback.clone())
+    return equal, kept
 
 
 # --- G: timings ------------------------------------------------------------------------------------
@@ -425,7 +471,7 @@ def main() -> int:
     ap.add_argument("--smollm2", type=Path, default=None, help="path of the SmolLM2 GGUF on the GPU machine")
     ap.add_argument("--out", type=Path, default=Path("gpu_check.json"))
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--sections", default="ABCEF", help="which of A B C E F T to run (default all but T)")
+    ap.add_argument("--sections", default="ABCEFP", help="which of A B C E F P T to run (default all but T)")
     ap.add_argument("--attentions", default="flex,sdpa,splitkv,hybrid",
                     help="attention backends section E checks (C and F: the first)")
     ap.add_argument("--timings", default="", help="comma-separated shapes for G: smollm2-135m,qwen3-8b")
@@ -459,13 +505,15 @@ def main() -> int:
         save(section, value)
 
     with tempfile.TemporaryDirectory() as tmp:
-        targets = tiny_targets(Path(tmp)) if set(args.sections) & set("ABCEF") else {}
+        targets = tiny_targets(Path(tmp)) if set(args.sections) & set("ABCEFP") else {}
         drafter = tiny_drafter(Path(tmp)) if targets else None
         if "T" in args.sections and cuda:
             run("T. tree kernel == build_tree", check_tree_kernel)
         if "E" in args.sections:
             run("E. CUDA graphs == eager", check_graphs_equal_eager, targets["qwen3"], drafter,
                 tuple(args.attentions.split(",")))
+        if "P" in args.sections:
+            run("P. graphs sharing one memory pool", check_shared_pool, targets["qwen3"], drafter)
         if "F" in args.sections and cuda:
             run("F. host synchronisation in replayed rounds", check_no_sync_in_replay, targets["qwen3"], drafter,
                 args.attentions.split(",")[0])

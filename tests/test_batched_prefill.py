@@ -98,7 +98,9 @@ def test_prefill_and_start_draws_what_admission_drew_after_the_forward(paths):
                        [params[i] for i in done], [40 + i for i in done], logits[done])
     device_side.set_sampling_many([pieces[i].slot for i in done], [params[i] for i in done], [40 + i for i in done])
     # Padded as a graph would run them: 4 pieces of 16 tokens (the fourth repeats the first), rows up to 32.
-    drawn = device_side.prefill_and_start(device_side.prefill_batch(pieces, 4, 16), 32)
+    out = torch.full((4,), -1, dtype=torch.long)  # the runner's buffer outside its graphs' pool
+    drawn = device_side.prefill_and_start(device_side.prefill_batch(pieces, 4, 16), 32, out=out)
+    assert drawn.data_ptr() == out.data_ptr()
     assert drawn[done].tolist() == want.tolist()
     assert device_side.state.bonus.tolist() == reference.state.bonus.tolist()
     assert device_side.state.bonus[6].item() == -7  # the unfinished piece's slot keeps its bonus

@@ -57,6 +57,20 @@ def test_runner_fallback_is_the_eager_round(pair, spec):
             assert torch.all(a.predicted[:, 1:] >= a.predicted[:, :-1])  # more nodes, more expected drafts
 
 
+@pytest.mark.parametrize("spec", [SpecConfig("none"), SpecConfig("ddtree", "auto")])
+def test_a_round_writes_its_readback_into_the_runners_buffer(pair, spec):
+    """A captured round writes what the host reads into a buffer the runner allocated outside the graphs'
+    shared pool (a replay of another graph may overwrite any block inside it): the same rows, in place."""
+    eager, into = speculator(pair, spec), speculator(pair, spec)
+    budget = 16 if spec.auto else None
+    out = torch.full_like(eager.round(3, budget).readback, -1)
+    eager = speculator(pair, spec)
+    for _ in range(3):
+        a, b = eager.round(3, budget), into.round(3, budget, readback_out=out)
+        assert b.readback.data_ptr() == out.data_ptr()
+        assert torch.equal(a.readback, out)
+
+
 def test_time_round_leaves_the_slots_as_they_were(pair):
     sp = speculator(pair, SpecConfig("ddtree", "auto"))
     seq_lens, bonus = sp.state.seq_lens.clone(), sp.state.bonus.clone()

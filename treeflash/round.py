@@ -291,12 +291,14 @@ class Speculator:
 
     @torch.inference_mode()
     def prefill_and_start(self, batch: PrefillBatch, kv_len: int,
-                          real: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                          real: tuple[torch.Tensor, torch.Tensor] | None = None,
+                          out: torch.Tensor | None = None) -> torch.Tensor:
         """`prefill_forward` of the pieces, then what admission does after it, all on the device: commit
         each slot's length, and draw the first token of each piece that ends its prompt (`done`) from the
         logits after it with the slot's sampling row (written beforehand, `set_sampling_many`) at
         position len(prompt) (the counter key plain decoding uses); it becomes the slot's first root.
-        Returns every piece's draw [K] (an unfinished piece's is unused and written nowhere). Capturable: a prefill
+        Returns every piece's draw [K] (an unfinished piece's is unused and written nowhere), in `out` where
+        given (the runner's buffer, outside its graphs' shared pool). Capturable: a prefill
         graph replays all of it, so admitting a request costs the host the replay and one read, not the
         ~30 eager ops of commit, lm_head and draw (benchmarks/admission)."""
         last = self.prefill_forward(batch, kv_len, real)
@@ -304,6 +306,8 @@ class Speculator:
         rows = dataclasses.replace(self.sampling_rows.rows(batch.slots), **dataclasses.asdict(self.flags))
         ends = (batch.starts + batch.lengths)[:, None]
         first = derive(self.target.logits(last)[:, None], rows, ends)[:, 0]
+        if out is not None:
+            first = out.copy_(first)
         self.state.bonus[batch.slots] = torch.where(batch.done, first, self.state.bonus[batch.slots])
         return first
 
@@ -430,7 +434,7 @@ class Speculator:
     # --- the round -------------------------------------------------------------------------------
     @torch.inference_mode()
     def round(self, num_slots: int, budget: int | None = None, sampling: SamplingTensors | None = None,
-              clock=None) -> RoundResult:
+              clock=None, readback_out: torch.Tensor | None = None) -> RoundResult:
         """One round over slots [0, num_slots).
 
         budget: tree nodes this round (ddtree; default the spec's fixed budget; 0: no draft this round,
@@ -438,6 +442,7 @@ class Speculator:
         cache). sampling: per-slot
         parameters (default: the static rows written at admission). clock: anything with
         `lap(stage)`, called after each stage (default: a StageClock when time_stages is on).
+        readback_out: where to write the read-back (the runner's buffer, outside its graphs' shared pool).
         Slots without a request run along (their results are ignored): a prefix of the slots keeps
         every tensor a view, with no gathers of the caches.
         """
@@ -462,7 +467,7 @@ class Speculator:
         accepted = walk(tree, derived)
         lap("derive_walk")
         self.commit(accepted, features, state, cache, num_slots)
-        rows = readback(accepted, predicted)  # (before the last lap: a stage-split capture ends its graphs there)
+        rows = readback(accepted, predicted, readback_out)  # (before the last lap: a stage-split capture ends its graphs there)
         lap("commit")
         return RoundResult(tree, accepted, predicted, clock if isinstance(clock, StageClock) else None, rows)
 
@@ -542,14 +547,14 @@ class Speculator:
         state.seq_lens.add_(accepted.accepted * state.active)
 
 
-def readback(accepted: Walk, predicted: torch.Tensor | None) -> torch.Tensor:
+def readback(accepted: Walk, predicted: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:
     """What the engine reads after a round, in one int64 tensor [S, 1 + E (+ C)]: per slot the tokens
     emitted (accepted), the emitted tokens [E] and, with the automatic budget, m(B) for each of the
-    C candidate budgets as fixed point (x PREDICTED_SCALE)."""
+    C candidate budgets as fixed point (x PREDICTED_SCALE). Written into `out` where given."""
     parts = [accepted.accepted[:, None], accepted.emitted]
     if predicted is not None:
         parts.append((predicted * PREDICTED_SCALE).round().long())
-    return torch.cat(parts, 1)
+    return torch.cat(parts, 1) if out is None else torch.cat(parts, 1, out=out)
 
 
 def draft_log_probs(logits: torch.Tensor, temperature: torch.Tensor | None) -> torch.Tensor:

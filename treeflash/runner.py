@@ -7,10 +7,22 @@ eagerly); with no graph for it (CPU, graphs off, a batch past the largest bucket
 eagerly. Graphs are captured lazily, at a key's first use, with a one-line message on stderr.
 
 Static buffers: everything a graph reads lives at a fixed address for its life: the slot state
-(seq_lens, bonus, active), the per-slot sampling rows, the caches. What it writes (the tree, the walk,
-the predicted acceptance, the read-back rows) is kept in a `Captured` record; the engine reads the
-read-back after the replay (with overlap, from a copy queued behind it, since the next replay rewrites
-it), in the round's one host synchronisation. All graphs share one memory pool.
+(seq_lens, bonus, active), the per-slot sampling rows, the caches. What it writes is kept in a
+`Captured` record. The engine reads the read-back rows after the replay (with overlap, from a copy
+queued behind it, since the next replay of that graph rewrites them), in the round's one host
+synchronisation.
+
+Memory: every graph is recorded on one stream into one shared pool, so each capture reuses the blocks
+the captures before it freed: the pool holds about the largest graph's intermediates, not the sum of
+all of them (29 graphs at two slots: 0.43 GiB against 1.92 with a stream per capture,
+benchmarks/h200-capture-cost). The price is that a replay may overwrite any block another graph freed
+while it was captured, so what a graph writes for the host is written outside the pool: the read-back
+rows and a prefill's first tokens live in buffers of their own (`readback_out`, `out`), allocated
+before the capture, and no replay of another graph touches them. The rest of a replay's outputs (the
+tree, the walk, the predicted acceptance) stay in the pool and are valid only until the next replay of
+any graph: read them right after the round, as `record_trees` does (which turns overlap off) and as
+the GPU checks do. Tensors a round makes once and keeps (the tree builder's cached index tensors) are
+made by the warm-up rounds that run before each capture, outside the pool.
 
 Prefill too: `prefill` pads a forward's prompt pieces to powers of two (pieces, tokens, cache rows
 attended) and replays that shape's graph (one per sampling flags: it also commits each slot's length
@@ -25,9 +37,8 @@ its pieces' logits ([K, V], K the padded pieces) in the shared pool, as round gr
 
 Cache growth (`Speculator.reserve`) replaces the cache tensors: the runner notices and drops every
 graph (they are captured again at next use). Caches double when they grow, so this is rare.
-Memory: the caches are the speculator's, not the graphs'; the shared pool holds about one round's
-intermediates at the largest captured key (dominated by the float32 logits of every tree node, e.g.
-1.25 GB for batch 8 x 257 nodes x a 152k vocabulary), plus each graph's small outputs.
+The caches are the speculator's, not the graphs'; the largest round's intermediates are dominated by
+the float32 logits of every tree node (e.g. 1.25 GB for batch 8 x 257 nodes x a 152k vocabulary).
 
 Hazards (NOTE): warm-up before capture runs the round for real, so it saves and restores the slot
 state (rows it writes lie past every slot's committed length, where later rounds overwrite them);
@@ -73,13 +84,15 @@ class Captured:
 
     graphs: list  # torch.cuda.CUDAGraph: one, or one per stage when stages are timed
     stages: list[str]  # the stage each graph ends with (timed capture only)
-    result: RoundResult  # tree, walk, predicted: written in place by every replay
+    # Written in place by every replay. Its read-back lies outside the pool; its tree, walk and predicted
+    # acceptance inside it, valid until the next replay of any graph (see the module's docstring).
+    result: RoundResult
 
 
 @dataclass
 class PrefillGraph:
     """One prefill key's graph (`Speculator.prefill_and_start`): replays read `batch` and write `first`
-    (each piece's first-token draw, [K]) in place."""
+    (each piece's first-token draw, [K], a buffer outside the pool) in place."""
 
     graph: object  # torch.cuda.CUDAGraph
     batch: PrefillBatch
@@ -91,10 +104,11 @@ def _pow2(n: int) -> int:
 
 
 class _Capture:
-    """Records the round on a side stream; with `split`, one graph per stage (ends at each lap)."""
+    """Records the round on `stream` (the runner's one side stream: see the module's docstring on memory);
+    with `split`, one graph per stage (ends at each lap)."""
 
-    def __init__(self, pool, split: bool, device: torch.device):
-        self.pool, self.split = pool, split
+    def __init__(self, pool, split: bool, device: torch.device, stream: torch.cuda.Stream):
+        self.pool, self.split, self.stream = pool, split, stream
         self.graphs: list = []
         self.stages: list[str] = []
         self.touch = torch.zeros(1, device=device)
@@ -107,13 +121,6 @@ class _Capture:
         self._gc = gc.isenabled()
         gc.disable()
         try:
-            # A new stream per capture: the graphs share one pool, but the allocator reuses a freed block only
-            # on the stream that freed it, so no graph's temporaries land on another graph's outputs, whatever
-            # order graphs replay in (buckets, budgets, prefills). One stream for all reserved 4.5x less memory
-            # (benchmarks/h200-capture-cost), but then tokens stay right only while every graph's outputs are
-            # consumed before another graph replays: true of the engine today, enforced nowhere, and not yet
-            # checked on the GPU that way. Not taken.
-            self.stream = torch.cuda.Stream()
             self.stream.wait_stream(torch.cuda.current_stream())
             self._ctx = torch.cuda.stream(self.stream)
             self._ctx.__enter__()
@@ -168,10 +175,10 @@ class GraphRunner:
         self.graphs: dict[tuple, Captured] = {}
         self.prefill_graphs: dict[tuple, PrefillGraph] = {}  # (padded shape, sampling flags)
         self.pool = None
-        # The stream captures warm up on: one for every capture, as the allocator caches a stream's freed blocks
-        # for that stream alone. A new stream per capture kept each warm-up's blocks reserved: measuring the
-        # auto budget at batch 32 on an H200 held ~80 GiB that no one used and then ran out of memory
-        # (benchmarks/h200-serve).
+        # The stream every capture and its warm-up run on: one for all, as the allocator reuses a freed block
+        # on the stream that freed it alone. A new stream per warm-up kept each one's blocks reserved: measuring
+        # the auto budget at batch 32 on an H200 held ~80 GiB that no one used and then ran out of memory
+        # (benchmarks/h200-serve); a new stream per capture kept each graph's intermediates to itself.
         self._side: torch.cuda.Stream | None = None
         self._cache_ptr = None
 
@@ -300,11 +307,12 @@ class GraphRunner:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                sp.round(bucket, budget, clock=_NoClock())
+                warm = sp.round(bucket, budget, clock=_NoClock())
                 _restore(sp, saved)
+            rows = torch.empty_like(warm.readback)  # outside the pool: no other graph's replay writes it
         torch.cuda.current_stream().wait_stream(side)
-        with _Capture(self.pool, self.time_stages, sp.device) as capture:
-            result = sp.round(bucket, budget, clock=capture)
+        with _Capture(self.pool, self.time_stages, sp.device, side) as capture:
+            result = sp.round(bucket, budget, clock=capture, readback_out=rows)
         torch.cuda.synchronize()
         if self.log:
             _, method, b, flags = key
@@ -327,10 +335,10 @@ class GraphRunner:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                sp.prefill_and_start(inputs, kv_len)
+                first = torch.empty_like(sp.prefill_and_start(inputs, kv_len))  # outside the pool, as a round's rows
         torch.cuda.current_stream().wait_stream(side)
-        with _Capture(self.pool, False, sp.device) as capture:
-            first = sp.prefill_and_start(inputs, kv_len)
+        with _Capture(self.pool, False, sp.device, side) as capture:
+            sp.prefill_and_start(inputs, kv_len, out=first)
         torch.cuda.synchronize()
         if self.log:
             sampling = "greedy" if sp.flags.all_greedy else "sampling"

@@ -139,7 +139,7 @@ def build_chain(bonus: torch.Tensor, logprobs: torch.Tensor) -> DraftTree:
     )
 
 
-@functools.lru_cache(maxsize=16)
+@functools.cache  # never evicted: a captured CUDA graph keeps reading the tensors at their addresses
 def _chain_links(depth_count: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """A chain's depths (node i at depth i) and parents (node i - 1; the root its own), made once per
     shape (the warm-up rounds run before any CUDA graph is captured); shared, so never written to."""
@@ -147,7 +147,7 @@ def _chain_links(depth_count: int, device: torch.device) -> tuple[torch.Tensor, 
     return depths, (depths - 1).clamp_min(0)
 
 
-@functools.lru_cache(maxsize=64)
+@functools.cache  # never evicted (as _chain_links); a few small tensors per (budget, k)
 def _beam_pairs(budget: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The (beam entry i, child rank j) pairs that can make the next beam, in i-major order: their
     indices i * k + j among all pairs, their i, their j.
