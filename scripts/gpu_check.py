@@ -283,7 +283,8 @@ def check_shared_pool(target: Path, drafter: Path, attention: str | None = None)
         return {"error": "graphs are off"}
     equal, kept = _hop(runner, graphed, eager)
     keys = sorted({runner.key(runner.bucket(n), b) for n, b in POOL_ROUNDS}, key=str)
-    results = {f"{len(POOL_ROUNDS)} rounds over {len(keys)} graphs in one pool == eager (read-back, tree, walk, state)": equal,
+    hops = f"{len(POOL_ROUNDS)} rounds over {len(keys)} graphs in one pool"
+    results = {f"{hops} == eager (read-back, tree, walk, state)": equal,
                "each round's read-back kept through other graphs' later replays": kept,
                "graphs": len(runner.graphs)}
     # The control: the same with the read-back left in the pool (the round ignores the runner's buffer).

@@ -467,7 +467,8 @@ class Speculator:
         accepted = walk(tree, derived)
         lap("derive_walk")
         self.commit(accepted, features, state, cache, num_slots)
-        rows = readback(accepted, predicted, readback_out)  # (before the last lap: a stage-split capture ends its graphs there)
+        # (before the last lap: a stage-split capture ends its graphs there)
+        rows = readback(accepted, predicted, readback_out)
         lap("commit")
         return RoundResult(tree, accepted, predicted, clock if isinstance(clock, StageClock) else None, rows)
 
