@@ -58,7 +58,12 @@ def memory(device: torch.device, before: dict | None = None) -> dict:
     now = {"allocated": round(torch.cuda.memory_allocated(device) / gib, 3),
            "reserved": round(torch.cuda.memory_reserved(device) / gib, 3),
            "max_reserved": round(torch.cuda.max_memory_reserved(device) / gib, 3)}
-    return now if before is None else {"before_warm_up": before, "after_warm_up": now}
+    if before is None:
+        return now
+    # The eager warm-up rounds' freed blocks stay cached outside the graphs' pool until emptied: what is left
+    # reserved after emptying is what the graphs hold (a pool's blocks stay while its graphs live).
+    torch.cuda.empty_cache()
+    return {"before_warm_up": before, "after_warm_up": now, "after_empty_cache": memory(device)}
 
 
 def summarize(stats: pstats.Stats, wall: float) -> dict:
