@@ -170,3 +170,20 @@ def test_the_cpu_candidates_keep_what_the_full_sort_keeps():
     assert torch.equal(_top_p_candidates(probs, top_p), full_sort_keep(probs, top_p))
     three = probs[:3].view(3, 1, 5000).expand(3, 2, 5000)  # leading dims, top_p broadcast over them
     assert torch.equal(_top_p_candidates(three, top_p[:3, None]), full_sort_keep(three, top_p[:3, None].expand(3, 2)))
+
+
+def test_the_full_sort_keeps_the_same_tokens_a_few_rows_at_a_time():
+    """CUDA's top_p sorts `TOP_P_SORT_ELEMENTS` // V rows at a time (bounding the memory a large batch's round
+    needs): the same mask as one sort of every row, ties, top_p = 1 and leading dimensions included."""
+    from treeflash.sampling import _top_p_sorted
+
+    gen = torch.Generator().manual_seed(5)
+    rows = [torch.softmax(torch.randn(4, 3000, generator=gen) * scale, -1) for scale in (0.1, 1.0, 4.0)]
+    ties = torch.tensor([0.0, 1.0, 2.0, 4.0])[torch.randint(0, 4, (4, 3000), generator=gen)]
+    probs = torch.cat(rows + [ties / ties.sum(-1, keepdim=True)]).view(2, 8, 3000)
+    top_p = torch.tensor([0.05, 0.3, 0.5, 0.9, 0.999, 1.0, 0.7, 0.2] * 2, dtype=torch.float64).view(2, 8)
+    whole = _top_p_sorted(probs, top_p, elements=16 * 3000)
+    assert whole.shape == probs.shape and whole[top_p == 1.0].all()
+    for elements in (1, 3000, 3 * 3000 + 1, 5 * 3000):
+        assert torch.equal(_top_p_sorted(probs, top_p, elements=elements), whole)
+    assert torch.equal(_top_p_sorted(probs, top_p[:, :1], elements=3000), _top_p_sorted(probs, top_p[:, :1].expand(2, 8)))
