@@ -173,8 +173,8 @@ def test_the_cpu_candidates_keep_what_the_full_sort_keeps():
 
 
 def test_the_full_sort_keeps_the_same_tokens_a_few_rows_at_a_time():
-    """CUDA's top_p sorts `TOP_P_SORT_ELEMENTS` // V rows at a time (bounding the memory a large batch's round
-    needs): the same mask as one sort of every row, ties, top_p = 1 and leading dimensions included."""
+    """CUDA's top_p sorts rows in groups of at most `TOP_P_SORT_ELEMENTS` elements (bounding the memory a large
+    batch's round needs): the same mask as one sort of every row, ties, top_p = 1 and leading dimensions included."""
     from treeflash.sampling import _top_p_sorted
 
     gen = torch.Generator().manual_seed(5)

@@ -213,26 +213,29 @@ def _top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     return probs / probs.sum(-1, keepdim=True)
 
 
-# Rows x vocabulary sorted at once by `_top_p_sorted`: its temporaries (values, int64 order, float64 sums) take
-# ~28 bytes an element, so this bounds them near 0.5 GB. Unbounded, a server's 32-slot round over 4,096 tree
-# nodes sorted all of them at once, and that round's graph set the size of every graph's shared pool.
-TOP_P_SORT_ELEMENTS = 1 << 24
+# At most this many rows x vocabulary sorted at once by `_top_p_sorted`. Its temporaries (values, int64 order,
+# float64 sums) take ~28 bytes an element: sorted at once, a 32-slot round over 4,096 tree nodes needed 6 GB at
+# SmolLM2's vocabulary and 19 GB at Qwen3's, and the largest such round sets the size of the pool every CUDA graph
+# shares. Fewer, larger sorts are faster per row (benchmarks/h200-graph-pool), so the bound is not smaller.
+TOP_P_SORT_ELEMENTS = 1 << 26
 
 
 def _top_p_sorted(probs: torch.Tensor, top_p: torch.Tensor, elements: int = TOP_P_SORT_ELEMENTS) -> torch.Tensor:
-    """The keep mask of `_top_p`'s rule [..., V], by a stable sort of every whole row, `elements` // V rows
-    at a time (rows are independent: the same mask)."""
+    """The keep mask of `_top_p`'s rule [..., V], by a stable sort of every whole row, in as few equal groups
+    of rows as keep each group within `elements` (rows are independent: the same mask)."""
     vocab = probs.shape[-1]
     rows = probs.reshape(-1, vocab)
     top_p = top_p.expand(probs.shape[:-1]).reshape(-1, 1)
     keep = torch.empty(rows.shape, dtype=torch.bool, device=probs.device)
-    step = max(1, elements // vocab)
-    for start in range(0, rows.shape[0], step):
+    n = rows.shape[0]
+    groups = max(1, -(-n * vocab // elements))
+    step = -(-n // groups)
+    for start in range(0, n, step):
         part = slice(start, start + step)
         ascending, order = rows[part].sort(dim=-1, stable=True)
         below = ascending.cumsum(-1, dtype=torch.float64)  # mass of this token and all ranked below it
         total = below[:, -1:].clone()
-        above = below.neg_().add_(total)  # total - below, in place (the same float64 numbers)
+        above = torch.sub(total, below, out=below)  # in place: one float64 buffer fewer
         # top_p = 1 keeps everything (a token under 1e-16 of the mass can vanish in the subtraction).
         keep_sorted = (above < top_p[part] * total) | (top_p[part] >= 1)
         keep[part].scatter_(-1, order, keep_sorted)

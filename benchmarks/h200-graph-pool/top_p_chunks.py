@@ -1,5 +1,6 @@
-"""top_p's sort a few rows at a time (`sampling._top_p_sorted`, TOP_P_SORT_ELEMENTS) against one sort of every row
-(the code before): equal masks, time and the allocator's peak per call, at a round's shapes on a GPU.
+"""top_p's sort in groups of rows (`sampling._top_p_sorted`, at most 2^24-2^27 elements a group; the default
+TOP_P_SORT_ELEMENTS) against one sort of every row (the code before): equal masks, time and the allocator's peak
+per call, at a round's shapes on a GPU.
 
     python benchmarks/h200-graph-pool/top_p_chunks.py out.json
 """
@@ -54,15 +55,15 @@ def main() -> None:
         del logits
         top_p = torch.full((nodes,), 0.9, dtype=torch.float64, device="cuda")
         top_p[::7] = 1.0
-        a, ms_a, gib_a = measure(whole, probs, top_p)
-        b, ms_b, gib_b = measure(sampling._top_p_sorted, probs, top_p)
-        row = {"nodes": nodes, "vocab": vocab, "equal": bool(torch.equal(a, b)),
-               "whole_ms": round(ms_a, 3), "chunked_ms": round(ms_b, 3),
-               "whole_peak_gib": round(gib_a, 3), "chunked_peak_gib": round(gib_b, 3),
-               "rows_at_once": max(1, sampling.TOP_P_SORT_ELEMENTS // vocab)}
+        a, ms, gib = measure(whole, probs, top_p)
+        row = {"nodes": nodes, "vocab": vocab, "whole": {"ms": round(ms, 3), "peak_gib": round(gib, 3)}}
+        for log2 in (24, 25, 26, 27):  # the bound on elements sorted at once (the default: TOP_P_SORT_ELEMENTS)
+            b, ms, gib = measure(lambda x, t: sampling._top_p_sorted(x, t, 1 << log2), probs, top_p)
+            row[f"2^{log2}"] = {"equal": bool(torch.equal(a, b)), "ms": round(ms, 3), "peak_gib": round(gib, 3)}
+            del b
         print(json.dumps(row), flush=True)
         rows.append(row)
-        del a, b, probs
+        del a, probs
         torch.cuda.empty_cache()
     Path(sys.argv[1]).write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                                              "rows": rows}, indent=1))
