@@ -341,7 +341,7 @@ class LLM:
 
         The caches are first grown to the longest request (`Engine.reserve_all`) where that fits in half the
         free memory: growing them later (a longer request than they hold) would drop every graph captured here.
-        The graphs share one memory pool, about the largest round's intermediates (10.8 GiB for the server's
+        The graphs share one memory pool, about the largest round's intermediates (5.8 GiB for the server's
         207 graphs at 32 slots of SmolLM2 and its drafter on an H200); the blocks the eager rounds before each
         capture cached are given back to the device at the end."""
         if not self.engine.runner.enabled or self.parallel is not None:
@@ -355,7 +355,8 @@ class LLM:
                                SamplingParams(temperature=1.0, top_p=0.9)]
         captured = sum(self.engine.capture_graphs(self.max_num_seqs, params) for params in sampling_params)
         # The eager rounds run before each capture leave their freed blocks cached outside the graphs' pool
-        # (10.8 GiB at the server's default shape, benchmarks/h200-graph-pool): give them back to the device.
+        # (10.8 GiB at the server's default shape before top_p's sort was grouped, benchmarks/h200-graph-pool):
+        # give them back to the device.
         # The graphs' own pool stays while they live.
         torch.cuda.empty_cache()
         return captured

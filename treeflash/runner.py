@@ -15,7 +15,8 @@ synchronisation.
 Memory: every graph is recorded on one stream into one shared pool, so each capture reuses the blocks
 the captures before it freed: the pool holds about the largest graph's intermediates, not the sum of
 all of them (a server's 207 graphs at 32 slots of SmolLM2: 10.8 GiB against 46.8 with a stream per
-capture, benchmarks/h200-graph-pool; 29 graphs at two slots: 0.43 against 1.92). The price is that a replay may overwrite any block another graph freed
+capture, 5.8 since top_p sorts in groups of rows, benchmarks/h200-graph-pool; 29 graphs at two slots:
+0.43 against 1.92). The price is that a replay may overwrite any block another graph freed
 while it was captured, so what a graph writes for the host is written outside the pool: the read-back
 rows and a prefill's first tokens live in buffers of their own (`readback_out`, `out`), allocated
 before the capture, and no replay of another graph touches them. The rest of a replay's outputs (the

@@ -207,7 +207,7 @@ def _top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     hold less than top_p of the mass; the masses are summed in float64 so that a 150k-token
     vocabulary does not move the cut. Off CUDA only the candidates are sorted (`_top_p_candidates`).
     """
-    # (CUDA sorts every row: fixed shapes, for CUDA graphs)
+    # (CUDA sorts every row whole, a group of rows at a time: fixed shapes, for CUDA graphs)
     keep = _top_p_sorted(probs, top_p) if probs.is_cuda else _top_p_candidates(probs, top_p)
     probs = probs.masked_fill(~keep, 0.0)
     return probs / probs.sum(-1, keepdim=True)
