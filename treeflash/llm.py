@@ -356,8 +356,7 @@ class LLM:
         captured = sum(self.engine.capture_graphs(self.max_num_seqs, params) for params in sampling_params)
         # The eager rounds run before each capture leave their freed blocks cached outside the graphs' pool
         # (10.8 GiB at the server's default shape before top_p's sort was grouped, benchmarks/h200-graph-pool):
-        # give them back to the device.
-        # The graphs' own pool stays while they live.
+        # give them back to the device. The graphs' own pool stays while they live.
         torch.cuda.empty_cache()
         return captured
 

@@ -336,7 +336,8 @@ class GraphRunner:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                first = torch.empty_like(sp.prefill_and_start(inputs, kv_len))  # outside the pool, as a round's rows
+                drawn = sp.prefill_and_start(inputs, kv_len)
+            first = torch.empty_like(drawn)  # outside the pool, as a round's read-back
         torch.cuda.current_stream().wait_stream(side)
         with _Capture(self.pool, False, sp.device, side) as capture:
             sp.prefill_and_start(inputs, kv_len, out=first)

@@ -214,8 +214,8 @@ def _top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
 
 
 # At most this many rows x vocabulary sorted at once by `_top_p_sorted`. Its temporaries (values, int64 order,
-# float64 sums) take ~28 bytes an element: sorted at once, a 32-slot round over 4,096 tree nodes needed 6 GB at
-# SmolLM2's vocabulary and 19 GB at Qwen3's, and the largest such round sets the size of the pool every CUDA graph
+# float64 sums) take ~28 bytes an element: sorted at once, a 32-slot round over 4,096 tree nodes needed 6 GiB at
+# SmolLM2's vocabulary and 19 GiB at Qwen3's, and the largest such round sets the size of the pool every CUDA graph
 # shares. Fewer, larger sorts are faster per row (benchmarks/h200-graph-pool), so the bound is not smaller.
 TOP_P_SORT_ELEMENTS = 1 << 26
 
@@ -229,7 +229,7 @@ def _top_p_sorted(probs: torch.Tensor, top_p: torch.Tensor, elements: int = TOP_
     keep = torch.empty(rows.shape, dtype=torch.bool, device=probs.device)
     n = rows.shape[0]
     groups = max(1, -(-n * vocab // elements))
-    step = -(-n // groups)
+    step = max(1, -(-n // groups))
     for start in range(0, n, step):
         part = slice(start, start + step)
         ascending, order = rows[part].sort(dim=-1, stable=True)
