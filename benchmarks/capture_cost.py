@@ -50,20 +50,25 @@ def random_checkpoint(config_dir: Path, out: Path, dtype: torch.dtype) -> Path:
     return out
 
 
-def memory(device: torch.device, before: dict | None = None) -> dict:
-    """The CUDA allocator's GiB (allocated, reserved, peak reserved); with `before`, also before the warm-up."""
+def memory(device: torch.device) -> dict:
+    """The CUDA allocator's GiB now (allocated, reserved, peak reserved); empty off CUDA."""
     if device.type != "cuda":
         return {}
     gib = 2 ** 30
-    now = {"allocated": round(torch.cuda.memory_allocated(device) / gib, 3),
-           "reserved": round(torch.cuda.memory_reserved(device) / gib, 3),
-           "max_reserved": round(torch.cuda.max_memory_reserved(device) / gib, 3)}
-    if before is None:
-        return now
-    # The eager warm-up rounds' freed blocks stay cached outside the graphs' pool until emptied: what is left
-    # reserved after emptying is what the graphs hold (a pool's blocks stay while its graphs live).
+    return {"allocated": round(torch.cuda.memory_allocated(device) / gib, 3),
+            "reserved": round(torch.cuda.memory_reserved(device) / gib, 3),
+            "max_reserved": round(torch.cuda.max_memory_reserved(device) / gib, 3)}
+
+
+def memory_after(device: torch.device, before: dict) -> dict:
+    """Before and after the warm-up, and after emptying the allocator's cache: the eager warm-up rounds' freed
+    blocks stay cached outside the graphs' pool until emptied, so what stays reserved then is what the graphs
+    hold (a pool's blocks stay while its graphs live)."""
+    if device.type != "cuda":
+        return {}
+    after = memory(device)
     torch.cuda.empty_cache()
-    return {"before_warm_up": before, "after_warm_up": now, "after_empty_cache": memory(device)}
+    return {"before_warm_up": before, "after_warm_up": after, "after_empty_cache": memory(device)}
 
 
 def summarize(stats: pstats.Stats, wall: float) -> dict:
@@ -138,7 +143,7 @@ def main(argv=None) -> int:
         profiler.disable()
     wall = time.perf_counter() - start
     report = {"command": " ".join(sys.argv), **run_info(llm.device), "graphs": graphs, "build_s": round(built, 2),
-              "warm_up_s": round(wall, 2), "memory_gib": memory(llm.device, before), "captures": lines}
+              "warm_up_s": round(wall, 2), "memory_gib": memory_after(llm.device, before), "captures": lines}
     out = Path(args.out)
     if profiler is not None:
         stats = pstats.Stats(profiler)
