@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import treeflash.models.kernels as kernels
 from treeflash.llm import LLM
-from treeflash.models.kernels import linear, prepack_cpu
+from treeflash.models.kernels import bf16_products, linear, prepack_cpu
 from treeflash.sampling import SamplingParams
 
 from spec_helpers import make_drafter, make_target
@@ -68,3 +68,32 @@ def test_the_engine_decodes_the_same_with_and_without_them(tmp_path, spec, budge
     plain = LLM(str(target), device="cpu", dtype="float32", spec="none", max_num_seqs=2, cpu_prepack=False)
     assert outs[True] == outs[False] == [o.token_ids for o in plain.generate(prompt_token_ids=prompts,
                                                                               sampling_params=params)]
+
+
+def test_bfloat16_weights_are_packed_where_the_cpu_multiplies_bfloat16():
+    """Packed where oneDNN has native bfloat16 products (F.linear's bfloat16 product was slower: benchmarks/
+    cpu-bf16-prepack), left to F.linear elsewhere; the product F.linear's up to bfloat16 rounding."""
+    w, b, x = (t.bfloat16() for t in weights(seed=3))
+    assert prepack_cpu([w])
+    assert hasattr(w, "_onednn") == bf16_products()
+    with torch.inference_mode():
+        got = linear(x, w, b)
+    assert got.dtype == torch.bfloat16 and got.shape == (2, 5, 48)
+    torch.testing.assert_close(got.float(), F.linear(x.float(), w.float(), b.float()), rtol=2e-2, atol=5e-2)
+
+
+def test_bfloat16_weights_stay_with_f_linear_where_the_cpu_would_emulate(monkeypatch):
+    monkeypatch.setattr(kernels, "bf16_products", lambda: False)
+    w, _, _ = (t.bfloat16() for t in weights(seed=4))
+    assert prepack_cpu([w]) and not hasattr(w, "_onednn")
+
+
+def test_a_bfloat16_engine_packs_and_decodes(tmp_path):
+    target = make_target(tmp_path / "t", vocab=64, hidden=32, layers=2, heads=4, kv_heads=2, init_std=0.1, seed=5)
+    drafter = make_drafter(tmp_path / "d", target, block_size=8)
+    llm = LLM(str(target), device="cpu", dtype="bfloat16", draft_model=str(drafter), spec="ddtree", tree_budget=8,
+              max_num_seqs=1)
+    assert hasattr(llm.model.layers[0].self_attn.o_proj.weight, "_onednn") == bf16_products()
+    out = llm.generate(prompt_token_ids=[[5, 9, 2]], sampling_params=SamplingParams(temperature=0.0, max_tokens=12,
+                                                                                    ignore_eos=True))[0]
+    assert len(out.token_ids) == 12 and all(0 <= t < 64 for t in out.token_ids)

@@ -167,11 +167,13 @@ def test_compiled_pieces_match_eager_on_cuda():
                                        EAGER.qk_norm_rotary(heads, *weights, 1e-6, cos, sin, 3))
 
 
-def test_stacked_cache_compacts_every_layer_like_per_layer_tensors():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_stacked_cache_compacts_every_layer_like_per_layer_tensors(dtype):
+    # (16-bit caches move their rows as int16 on the CPU, where PyTorch's scatter of them copied the whole cache)
     from treeflash.kv_cache import KVCache
 
     torch.manual_seed(0)
-    stacked = KVCache.allocate(3, 4, 2, 16, 8, torch.float32, "cpu")
+    stacked = KVCache.allocate(3, 4, 2, 16, 8, dtype, "cpu")
     for t in stacked.stacked:
         t.copy_(torch.randn_like(t))
     assert stacked.keys[1].data_ptr() == stacked.stacked[0][1].data_ptr()  # the layers are views
@@ -182,6 +184,17 @@ def test_stacked_cache_compacts_every_layer_like_per_layer_tensors():
     plain_part = KVCache([k[:3] for k in plain.keys], [v[:3] for v in plain.values])
     plain_part.compact(start, keep)
     assert all(torch.equal(a, b) for a, b in zip(stacked.keys + stacked.values, plain.keys + plain.values))
+    # and the moves are those of the values themselves: float32 copies moved alike hold the same numbers
+    narrow = KVCache([k[:3].clone() for k in plain.keys], [v[:3].clone() for v in plain.values])
+    wide = KVCache([k.float() for k in narrow.keys], [v.float() for v in narrow.values])
+    for cache in (narrow, wide):
+        cache.compact(start, keep)
+    assert all(torch.equal(a.float(), b) for a, b in zip(narrow.keys + narrow.values, wide.keys + wide.values))
+    k, v = torch.randn(3, 2, 2, 8).to(dtype), torch.randn(3, 2, 8, 2).to(dtype).transpose(2, 3)  # v strided
+    rows = torch.tensor([[7, 9], [0, 1], [15, 3]])
+    narrow.write(1, k, v, rows)
+    wide.write(1, k.float(), v.float(), rows)
+    assert torch.equal(narrow.keys[1].float(), wide.keys[1]) and torch.equal(narrow.values[1].float(), wide.values[1])
     grown = stacked.grown(32)
     assert grown.stacked is not None and grown.capacity == 32
     assert all(torch.equal(g[:, :, :16], k) for g, k in zip(grown.keys, stacked.keys))

@@ -154,8 +154,9 @@ class EngineConfig:
     # Use the drafter's draft vocabulary (draft_vocab.json beside its weights) when it ships one: its lm_head
     # then covers those tokens only. Output is the same either way; only what the drafter can propose changes.
     draft_vocab: bool = True
-    # CPU: float32 projections through oneDNN's prepacked weights (models/kernels.linear; a second copy of the
-    # weights in memory); False: F.linear (MKL), which packs the weight again at every call.
+    # CPU: float32 projections (and bfloat16 ones, where the CPU has bfloat16 products) through oneDNN's prepacked
+    # weights (models/kernels.linear; a second copy of the weights in memory); False: F.linear, which packs the
+    # weight again at every call.
     cpu_prepack: bool = True
     # Launch each round before reading the last one back (see the module docstring). None: where rounds run
     # asynchronously to the host and nothing reads a round's device tensors after it (CUDA graphs, no stage

@@ -186,9 +186,10 @@ class LLM:
     tree_kernel: on CUDA, build DDTree's tree with one Triton kernel (treeflash/tree_kernel.py) instead of
     ~85 torch ops; same trees. None (default): where it measured faster, budgets up to 256 at block size 16
     (round.use_tree_kernel); True / False: always / never. Ignored on the CPU.
-    cpu_prepack: on the CPU (default True; ignored on CUDA), multiply float32 projections by oneDNN prepacked
-    copies of their weights (treeflash/models/kernels.py: linear), which costs a second copy of the weights
-    in memory; False keeps F.linear (MKL's sgemm, which repacks the weight at every call).
+    cpu_prepack: on the CPU (default True; ignored on CUDA), multiply float32 projections, and bfloat16 ones
+    where the CPU multiplies bfloat16 natively (kernels.bf16_products), by oneDNN prepacked copies of their
+    weights (treeflash/models/kernels.py: linear), which costs a second copy of the weights in memory; False
+    keeps F.linear (MKL's sgemm in float32, which repacks the weight at every call).
     budget_profile: a JSON file holding the auto budget's cost profile: loaded if present, else
     measured at first use and written there. None (default): with CUDA graphs, a file in the treeflash
     cache named after the device, torch, treeflash's sources and the engine's shape

@@ -178,7 +178,8 @@ class Speculator:
     compile_kernels: on CUDA, fused q/k/v and gate/up projections and torch.compile'd norm, rotary,
     silu*mul and residual pieces (treeflash/models/kernels.py) for the models' forwards; False: the
     eager model code, as on the CPU (which never compiles: the flag is ignored there).
-    cpu_prepack: on the CPU, multiply float32 projections by oneDNN prepacked copies of their weights
+    cpu_prepack: on the CPU, multiply float32 projections (and bfloat16 ones, where the CPU has bfloat16 products)
+    by oneDNN prepacked copies of their weights
     (`kernels.linear`; a second copy of them in memory); False: F.linear (MKL) as everywhere else.
     """
 

@@ -24,10 +24,11 @@ the forward's choice changes), so one process can time both paths on the same we
 
 Every projection goes through `linear` (the models' `Linear` layers, the fused weights, the lm_head): F.linear,
 or on the CPU oneDNN's product with a prepacked copy of the weight that `prepack_cpu` attached (the
-`Speculator` does, for float32 models on the CPU, unless `cpu_prepack=False`). MKL's sgemm, F.linear's there,
-packs the weight again at every call; and it gives a row different bits with other rows beside it than alone
-(~1e-6), where the prepacked product gave every row the same bits from 1 to 17 rows on the x86 CPU measured
-(benchmarks/cpu-onednn-linear).
+`Speculator` does, for float32 models on the CPU and bfloat16 ones where the CPU multiplies bfloat16 natively,
+unless `cpu_prepack=False`). MKL's sgemm, F.linear's there in float32, packs the weight again at every call; and
+it gives a row different bits with other rows beside it than alone (~1e-6), where the prepacked product gave
+every row the same bits from 1 to 17 rows on the x86 CPU measured (benchmarks/cpu-onednn-linear). In bfloat16
+F.linear took longer still (benchmarks/cpu-bf16-prepack).
 """
 
 from __future__ import annotations
@@ -245,15 +246,19 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def prepack_cpu(weights: list[torch.Tensor], rows: int = 16) -> bool:
-    """Attach to each float32 CPU weight [N, K] oneDNN's prepacked copy (for products of about `rows` rows), which
-    `linear` uses: a second copy of the weights in memory. False, attaching nothing, where this PyTorch has no
-    oneDNN linear, or where the copies would take more than half the memory free now (a warning says so)."""
+    """Attach to each float32 CPU weight [N, K], and bfloat16 one where the CPU has bfloat16 products
+    (`bf16_products`), oneDNN's prepacked copy (for products of about `rows` rows), which `linear` uses: a second
+    copy of the weights in memory. False, attaching nothing, where this PyTorch has no oneDNN linear, or where the
+    copies would take more than half the memory free now (a warning says so). Unpacked, bfloat16 weights took F.linear's
+    product, with which the default pair's DDTree-8 decoding ran 0.73x as fast as with them packed on a 2-core
+    AVX-512 CPU (benchmarks/cpu-bf16-prepack)."""
     mkldnn = torch.ops.mkldnn
     if not (torch.backends.mkldnn.is_available() and hasattr(mkldnn, "_reorder_linear_weight")
             and hasattr(mkldnn, "_linear_pointwise")):
         return False
-    weights = [w for w in weights if w.device.type == "cpu" and w.dtype == torch.float32 and w.dim() == 2]
-    extra, free = sum(w.numel() * 4 for w in weights), _free_memory()
+    dtypes = (torch.float32, torch.bfloat16) if bf16_products() else (torch.float32,)
+    weights = [w for w in weights if w.device.type == "cpu" and w.dtype in dtypes and w.dim() == 2]
+    extra, free = sum(w.numel() * w.element_size() for w in weights), _free_memory()
     if free is not None and extra > free // 2:
         warnings.warn(f"not prepacking the CPU projections for oneDNN: their copy ({extra / 2**30:.1f} GiB) would "
                       f"take more than half the free memory ({free / 2**30:.1f} GiB); F.linear it is", stacklevel=2)
@@ -262,6 +267,16 @@ def prepack_cpu(weights: list[torch.Tensor], rows: int = 16) -> bool:
         for weight in weights:
             weight._onednn = (_version(weight), mkldnn._reorder_linear_weight(weight.detach().contiguous(), rows))
     return True
+
+
+def bf16_products() -> bool:
+    """Whether oneDNN multiplies bfloat16 natively on this CPU (AVX-512 BF16 or AMX; elsewhere it would emulate
+    them, and bfloat16 weights stay with F.linear)."""
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    try:
+        return bool(check is not None and torch.backends.mkldnn.is_available() and check())
+    except RuntimeError:
+        return False
 
 
 def _free_memory() -> int | None:
