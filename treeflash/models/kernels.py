@@ -249,9 +249,9 @@ def prepack_cpu(weights: list[torch.Tensor], rows: int = 16) -> bool:
     """Attach to each float32 CPU weight [N, K], and bfloat16 one where the CPU has bfloat16 products
     (`bf16_products`), oneDNN's prepacked copy (for products of about `rows` rows), which `linear` uses: a second
     copy of the weights in memory. False, attaching nothing, where this PyTorch has no oneDNN linear, or where the
-    copies would take more than half the memory free now (a warning says so). Unpacked, bfloat16 weights took F.linear's
-    product, with which the default pair's DDTree-8 decoding ran 0.73x as fast as with them packed on a 2-core
-    AVX-512 CPU (benchmarks/cpu-bf16-prepack)."""
+    copies would take more than half the memory free now (a warning says so). Unpacked, bfloat16 weights took
+    F.linear's product, with which the default pair's DDTree-8 decoding ran 0.73x as fast as with them packed on
+    a 2-core AVX-512 CPU (benchmarks/cpu-bf16-prepack)."""
     mkldnn = torch.ops.mkldnn
     if not (torch.backends.mkldnn.is_available() and hasattr(mkldnn, "_reorder_linear_weight")
             and hasattr(mkldnn, "_linear_pointwise")):
