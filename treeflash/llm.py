@@ -160,7 +160,7 @@ class LLM:
     tree_budget: draft nodes per round for ddtree (at most 4096, round.MAX_TREE_BUDGET; a budget above
     the number of distinct prefixes a draft block can hold is lowered to that number, with a warning),
     or "auto" (the default): chosen every round from the device's measured round cost and the drafter's
-    recent acceptance (treeflash/budget.py).
+    recent acceptance (treeflash/budget.py). With spec "dflash" or "none" a number is ignored, with a warning.
     max_num_seqs: requests run side by side.
     time_stages: time each round's stages (default on CPU; on a GPU it splits each round's CUDA graph
     in five, timed with events).
