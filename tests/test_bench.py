@@ -452,3 +452,29 @@ def test_bench_of_the_default_pair_records_the_shipped_drafter(prompts_file, tmp
     assert result["drafter"] == {"path": str(DEFAULT_DRAFTER_DIR)}
     ran = {m["method"]: m for m in result["methods"]}
     assert ran["ddtree:4"]["same_tokens_as_none"] == 1.0 and ran["ddtree:4"]["mean_acceptance_length"] > 1
+
+
+def _method(name: str, spec: str, budget, speedup: float, accept: float) -> dict:
+    return {"method": name, "spec": spec, "budget": budget, "sync": False, "speedup_vs_none": speedup,
+            "mean_acceptance_length": accept}
+
+
+@pytest.mark.parametrize("fixed", [False, True])
+def test_the_budget_plot_draws_auto_and_the_chain_as_levels_with_or_without_a_sweep(tmp_path, monkeypatch, fixed):
+    from treeflash.bench import plots
+
+    methods = [_method("none", "none", None, 1.0, 1.0), _method("dflash", "dflash", None, 1.2, 2.4),
+               _method("ddtree:auto", "ddtree", "auto", 1.4, 3.0)]
+    if fixed:
+        methods += [_method("ddtree:8", "ddtree", 8, 1.3, 2.8), _method("ddtree:16", "ddtree", 16, 1.35, 3.1)]
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig) or path)
+    result = {"methods": methods, "dataset": "humaneval", "environment": {"device_type": "cpu"},
+              "config": {"dtype": "float32"}}
+    assert plots._speedup_vs_budget(result, tmp_path / "s.png") == tmp_path / "s.png"
+    speed, accept = figures[0].axes
+    assert [t.get_text() for t in speed.get_legend().get_texts()] == \
+        (["ddtree"] if fixed else []) + ["dflash (chain)", "ddtree:auto", "none"]
+    levels = {line.get_label(): line.get_ydata()[0] for line in accept.get_lines() if line.get_label() != "ddtree"}
+    assert levels == {"dflash (chain)": 2.4, "ddtree:auto": 3.0}
+    assert (speed.get_xscale() == "log") == fixed  # no budget axis where nothing was swept

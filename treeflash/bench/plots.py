@@ -30,7 +30,7 @@ def _title(result: dict) -> str:
 def _save(fig, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # legends placed outside the axes stay in the picture
     _pyplot().close(fig)
     return path
 
@@ -50,26 +50,38 @@ def _speedup_vs_budget(result: dict, path: Path) -> Path | None:
     default = [m for m in result["methods"] if not m.get("sync")]  # (a /sync twin would share its budget's point)
     trees = sorted((m for m in default if m["spec"] == "ddtree" and isinstance(m["budget"], int)),
                    key=lambda m: m["budget"])
-    chain = next((m for m in default if m["spec"] == "dflash"), None)
-    if not trees and chain is None:
+    # Methods without a budget of their own (the chain, the automatic budget) are level lines across the sweep.
+    lines = [(m, label, style) for m, label, style in (
+        (next((m for m in default if m["spec"] == "dflash"), None), "dflash (chain)", dict(color="gray", ls="--")),
+        (next((m for m in default if m["spec"] == "ddtree" and m["budget"] == "auto"), None), "ddtree:auto",
+         dict(color="tab:orange", ls=":")),
+    ) if m is not None]
+    if not trees and not lines:
         return None
     plt = _pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     for ax, key, label in ((ax1, "speedup_vs_none", "speedup over none (tokens/s)"),
                            (ax2, "mean_acceptance_length", "mean acceptance length (tokens/round)")):
         xs = [m["budget"] for m in trees if m[key] is not None]
-        if not xs and (chain is None or chain[key] is None):
+        levels = [(m[key], name, style) for m, name, style in lines if m[key] is not None]
+        if not xs and not levels:
             ax.text(0.5, 0.5, "no `none` run to compare with" if key == "speedup_vs_none" else "no data",
                     ha="center", va="center", transform=ax.transAxes)
             continue
-        ax.plot(xs, [m[key] for m in trees if m[key] is not None], "o-", label="ddtree")
-        if chain is not None and chain[key] is not None:
-            ax.axhline(chain[key], color="gray", ls="--", label="dflash (chain)")
+        if xs:
+            ax.plot(xs, [m[key] for m in trees if m[key] is not None], "o-", label="ddtree")
+        for value, name, style in levels:
+            ax.axhline(value, label=name, **style)
         if key == "speedup_vs_none":
             ax.axhline(1.0, color="black", lw=0.8, label="none")
         if xs:
             ax.set_xscale("log", base=2)
-        ax.set_xlabel("tree budget (draft nodes per round)")
+            ax.set_xticks(xs, [str(x) for x in xs])  # the budgets run, as numbers rather than powers of two
+            ax.minorticks_off()
+            ax.set_xlabel("tree budget (draft nodes per round)")
+        else:  # nothing on the x axis but level lines: no budget scale to read
+            ax.set_xticks([])
+            ax.set_xlabel("tree budget (no fixed budget in this run)")
         ax.set_ylabel(label)
         ax.legend()
     fig.suptitle(f"{result['dataset']}: DDTree budget sweep ({_title(result)})")
@@ -111,7 +123,8 @@ def _stage_split(bars: list[tuple[str, dict]], path: Path, title: str) -> Path |
         left = [a + b for a, b in zip(left, widths)]
     ax.invert_yaxis()
     ax.set_xlabel("ms per round")
-    ax.legend(ncol=len(STAGES), fontsize=8, loc="lower right")
+    # Below the axes, where it covers no bar however long the rounds are.
+    ax.legend(ncol=len(STAGES), fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22 - 0.3 / len(bars)))
     ax.set_title(title)
     return _save(fig, path)
 
