@@ -164,6 +164,8 @@ def _synthetic_rounds(result: dict, path: Path) -> Path | None:
     if not rows:
         return None
     plt = _pyplot()
+    from matplotlib.ticker import FuncFormatter
+
     fig, ax = plt.subplots(figsize=(8, 5))
     for i, batch in enumerate(sorted({r["batch"] for r in rows})):
         color = f"C{i % 10}"
@@ -178,9 +180,15 @@ def _synthetic_rounds(result: dict, path: Path) -> Path | None:
             if r["batch"] == batch and r["spec"] == "dflash":
                 ax.plot([r["nodes"] - 1], [r["round_ms"]], "s", color=color, label=f"dflash chain, batch {batch}")
     ax.axhline(result["floor_ms"], color="black", lw=1.5, label="weight-read floor")
-    if any(r["spec"] != "none" for r in rows):
+    xs = sorted({r["budget"] for r in rows if r["spec"] == "ddtree" and isinstance(r["budget"], int)}
+                | {r["nodes"] - 1 for r in rows if r["spec"] == "dflash"})
+    if xs:
         ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [str(x) for x in xs])  # the budgets run (and the chain's length), as numbers
     ax.set_yscale("log")
+    # Milliseconds as plain numbers, with 2, 3 and 5 (20, 30, 50, ...) labelled between the decades.
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+    ax.yaxis.set_minor_formatter(FuncFormatter(lambda y, _: f"{y:g}" if f"{y:.1g}"[0] in "235" else ""))
     ax.set_xlabel("tree budget (draft nodes per round)")
     ax.set_ylabel("ms per round")
     ax.legend(fontsize=7, ncol=2)
