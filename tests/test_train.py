@@ -4,6 +4,7 @@ resumption of training and of the data cache, sharded output, and the CLI end to
 from __future__ import annotations
 
 import json
+import math
 import random
 import time
 from dataclasses import replace
@@ -576,6 +577,8 @@ def test_cli_trains_end_to_end_and_resumes(chat_target, tmp_path, capsys):
     assert (out / "loss.png").stat().st_size > 0 and (out / "acceptance.png").stat().st_size > 0
     history = json.loads((out / "history.json").read_text())
     assert [e["step"] for e in history["history"]["eval"]] == [0, 6, 12] and 32 < history["examples"] <= 48
+    # One log line (--log-every 20 > 12 steps), at the last step: its loss is the mean over all 12 steps.
+    assert [(r["step"], r["steps"]) for r in history["history"]["train"]] == [(12, 12)]
     assert len(history["source_digest"]) == 16 and "commit" in history["git"]
     vocab = DraftVocab.load(out / "drafter")
     assert len(vocab.token_ids) == 20 and "draft vocabulary: the 20 most frequent" in (out / "train.log").read_text()
@@ -641,3 +644,11 @@ def test_train_minutes_become_a_step_count_measured_three_times():
     capped = StepCount(60.0, 0.0, cap=500)
     capped.after(5, 5, 1.0)
     assert capped.after(25, 25, 2.0)[0] == 500  # --steps still caps it
+
+
+def test_a_log_line_averages_its_steps_and_skips_nan_chain_lengths():
+    from treeflash.train.pipeline import _nanmean
+
+    assert _nanmean([1.0, 2.0, 6.0]) == 3.0
+    assert _nanmean([float("nan"), 2.0, 4.0]) == 3.0  # a step with no labelled block has no chain length
+    assert math.isnan(_nanmean([float("nan")]))

@@ -288,7 +288,9 @@ def _add_train_parser(sub) -> None:
     t.add_argument("--eval-max-new-tokens", type=int, default=128, help="(default 128)")
     t.add_argument("--eval-batch-size", type=int, default=32, help="engine slots while evaluating (default 32)")
     t.add_argument("--checkpoint-every", type=int, default=250, help="(default 250)")
-    t.add_argument("--log-every", type=int, default=20, help="steps between log lines (default 20)")
+    t.add_argument("--log-every", type=int, default=20,
+                   help="steps between log lines (default 20); a line's loss, chain length and acc@1 are "
+                        "means over its steps")
     t.add_argument("--checkpoint-dir", default=None, help="(default OUT/checkpoint)")
     t.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     t.add_argument("--save-dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16",

@@ -252,9 +252,11 @@ def train_drafter(opts: TrainDrafterOptions) -> dict:
     first_step = trainer.step
     bar = tqdm(total=trainer.total_steps, initial=trainer.step, desc="train", unit="step",
                disable=None if opts.progress is None else not opts.progress)
+    window: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # this log line's steps, still on the device
     while trainer.step < trainer.total_steps:
         result, lr, grad_norm = trainer.train_step()
         bar.update(1)
+        window.append((result.loss.detach(), result.chain_length.detach(), result.accuracy[0].detach()))
         step = trainer.step
         count = counter and counter.after(step - first_step, step, time.monotonic())
         if count:
@@ -263,8 +265,11 @@ def train_drafter(opts: TrainDrafterOptions) -> dict:
             log(f"{per_step * 1e3:.0f} ms/step: {trainer.total_steps} steps fit in "
                 f"--train-minutes {opts.train_minutes}")
         if step % opts.log_every == 0 or step == trainer.total_steps:
-            record = {"step": step, "loss": float(result.loss.detach()), "lr": lr, "grad_norm": grad_norm,
-                      "chain": float(result.chain_length), "acc1": float(result.accuracy[0])}
+            # Means over the steps since the last line: one step's loss swings more than a run's trend moves.
+            loss, chain, acc1 = (_nanmean([float(t) for t in values]) for values in zip(*window))
+            record = {"step": step, "steps": len(window), "loss": loss, "lr": lr, "grad_norm": grad_norm,
+                      "chain": chain, "acc1": acc1}
+            window.clear()
             history["train"].append(record)
             bar.set_postfix(loss=f"{record['loss']:.3f}", chain=f"{record['chain']:.2f}")
             if opts.progress is not True:
@@ -296,3 +301,9 @@ def train_drafter(opts: TrainDrafterOptions) -> dict:
     plot_history(history, out)
     log(f"done: {trainer.total_steps} steps in {train_seconds:.0f} s; drafter in {out / 'drafter'}")
     return summary
+
+
+def _nanmean(values: list[float]) -> float:
+    """The mean of the values that are numbers (a step with no labelled block has a NaN chain length)."""
+    kept = [v for v in values if v == v]
+    return sum(kept) / len(kept) if kept else float("nan")

@@ -17,19 +17,27 @@ def plot_history(history: dict, out_dir: str | Path) -> list[Path]:
     train = history.get("train") or []
     if train:
         fig, ax = plt.subplots(figsize=(7, 4))
-        ax.plot([r["step"] for r in train], [r["loss"] for r in train], lw=1, label="weighted CE")
+        # Each record's loss is the mean over the steps since the one before (`steps`; older histories logged
+        # one step's loss, and say nothing of the window).
+        windows = sorted({r["steps"] for r in train if "steps" in r})
+        mean = f"mean over each {windows[0]} steps" if len(windows) == 1 else "mean over each logging window" \
+            if windows else "one step every logging interval"
+        ax.plot([r["step"] for r in train], [r["loss"] for r in train], lw=1, label=f"weighted CE ({mean})")
         ax.set_xlabel("step")
         ax.set_ylabel("loss")
-        ax.set_yscale("log")
         ax.grid(alpha=0.3)
         twin = ax.twinx()
-        twin.plot([r["step"] for r in train], [r["lr"] for r in train], color="gray", lw=0.8, ls="--", label="lr")
+        twin.plot([r["step"] for r in train], [r["lr"] for r in train], color="gray", lw=0.8, ls="--",
+                  label="learning rate")
         twin.set_ylabel("learning rate")
+        twin.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
         ax.set_title("drafter training loss")
-        fig.legend(loc="upper right")
+        # One legend for both axes, below them, where it covers neither curve nor tick labels.
+        handles = ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
+        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, fontsize=8)
         fig.tight_layout()
         written.append(out_dir / "loss.png")
-        fig.savefig(written[-1], dpi=110)
+        fig.savefig(written[-1], dpi=110, bbox_inches="tight")
         plt.close(fig)
     evals = history.get("eval") or []
     if evals:
@@ -45,6 +53,6 @@ def plot_history(history: dict, out_dir: str | Path) -> list[Path]:
         ax.legend()
         fig.tight_layout()
         written.append(out_dir / "acceptance.png")
-        fig.savefig(written[-1], dpi=110)
+        fig.savefig(written[-1], dpi=110, bbox_inches="tight")
         plt.close(fig)
     return written
