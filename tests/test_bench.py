@@ -57,12 +57,10 @@ def test_bench_runs_every_method_on_the_same_prompts_and_writes_json_table_and_p
     assert len(env["source_digest"]) == 16
     assert result["complete"] and result["num_prompts"] == 3 and result["prompt_ids"] == ["p0", "p1", "p2"]
     ran = {m["method"]: m for m in result["methods"]}
-    assert {"none", "ddtree:8"} <= set(ran)
-    # ddtree:auto runs where the engine supports tree_budget="auto", and is skipped with the reason otherwise.
-    assert "ddtree:auto" in ran or [s["method"] for s in result["skipped"]] == ["ddtree:auto"]
-    if "ddtree:auto" in ran:  # how many request-rounds ran at each budget it chose
-        assert sum(ran["ddtree:auto"]["auto_budget_rounds"].values()) == ran["ddtree:auto"]["rounds"]
-        assert "ddtree:auto: request-rounds by budget" in out.with_suffix(".txt").read_text()
+    assert set(ran) == {"none", "ddtree:8", "ddtree:auto"} and result["skipped"] == []
+    # how many request-rounds ran at each budget the automatic budget chose
+    assert sum(ran["ddtree:auto"]["auto_budget_rounds"].values()) == ran["ddtree:auto"]["rounds"]
+    assert "ddtree:auto: request-rounds by budget" in out.with_suffix(".txt").read_text()
     none, tree = ran["none"], ran["ddtree:8"]
     assert none["auto_budget_rounds"] is None and tree["auto_budget_rounds"] is None
     for m in (none, tree):
@@ -122,6 +120,19 @@ def test_a_failing_method_is_recorded_and_the_others_kept(pair, prompts_file, tm
     assert [m["method"] for m in result["methods"]] == ["none"]
     assert result["errors"] == [{"method": "ddtree:8", "error": "RuntimeError: boom"}]
     assert "ERROR in ddtree:8" in out.with_suffix(".txt").read_text()
+
+
+def test_an_automatic_budget_that_cannot_be_built_is_an_error_not_a_skip(pair, prompts_file, tmp_path, capsys):
+    # A drafter that does not fit the target: ddtree:auto fails as every method would (it was once skipped, as if
+    # the engine did not take an automatic budget).
+    target, _ = pair
+    wrong = make_drafter(tmp_path / "wrong", make_tiny_target(tmp_path / "other", "qwen3", vocab_size=32,
+                                                              num_layers=3), block_size=4)
+    assert bench("--model", str(target), "--draft-model", str(wrong), "--dataset", str(prompts_file),
+                 "--methods", "ddtree:auto", "--num-prompts", "1", "--out", str(tmp_path / "r.json"),
+                 "--no-plots") == 1
+    err = capsys.readouterr().err
+    assert "treeflash: error:" in err and "tree_budget='auto'" not in err
 
 
 def test_replot_redraws_from_the_json_alone(pair, prompts_file, tmp_path):

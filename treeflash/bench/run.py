@@ -136,9 +136,7 @@ def run_bench(cfg: BenchConfig, command: str | None = None, log=print, progress=
         bar = tqdm(methods, desc="methods", unit="method", file=sys.stderr, dynamic_ncols=True)
         for method in bar:
             bar.set_postfix_str(method.label)
-            llm = _make_llm(cfg, method, drafter_dir, device, dtype, r["skipped"])
-            if llm is None:
-                continue
+            llm = _make_llm(cfg, method, drafter_dir, device, dtype)
             if ids is None:
                 ids, eos = [_encode(llm, p) for p in prompts], sorted(llm.eos_token_ids)
             try:
@@ -149,7 +147,7 @@ def run_bench(cfg: BenchConfig, command: str | None = None, log=print, progress=
                 if not stages_timed and cfg.stage_prompts:
                     # The per-stage clock synchronises (or splits a CUDA graph) at every stage: its own
                     # engine, on a few prompts, after the timed run.
-                    llm = _make_llm(cfg, method, drafter_dir, device, dtype, r["skipped"], time_stages=True)
+                    llm = _make_llm(cfg, method, drafter_dir, device, dtype, time_stages=True)
                     run["stage_outs"] = _stage_pass(llm, ids, cfg)
                 runs.append(run)
             except Exception as e:  # noqa: BLE001 - one failing method must not lose the others' results
@@ -193,22 +191,14 @@ def _random_drafter(target_cfg, cfg: BenchConfig, tmp: Path) -> tuple[str, dict]
                        "mask_token_id": dcfg.mask_token_id, "target_layer_ids": list(dcfg.target_layer_ids)}
 
 
-def _make_llm(cfg: BenchConfig, method: Method, drafter_dir, device, dtype, skipped: list, time_stages=None):
+def _make_llm(cfg: BenchConfig, method: Method, drafter_dir, device, dtype, time_stages=None):
     from treeflash import LLM
 
-    try:
-        return LLM(cfg.model, device=device, dtype=dtype, max_model_len=cfg.max_model_len,
-                   draft_model=drafter_dir if method.spec != "none" else None, max_num_seqs=cfg.batch_size,
-                   time_stages=time_stages, tensor_parallel_size=cfg.tensor_parallel_size,
-                   cuda_graph_sizes=cfg.cuda_graph_sizes, draft_vocab=cfg.draft_vocab, attention=cfg.attention,
-                   tree_kernel=TREE_BUILDERS[cfg.tree_builder],
-                   **method.llm_kwargs())
-    except ValueError as e:
-        if method.budget != "auto":
-            raise
-        # tree_budget="auto" arrives with the GPU fast path; until then this engine refuses it.
-        skipped.append({"method": method.label, "reason": f"this engine does not accept tree_budget='auto' ({e})"})
-        return None
+    return LLM(cfg.model, device=device, dtype=dtype, max_model_len=cfg.max_model_len,
+               draft_model=drafter_dir if method.spec != "none" else None, max_num_seqs=cfg.batch_size,
+               time_stages=time_stages, tensor_parallel_size=cfg.tensor_parallel_size,
+               cuda_graph_sizes=cfg.cuda_graph_sizes, draft_vocab=cfg.draft_vocab, attention=cfg.attention,
+               tree_kernel=TREE_BUILDERS[cfg.tree_builder], **method.llm_kwargs())
 
 
 def _encode(llm, prompt: Prompt) -> list[int]:
