@@ -19,9 +19,13 @@ def plot_history(history: dict, out_dir: str | Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(7, 4))
         # Each record's loss is the mean over the steps since the one before (`steps`; older histories logged
         # one step's loss, and say nothing of the window).
-        windows = sorted({r["steps"] for r in train if "steps" in r})
-        mean = f"mean over each {windows[0]} steps" if len(windows) == 1 else "mean over each logging window" \
-            if windows else "one step every logging interval"
+        windows = {r["steps"] for r in train if "steps" in r}
+        if not windows:
+            mean = "one step every logging interval"
+        elif len(windows) == 1:
+            mean = f"mean over each {windows.pop()} steps"
+        else:
+            mean = "mean over each logging window"
         ax.plot([r["step"] for r in train], [r["loss"] for r in train], lw=1, label=f"weighted CE ({mean})")
         ax.set_xlabel("step")
         ax.set_ylabel("loss")
