@@ -1,0 +1,1 @@
+python3 -m treeflash.cli bench --model ~/smollm2.gguf --draft-model ~/run/drafter --max-tokens 128 --no-plots --dataset mtbench --temperature 1 --num-prompts 0 --batch-size 32 --cuda-graph-sizes 32 --methods dflash,ddtree:64 --out acc-mtbench-t1.json
