@@ -26,7 +26,7 @@ from treeflash.models.dflash import DFlashDrafter
 from treeflash.models.kernels import COMPILED, EAGER, pin_triton_cache_dir, prepack_cpu, projection_weights, \
     use_fast_path
 from treeflash.models.transformer import Transformer
-from treeflash.sampling import SamplingParams, SamplingTensors, derive, static_flags
+from treeflash.sampling import SamplingFlags, SamplingParams, SamplingTensors, derive
 from treeflash.transfer import to_device
 from treeflash.tree import DraftTree, Walk, ancestor_mask, build_chain, build_tree, root_only, walk
 
@@ -123,25 +123,6 @@ class RoundResult:
 
 
 IDLE = SamplingParams(temperature=0.0)  # the sampling row of a slot without a request
-
-
-@dataclass(frozen=True)
-class SamplingFlags:
-    """Which sampling stages the running requests need: host-known, part of a CUDA graph's key."""
-
-    all_greedy: bool = True
-    use_top_k: bool = False
-    use_top_p: bool = False
-    use_min_p: bool = False
-    max_top_k: int = 0
-
-    @staticmethod
-    def of(params: list[SamplingParams]) -> "SamplingFlags":
-        f = static_flags(params)
-        # Any top-k width >= the largest asked for gives the same result: round it up to a power of
-        # two so that requests with nearby k share one graph.
-        top_k = 1 << (f["max_top_k"] - 1).bit_length() if f["max_top_k"] > 0 else 0
-        return SamplingFlags(f["all_greedy"], f["use_top_k"], f["use_top_p"], f["use_min_p"], top_k)
 
 
 @dataclass(frozen=True)
@@ -269,7 +250,7 @@ class Speculator:
         rows = self.sampling_rows
         views = {f.name: getattr(rows, f.name)[:num_slots] for f in dataclasses.fields(SamplingTensors)
                  if isinstance(getattr(rows, f.name), torch.Tensor)}
-        return dataclasses.replace(rows, **views, **dataclasses.asdict(self.flags))
+        return dataclasses.replace(rows, **views, flags=self.flags)
 
     # --- prefill ---------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -304,7 +285,7 @@ class Speculator:
         ~30 eager ops of commit, lm_head and draw (benchmarks/admission)."""
         last = self.prefill_forward(batch, kv_len, real)
         self.commit_prefill(batch)
-        rows = dataclasses.replace(self.sampling_rows.rows(batch.slots), **dataclasses.asdict(self.flags))
+        rows = dataclasses.replace(self.sampling_rows.rows(batch.slots), flags=self.flags)
         ends = (batch.starts + batch.lengths)[:, None]
         first = derive(self.target.logits(last)[:, None], rows, ends)[:, 0]
         if out is not None:
@@ -508,7 +489,7 @@ class Speculator:
                                     self.draft_head)
         # Rank drafts by the drafter's guess of each request's *tempered* distribution. All-greedy
         # batches (host-known, part of a graph's key) have temperature 1.0 on every row: x / 1.0 is x.
-        return draft_log_probs(logits, None if sampling.all_greedy else sampling.temperature)
+        return draft_log_probs(logits, None if sampling.flags.all_greedy else sampling.temperature)
 
     def build(self, bonus: torch.Tensor, logprobs: torch.Tensor | None, budget: int | None = None) -> DraftTree:
         if logprobs is None:

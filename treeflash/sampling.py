@@ -112,13 +112,26 @@ class SamplingParams:
         return self.temperature < GREEDY_BELOW
 
 
-def static_flags(params: list[SamplingParams]) -> dict:
-    """Which sampling stages a batch needs (host-known): all_greedy, use_top_k, use_top_p, use_min_p,
-    max_top_k. Plain Python over the parameters, no tensors."""
-    top_k = [max(p.top_k, 0) for p in params]
-    return {"all_greedy": all(p.greedy for p in params), "use_top_k": any(k > 0 for k in top_k),
-            "use_top_p": any(p.top_p < 1 and not p.greedy for p in params),
-            "use_min_p": any(p.min_p > 0 and not p.greedy for p in params), "max_top_k": max(top_k, default=0)}
+@dataclass(frozen=True)
+class SamplingFlags:
+    """Which sampling stages a batch needs: host-known (plain Python over the parameters, no tensors), so
+    the stages it leaves out cost nothing and no round waits on the device; part of a CUDA graph's key."""
+
+    all_greedy: bool = True
+    use_top_k: bool = False
+    use_top_p: bool = False
+    use_min_p: bool = False
+    max_top_k: int = 0  # a power of two >= every row's top_k (0: no row uses top-k)
+
+    @staticmethod
+    def of(params: list[SamplingParams]) -> "SamplingFlags":
+        top_k = max((max(p.top_k, 0) for p in params), default=0)
+        # Any top-k width >= the largest asked for gives the same result: rounded up to a power of two,
+        # requests with nearby k share one graph.
+        return SamplingFlags(all_greedy=all(p.greedy for p in params), use_top_k=top_k > 0,
+                             use_top_p=any(p.top_p < 1 and not p.greedy for p in params),
+                             use_min_p=any(p.min_p > 0 and not p.greedy for p in params),
+                             max_top_k=1 << (top_k - 1).bit_length() if top_k > 0 else 0)
 
 
 @dataclass(frozen=True)
@@ -131,12 +144,7 @@ class SamplingTensors:
     min_p: torch.Tensor  # [S] float32
     greedy: torch.Tensor  # [S] bool
     seed: torch.Tensor  # [S, 2] int64: low and high 32 bits
-    # Static per batch (host-known, so no synchronisation): which stages any row needs.
-    all_greedy: bool = True
-    use_top_k: bool = False
-    use_top_p: bool = False
-    use_min_p: bool = False
-    max_top_k: int = 0
+    flags: SamplingFlags = SamplingFlags()  # which stages any row needs (static per batch)
 
     @staticmethod
     def build(params: list[SamplingParams], seeds: list[int], device) -> "SamplingTensors":
@@ -151,7 +159,7 @@ class SamplingTensors:
             min_p=tensor([p.min_p for p in params], torch.float32),
             greedy=tensor([p.greedy for p in params], torch.bool),
             seed=tensor([[s & 0xFFFFFFFF, (s >> 32) & 0xFFFFFFFF] for s in seeds], torch.int64),
-            **static_flags(params),
+            flags=SamplingFlags.of(params),
         )
 
     def per_node(self, nodes: int) -> "SamplingTensors":
@@ -161,15 +169,13 @@ class SamplingTensors:
             return t[:, None].expand(t.shape[0], nodes, *t.shape[1:])
 
         return SamplingTensors(repeat(self.temperature), repeat(self.top_k), repeat(self.top_p), repeat(self.min_p),
-                               repeat(self.greedy), repeat(self.seed), self.all_greedy, self.use_top_k,
-                               self.use_top_p, self.use_min_p, self.max_top_k)
+                               repeat(self.greedy), repeat(self.seed), self.flags)
 
     def rows(self, index: torch.Tensor) -> "SamplingTensors":
         """The parameters of the slots in `index` (any shape): one row per node of a tree, say."""
         pick = lambda t: t[index]  # noqa: E731
         return SamplingTensors(pick(self.temperature), pick(self.top_k), pick(self.top_p), pick(self.min_p),
-                               pick(self.greedy), pick(self.seed), self.all_greedy, self.use_top_k,
-                               self.use_top_p, self.use_min_p, self.max_top_k)
+                               pick(self.greedy), pick(self.seed), self.flags)
 
 
 def new_seed() -> int:
@@ -183,18 +189,18 @@ def processed_probs(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     The order and tie rules are SamplingParams' (vLLM's): temperature, min_p, top_k, top_p.
     """
     x = logits.float() / st.temperature[..., None]
-    if st.use_min_p:
+    if st.flags.use_min_p:
         # p_i >= min_p * p_max  <=>  exp(x_i - x_max) >= min_p: no normalisation needed.
         ratio = (x - x.amax(-1, keepdim=True)).exp()
         x = x.masked_fill(ratio < st.min_p[..., None], -math.inf)
-    if st.use_top_k:
-        kmax = min(st.max_top_k, x.shape[-1])
+    if st.flags.use_top_k:
+        kmax = min(st.flags.max_top_k, x.shape[-1])
         top = x.topk(kmax, dim=-1).values
         k = st.top_k.clamp(1, kmax)[..., None]
         kth = torch.where(st.top_k[..., None] > 0, top.gather(-1, k - 1), torch.full_like(top[..., :1], -math.inf))
         x = x.masked_fill(x < kth, -math.inf)
     probs = torch.softmax(x, dim=-1)
-    if st.use_top_p:
+    if st.flags.use_top_p:
         probs = _top_p(probs, st.top_p)
     return probs
 
@@ -388,7 +394,7 @@ def derive(logits: torch.Tensor, st: SamplingTensors, positions: torch.Tensor) -
     each node from that node's processed distribution (float32).
     """
     greedy_tokens = vocab_max(logits)[1]
-    if st.all_greedy:
+    if st.flags.all_greedy:
         return greedy_tokens
     probs = processed_probs(logits, st.per_node(logits.shape[1]))
     sampled = sample_from(probs, draw_uniforms(st.seed, positions))
