@@ -238,6 +238,23 @@ BAD = [  # (route, body, status, param)
     ("chat/completions", {"model": NAME, "messages": [{"role": "user", "content": LONG}]}, 400, "messages"),
     ("chat/completions", {"model": NAME, "messages": CHAT, "stream_options": {"include_usage": True}}, 400,
      "stream_options"),
+    # Each of these was a 500 with a plain-text body: a seed + j past 2**64, JSON nested past Python's
+    # recursion limit, a lone surrogate (valid JSON) that the tokenizer raises TypeError on.
+    ("completions", {"model": NAME, "prompt": "x", "seed": (1 << 64) - 1, "n": 2}, 400, "seed"),
+    ("completions", b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, None),
+    ("completions", b'{"model": "tiny", "prompt": "\\ud800", "max_tokens": 2}', 400, "prompt"),
+    ("completions", {"model": NAME, "prompt": "x", "seed": -1}, 400, "seed"),
+    # Fields that change the output and were ignored: refused by name.
+    ("completions", {"model": NAME, "prompt": "x", "logprobs": 0}, 400, "logprobs"),
+    ("completions", {"model": NAME, "prompt": "x", "min_tokens": 5}, 400, "min_tokens"),
+    ("completions", {"model": NAME, "prompt": "x", "include_stop_str_in_output": True}, 400,
+     "include_stop_str_in_output"),
+    ("completions", {"model": NAME, "prompt": "x", "repetition_penalty": 1.2}, 400, "repetition_penalty"),
+    ("completions", {"model": NAME, "prompt": "x", "guided_choice": ["a", "b"]}, 400, "guided_choice"),
+    ("chat/completions", {"model": NAME, "messages": CHAT, "tool_choice": "required"}, 400, "tool_choice"),
+    ("chat/completions", {"model": NAME, "messages": CHAT, "functions": [{"name": "f", "parameters": {}}]}, 400,
+     "functions"),
+    ("chat/completions", {"model": NAME, "messages": [{"role": "assistant", "content": None}]}, 400, "messages[0]"),
 ]
 
 
@@ -262,6 +279,24 @@ def test_api_key_is_required_on_v1_only(server):
         openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).models.list()
     assert httpx.get(server.url + "/health").status_code == 200  # health and metrics stay open
     assert httpx.get(server.url + "/metrics").status_code == 200
+
+
+def test_neutral_values_of_unsupported_fields_and_max_completion_tokens_are_honoured(server, client, offline):
+    neutral = {"min_tokens": 0, "include_stop_str_in_output": False, "repetition_penalty": 1.0, "logprobs": None,
+               "tool_choice": "none", "truncate_prompt_tokens": None, "some_unknown_field": 3}
+    got = client.completions.create(model=NAME, prompt="ab", max_tokens=2, temperature=0,
+                                    extra_body={**neutral, "max_completion_tokens": 5, "ignore_eos": True})
+    # max_completion_tokens (OpenAI's newer name) counts on /v1/completions too, before max_tokens.
+    want = offline.generate("ab", greedy(5, ignore_eos=True))[0]
+    assert got.usage.completion_tokens == 5 and got.choices[0].text == want.text
+
+
+def test_one_model_by_name_and_a_lowercase_bearer_scheme(server, client):
+    assert client.models.retrieve(NAME).id == NAME
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4")
+    answer = httpx.get(server.url + "/v1/models", headers={"Authorization": f"bearer {KEY}"})
+    assert answer.status_code == 200  # the scheme is case-insensitive (RFC 7235)
 
 
 def test_unknown_model_through_the_client(client):

@@ -13,6 +13,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Request
@@ -36,7 +37,13 @@ def build_app(llm: LLM, config: ServerConfig) -> FastAPI:
     metrics = ServerMetrics(llm.max_num_seqs)
     loop = EngineLoop(llm.engine, metrics)
     frontend = Frontend(llm, config)
+    # Tokenising and validating run here, one at a time (the frontend's tokenizer is one thread's), and off
+    # the event loop: a megabyte prompt took seconds to tokenise, and every stream stalled meanwhile.
+    frontend_thread = ThreadPoolExecutor(1, thread_name_prefix="treeflash-frontend")
     created = int(time.time())
+
+    async def validated(make, body) -> list:
+        return await asyncio.get_running_loop().run_in_executor(frontend_thread, make, body)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -44,6 +51,7 @@ def build_app(llm: LLM, config: ServerConfig) -> FastAPI:
         yield
         # Reached after uvicorn stopped taking connections and the in-flight ones ended (or timed out).
         await asyncio.to_thread(loop.stop)
+        frontend_thread.shutdown(wait=False)
 
     app = FastAPI(title="treeflash", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.engine_loop, app.state.metrics = loop, metrics
@@ -55,6 +63,11 @@ def build_app(llm: LLM, config: ServerConfig) -> FastAPI:
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, error: HTTPException) -> JSONResponse:  # unknown route, wrong method
         return JSONResponse(APIError(error.status_code, str(error.detail)).body(), status_code=error.status_code)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, error: Exception) -> JSONResponse:  # a bug of ours: still OpenAI's body
+        return JSONResponse(APIError(500, f"internal error: {type(error).__name__}: {error}",
+                                     type="server_error").body(), status_code=500)
 
     async def authenticate(request: Request) -> None:
         if config.api_key is not None:
@@ -72,15 +85,22 @@ def build_app(llm: LLM, config: ServerConfig) -> FastAPI:
     async def get_metrics() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
+    def card() -> dict:
+        return p.ModelCard(id=config.model_name, created=created, max_model_len=llm.max_model_len).model_dump()
+
     @app.get("/v1/models", **v1)
     async def models() -> dict:
-        card = p.ModelCard(id=config.model_name, created=created, max_model_len=llm.max_model_len)
-        return p.ModelList(data=[card]).model_dump()
+        return p.ModelList(data=[card()]).model_dump()
+
+    @app.get("/v1/models/{name:path}", **v1)
+    async def model(name: str) -> dict:
+        frontend.check_model(name)
+        return card()
 
     @app.post("/v1/completions", **v1)
     async def completions(request: Request) -> Response:
         body = await _parse(request, p.CompletionRequest)
-        requests = frontend.completion_requests(body)
+        requests = await validated(frontend.completion_requests, body)
         chat = _Formatter(config.model_name, chat=False, n=body.n, num_choices=len(requests),
                           include_usage=bool(body.stream_options and body.stream_options.include_usage))
         return await _respond(request, loop, requests, chat, body.stream)
@@ -88,7 +108,7 @@ def build_app(llm: LLM, config: ServerConfig) -> FastAPI:
     @app.post("/v1/chat/completions", **v1)
     async def chat_completions(request: Request) -> Response:
         body = await _parse(request, p.ChatCompletionRequest)
-        requests = frontend.chat_requests(body)
+        requests = await validated(frontend.chat_requests, body)
         chat = _Formatter(config.model_name, chat=True, n=body.n, num_choices=len(requests),
                           include_usage=bool(body.stream_options and body.stream_options.include_usage))
         return await _respond(request, loop, requests, chat, body.stream)
@@ -97,9 +117,10 @@ def build_app(llm: LLM, config: ServerConfig) -> FastAPI:
 
 
 def _check_key(header: str | None, key: str) -> None:
-    if not header or not header.startswith("Bearer "):
+    scheme, _, given = (header or "").strip().partition(" ")
+    if scheme.lower() != "bearer" or not given.strip():  # the scheme is case-insensitive (RFC 7235)
         raise APIError(401, "missing API key: send the header 'Authorization: Bearer <key>'", code="invalid_api_key")
-    if not hmac.compare_digest(header[len("Bearer "):].strip().encode(), key.encode()):  # constant time
+    if not hmac.compare_digest(given.strip().encode(), key.encode()):  # constant time
         raise APIError(401, "incorrect API key", code="invalid_api_key")
 
 
@@ -109,6 +130,8 @@ async def _parse(request: Request, model: type[BaseModel]):
         data = json.loads(raw, parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError) as e:
         raise bad_request(f"the body is not valid JSON: {e}", code="invalid_json") from None
+    except RecursionError:
+        raise bad_request("the body nests too deeply to parse", code="invalid_json") from None
     if not isinstance(data, dict):
         raise bad_request("the body must be a JSON object", code="invalid_json")
     try:

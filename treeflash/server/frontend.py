@@ -1,7 +1,8 @@
 """From an OpenAI request body to validated engine requests (or the 4xx that says what is wrong).
 
-Runs on the asyncio thread with a tokenizer instance of its own: the engine thread decodes with the
-LLM's, and Hugging Face fast tokenizers must not be used from two threads at once.
+Runs on one worker thread of its own (`app.py`), off the event loop, so that tokenising a long prompt
+holds up no other client's stream; with a tokenizer instance of its own, as the engine thread decodes
+with the LLM's, and Hugging Face fast tokenizers must not be used from two threads at once.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from treeflash.engine import Request
 from treeflash.llm import LLM
 from treeflash.sampling import SamplingParams
 from treeflash.server.errors import APIError, bad_request
-from treeflash.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from treeflash.server.protocol import UNSUPPORTED, ChatCompletionRequest, CompletionRequest, SamplingFields
 
 CONTEXT = "context_length_exceeded"
 
@@ -47,8 +48,10 @@ class Frontend:
                 raise bad_request(f"{name} is not supported", param=name, code="unsupported")
         if body.best_of not in (None, 1, body.n):
             raise bad_request("best_of is not supported (use n)", param="best_of", code="unsupported")
+        if body.logprobs is not None and body.logprobs is not False:  # 0 too: the sampled tokens' logprobs
+            raise bad_request("logprobs are not supported", param="logprobs", code="unsupported")
         prompts = self._completion_prompts(body.prompt)
-        return self._requests(body, prompts, body.max_tokens, default_max_tokens=16)
+        return self._requests(body, prompts, body.max_completion_tokens or body.max_tokens, default_max_tokens=16)
 
     def chat_requests(self, body: ChatCompletionRequest) -> list[Request]:
         self._check_common(body)
@@ -80,13 +83,16 @@ class Frontend:
         self.check_model(body.model)
         if body.stream_options is not None and not body.stream:
             raise bad_request("stream_options is only allowed with stream: true", param="stream_options")
-        if body.logprobs not in (None, False, 0) or body.top_logprobs not in (None, 0):
+        if body.logprobs is True or body.top_logprobs not in (None, 0):
             raise bad_request("logprobs are not supported", param="logprobs", code="unsupported")
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(body, name) not in (None, 0):
                 raise bad_request(f"{name} is not supported (only 0)", param=name, code="unsupported")
         if body.logit_bias:
             raise bad_request("logit_bias is not supported", param="logit_bias", code="unsupported")
+        for name, value in (body.model_extra or {}).items():
+            if name in UNSUPPORTED and value is not None and not _same(value, UNSUPPORTED[name]):
+                raise bad_request(f"{name} is not supported", param=name, code="unsupported")
 
     def _completion_prompts(self, prompt) -> list[Prompt]:
         if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
@@ -96,7 +102,11 @@ class Frontend:
         out = []
         for p in prompt:
             if isinstance(p, str):
-                out.append(Prompt(self.llm.encode(p, tokenizer=self._need_tokenizer("prompt")), p))
+                tok = self._need_tokenizer("prompt")
+                try:
+                    out.append(Prompt(self.llm.encode(p, tokenizer=tok), p))
+                except Exception as e:  # noqa: BLE001 (a lone surrogate, say: the tokenizer's TypeError)
+                    raise bad_request(f"the prompt cannot be tokenised: {e}", param="prompt") from None
             else:
                 out.append(Prompt(list(p), None))
         vocab = self.llm.config.vocab_size
@@ -113,6 +123,9 @@ class Frontend:
         if choices > self.config.max_choices:
             raise bad_request(f"n x prompts is {choices}; at most {self.config.max_choices} choices per request",
                               param="n")
+        if body.seed is not None and body.seed + body.n > 1 << 64:
+            raise bad_request(f"seed must be below 2**64 - n + 1 = {(1 << 64) - body.n + 1} with n = {body.n} "
+                              f"(choice j gets seed + j)", param="seed")
         limit = self.llm.max_model_len
         params = []
         for p in prompts:
@@ -132,7 +145,8 @@ class Frontend:
         try:
             return self.llm.new_requests(ids, params, texts)
         except ValueError as e:
-            raise bad_request(str(e)) from None
+            field = str(e).split(" ", 1)[0]
+            raise bad_request(str(e), param=field if field in SamplingFields.model_fields else None) from None
 
     def _sampling(self, body: SamplingFields, max_tokens: int) -> SamplingParams:
         try:
@@ -150,3 +164,9 @@ class Frontend:
         if self.tokenizer is None:
             raise bad_request("this model has no tokenizer: send the prompt as token ids", param=param)
         return self.tokenizer
+
+
+def _same(value, neutrals: tuple) -> bool:
+    """value is one of `neutrals`, type and all (False is not 0, as JSON has it)."""
+    return any(type(value) is type(n) and value == n for n in neutrals) or (
+        isinstance(value, float) and any(type(n) is int and value == n for n in neutrals))

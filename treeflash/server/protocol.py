@@ -2,8 +2,8 @@
 
 Requests are parsed in strict mode: a string where a number belongs, a bool where an integer belongs
 or a NaN is an error, not a coercion. Unknown fields are ignored (clients send many optional ones);
-known fields this server cannot honour (logprobs, penalties, tools, ...) are refused by name in
-`completions.py` rather than silently ignored.
+fields this server cannot honour (logprobs, penalties, tools, and vLLM's extensions in `UNSUPPORTED`)
+are refused by name in `frontend.py` unless left at a value that changes nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +19,30 @@ class _Request(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
 
+# vLLM's (and older OpenAI) request fields that change what is generated, with the values that change
+# nothing; any other value is refused by name (`Frontend`), never ignored. Those not declared below
+# arrive as extra fields.
+UNSUPPORTED: dict[str, tuple] = {
+    "min_tokens": (0,),
+    "include_stop_str_in_output": (False,),
+    "repetition_penalty": (1, 1.0),
+    "use_beam_search": (False,),
+    "length_penalty": (1, 1.0),
+    "prompt_logprobs": (0,),
+    "truncate_prompt_tokens": (),
+    "bad_words": ([],),
+    "allowed_token_ids": (),
+    "guided_json": (),
+    "guided_regex": (),
+    "guided_choice": (),
+    "guided_grammar": (),
+    "structured_outputs": (),
+    "tool_choice": ("none", "auto"),
+    "functions": ([],),
+    "function_call": ("none", "auto"),
+}
+
+
 class StreamOptions(_Request):
     include_usage: bool = False
 
@@ -26,17 +50,20 @@ class StreamOptions(_Request):
 class SamplingFields(_Request):
     """Fields shared by both endpoints (OpenAI's, plus vLLM's top_k / min_p / ignore_eos extensions)."""
 
+    model_config = ConfigDict(extra="allow")  # kept in `model_extra`, so UNSUPPORTED ones can be refused
+
     model: str | None = None  # None: the one model served
     n: int = Field(1, ge=1)
     temperature: float | None = Field(None, ge=0)  # None: 1.0, as OpenAI
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1)  # -1 or 0: off
     min_p: float | None = Field(None, ge=0, le=1)
-    seed: int | None = Field(None, ge=-(1 << 63), lt=1 << 64)
+    seed: int | None = Field(None, ge=0, lt=1 << 64)  # as SamplingParams (a seeded n gives seed + j)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name for max_tokens
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None  # accepted and ignored, as OpenAI's abuse-tracking tag
@@ -62,24 +89,22 @@ class TextPart(_Request):
 
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None  # None only for an assistant turn (OpenAI's tool calls)
+    content: str | list[TextPart] | None = None  # None: refused below, named (OpenAI sends it with tool calls)
     name: str | None = None
 
     @model_validator(mode="after")
     def _content_present(self) -> ChatMessage:
-        if self.content is None and self.role != "assistant":
-            raise ValueError(f"a {self.role} message needs content")
+        if self.content is None:
+            raise ValueError(f"a {self.role} message needs content" + (" (tool calls are not supported)"
+                                                                        if self.role == "assistant" else ""))
         return self
 
     def text(self) -> str:
-        if self.content is None:
-            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name for max_tokens
     tools: list[dict] | None = None
     response_format: dict | None = None
 
