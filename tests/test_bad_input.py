@@ -59,7 +59,7 @@ def llm(text_dir) -> LLM:
     ([[{"role": "user", "content": "ok"}], []], r"messages\[1\] must be a non-empty list"),
     (["just a string"], r"messages\[0\] must be a non-empty list"),
     ([], "at least one message"),
-    ("a string", "at least one message"),
+    ("a string", "chat takes a list of .* messages .*got str"),
 ])
 def test_bad_chat_messages_are_named_before_templating(llm, messages, message):
     with pytest.raises(ValueError, match=message):
@@ -116,7 +116,32 @@ def test_wrong_sampling_params_say_what_was_passed(llm, params, message):
 ])
 def test_stream_refuses_several_prompts(llm, kwargs, message):
     with pytest.raises(ValueError, match=message):
-        next(iter(llm.stream(**kwargs)))
+        llm.stream(**kwargs)  # when called, not when first read
+
+
+def test_sampling_params_changed_after_construction_are_checked_again(llm):
+    changed = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    changed.stop = "b"  # a str: one stop string, not one per character
+    fresh = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop=["b"])
+    assert llm.generate("abc", changed)[0].token_ids == llm.generate("abc", fresh)[0].token_ids
+    changed.max_tokens = 0
+    with pytest.raises(ValueError, match=r"sampling_params\[0\]: max_tokens must be at least 1"):
+        llm.generate("abc", changed)
+
+
+def test_numpy_and_torch_integers_are_sampling_integers():
+    np = pytest.importorskip("numpy")
+    p = SamplingParams(seed=np.int64(3), top_k=torch.tensor(5), max_tokens=np.int32(7), temperature=np.float32(0.5))
+    assert (p.seed, p.top_k, p.max_tokens, p.temperature) == (3, 5, 7, 0.5)
+    assert all(type(v) in (int, float) for v in (p.seed, p.top_k, p.max_tokens, p.temperature))
+    with pytest.raises(ValueError, match="top_k must be an integer"):
+        SamplingParams(top_k=2.0)
+
+
+def test_a_dtype_treeflash_cannot_run_is_refused_before_loading(text_dir):
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        LLM(text_dir, device="cpu", dtype=torch.int8)
+
 
 
 def test_stream_takes_a_dict_and_token_ids(llm):

@@ -244,6 +244,30 @@ def test_unsupported_rope_scaling_is_refused(tmp_path):
         LLM(path, device="cpu")
 
 
+@pytest.mark.parametrize("both", [
+    {"rope_parameters": {"rope_type": "default", "rope_theta": 5e5}, "rope_scaling": {"type": "linear", "factor": 2.0}},
+    {"rope_theta": 1e6, "rope_parameters": {"rope_type": "default", "rope_theta": 5e5},
+     "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+])
+def test_rope_scaling_beside_rope_parameters_is_read_as_transformers_reads_it(tmp_path, both):
+    # rope_parameters used to win over rope_scaling: a v5 config with rope_scaling added ran plain RoPE.
+    from transformers import AutoConfig
+
+    from treeflash.config import RopeConfig
+    path = write_config(tmp_path / "m", architectures=["LlamaForCausalLM"], model_type="llama", **both)
+    hf = AutoConfig.from_pretrained(path).rope_parameters
+    with pytest.warns(UserWarning, match="rope_scaling is used and rope_parameters ignored"):
+        rope = RopeConfig.from_hf(json.loads((path / "config.json").read_text()))
+    assert (rope.kind, rope.factor, rope.theta) == (hf["rope_type"], hf["factor"], hf["rope_theta"])
+
+
+def test_an_unsupported_rope_scaling_beside_rope_parameters_is_refused(tmp_path):
+    path = write_config(tmp_path / "m", architectures=["LlamaForCausalLM"], rope_parameters={"rope_type": "default"},
+                        rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    with pytest.raises(UnsupportedModelError, match="yarn"):
+        LLM(path, device="cpu")
+
+
 # --- broken directories -------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ differs between them is a field here, so the model code never branches on an arc
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -100,10 +101,28 @@ class RopeConfig:
 
     @staticmethod
     def from_hf(cfg: dict[str, Any]) -> "RopeConfig":
-        # transformers < 5 writes rope_theta + rope_scaling; transformers >= 5 writes rope_parameters.
-        params = {**config_value(cfg, "rope_scaling", dict, {}), **config_value(cfg, "rope_parameters", dict, {})}
+        # transformers < 5 writes rope_theta + rope_scaling; transformers >= 5 writes rope_parameters. A file
+        # with both (a v5 config with rope_scaling added as a model card says) is read as transformers 5 reads
+        # it: rope_scaling alone, with its theta or the top-level rope_theta.
+        params = config_value(cfg, "rope_parameters", dict, {})
+        scaling = config_value(cfg, "rope_scaling", dict, {})
+        if not scaling:
+            return RopeConfig._of(params, cfg)
+        rope = RopeConfig._of(scaling, cfg)
+        try:
+            same = not params or RopeConfig._of(params, cfg) == rope
+        except (UnsupportedModelError, ValueError):
+            same = False
+        if not same:
+            warnings.warn(f"config.json has both rope_scaling {scaling} and rope_parameters {params}; as "
+                          f"transformers does, rope_scaling is used and rope_parameters ignored", stacklevel=2)
+        return rope
+
+    @staticmethod
+    def _of(params: dict[str, Any], cfg: dict[str, Any]) -> "RopeConfig":
         where = "config.json rope parameters"
         theta = config_value(params, "rope_theta", float, config_value(cfg, "rope_theta", float, 10000.0), where=where)
+        # "type": the older name of "rope_type"
         kind = config_value(params, "rope_type", str, config_value(params, "type", str, "default", where=where),
                             where=where)
         if kind not in ("default", "linear", "llama3"):

@@ -60,6 +60,8 @@ def _dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype
     if dtype is None:
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if isinstance(dtype, torch.dtype):
+        if dtype not in _DTYPES.values():
+            raise ValueError(f"dtype must be one of {sorted(_DTYPES)} (or the torch dtype of one), got {dtype}")
         return dtype
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
@@ -108,6 +110,13 @@ def _sampling_params(sampling_params, n: int) -> list[SamplingParams]:
         elif not isinstance(p, SamplingParams):
             raise ValueError(f"sampling_params[{i}] must be a SamplingParams or a dict of its fields, "
                              f"got {type(p).__name__} {p!r}")
+        else:
+            # Built anew, so the checks and normalisation of SamplingParams' constructor also cover fields
+            # changed after it ran (p.stop = "x" would otherwise stop at every one of its characters).
+            try:
+                p = replace(p)
+            except ValueError as e:
+                raise ValueError(f"sampling_params[{i}]: {e}") from None
         params.append(p)
     return params
 
@@ -301,7 +310,10 @@ class LLM:
         Roles: system, user, assistant (and tool when the chat template handles tool messages); every
         content a non-empty string. A bad message is a ValueError naming it before anything runs.
         """
-        if not messages or not isinstance(messages, (list, tuple)):
+        if not isinstance(messages, (list, tuple)):
+            raise ValueError(f"chat takes a list of {{'role': ..., 'content': ...}} messages (or a list of such "
+                             f"lists), got {type(messages).__name__}")
+        if not messages:
             raise ValueError("chat needs at least one message ({'role': ..., 'content': ...})")
         one = isinstance(messages[0], dict)
         conversations = [messages] if one else messages
@@ -314,10 +326,13 @@ class LLM:
 
     def stream(self, prompt: str | None = None, sampling_params: SamplingParams | dict | None = None, *,
                prompt_token_ids: Sequence[int] | None = None) -> Iterator[StreamChunk]:
-        """Generate for one prompt, yielding text as rounds accept it; the last chunk carries the output."""
+        """Generate for one prompt, yielding text as rounds accept it; the last chunk carries the output.
+        Bad input is a ValueError here, when stream() is called, not when the iterator is first read."""
         _check_one_prompt(prompt, sampling_params, prompt_token_ids)
         ids = None if prompt_token_ids is None else [list(prompt_token_ids)]
-        request = self._requests(None if ids else prompt, sampling_params, ids)[0]
+        return self._stream(self._requests(None if ids else prompt, sampling_params, ids)[0])
+
+    def _stream(self, request: Request) -> Iterator[StreamChunk]:
         engine, printed = self.engine, 0
         engine.add(request)
         try:

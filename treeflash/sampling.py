@@ -20,6 +20,8 @@ cumulative sum (`inverse_cdf`), so a token's chance differs from its processed p
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 import random
 from dataclasses import dataclass
 
@@ -61,17 +63,23 @@ class SamplingParams:
     detokenize: bool = True
 
     def __post_init__(self) -> None:
+        # numpy and torch scalars are taken (as Python numbers), bools are not.
         def number(name: str) -> float:
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
                 raise ValueError(f"{name} must be a finite number, got {value!r}")
+            setattr(self, name, float(value) if type(value) not in (int, float) else value)
             return float(value)
 
         def integer(name: str) -> int:
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, (bool, float)) or not hasattr(type(value), "__index__"):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
-            return value
+            try:
+                setattr(self, name, operator.index(value))
+            except TypeError:
+                raise ValueError(f"{name} must be an integer, got {value!r}") from None
+            return getattr(self, name)
 
         if number("temperature") < 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
