@@ -246,6 +246,7 @@ BAD = [  # (route, body, status, param)
     ("completions", {"model": NAME, "prompt": "x", "seed": -1}, 400, "seed"),
     # Fields that change the output and were ignored: refused by name.
     ("completions", {"model": NAME, "prompt": "x", "logprobs": 0}, 400, "logprobs"),
+    ("chat/completions", {"model": NAME, "messages": CHAT, "logprobs": 3}, 400, "logprobs"),
     ("completions", {"model": NAME, "prompt": "x", "min_tokens": 5}, 400, "min_tokens"),
     ("completions", {"model": NAME, "prompt": "x", "include_stop_str_in_output": True}, 400,
      "include_stop_str_in_output"),

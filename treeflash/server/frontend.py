@@ -48,8 +48,6 @@ class Frontend:
                 raise bad_request(f"{name} is not supported", param=name, code="unsupported")
         if body.best_of not in (None, 1, body.n):
             raise bad_request("best_of is not supported (use n)", param="best_of", code="unsupported")
-        if body.logprobs is not None and body.logprobs is not False:  # 0 too: the sampled tokens' logprobs
-            raise bad_request("logprobs are not supported", param="logprobs", code="unsupported")
         prompts = self._completion_prompts(body.prompt)
         return self._requests(body, prompts, body.max_completion_tokens or body.max_tokens, default_max_tokens=16)
 
@@ -83,7 +81,8 @@ class Frontend:
         self.check_model(body.model)
         if body.stream_options is not None and not body.stream:
             raise bad_request("stream_options is only allowed with stream: true", param="stream_options")
-        if body.logprobs is True or body.top_logprobs not in (None, 0):
+        # logprobs 0 too: on /v1/completions it asks for the sampled tokens' logprobs.
+        if (body.logprobs is not None and body.logprobs is not False) or body.top_logprobs not in (None, 0):
             raise bad_request("logprobs are not supported", param="logprobs", code="unsupported")
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(body, name) not in (None, 0):
@@ -124,8 +123,8 @@ class Frontend:
             raise bad_request(f"n x prompts is {choices}; at most {self.config.max_choices} choices per request",
                               param="n")
         if body.seed is not None and body.seed + body.n > 1 << 64:
-            raise bad_request(f"seed must be below 2**64 - n + 1 = {(1 << 64) - body.n + 1} with n = {body.n} "
-                              f"(choice j gets seed + j)", param="seed")
+            raise bad_request(f"with n = {body.n}, seed must be at most 2**64 - n = {(1 << 64) - body.n} (choice j "
+                              f"gets seed + j), got {body.seed}", param="seed")
         limit = self.llm.max_model_len
         params = []
         for p in prompts:
