@@ -251,6 +251,8 @@ BAD = [  # (route, body, status, param)
     ("completions", {"model": NAME, "prompt": "x", "include_stop_str_in_output": True}, 400,
      "include_stop_str_in_output"),
     ("completions", {"model": NAME, "prompt": "x", "repetition_penalty": 1.2}, 400, "repetition_penalty"),
+    ("completions", {"model": NAME, "prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty"),
+    ("chat/completions", {"model": NAME, "messages": CHAT, "logit_bias": {"5": 1.0}}, 400, "logit_bias"),
     ("completions", {"model": NAME, "prompt": "x", "guided_choice": ["a", "b"]}, 400, "guided_choice"),
     ("chat/completions", {"model": NAME, "messages": CHAT, "tool_choice": "required"}, 400, "tool_choice"),
     ("chat/completions", {"model": NAME, "messages": CHAT, "functions": [{"name": "f", "parameters": {}}]}, 400,
@@ -284,7 +286,8 @@ def test_api_key_is_required_on_v1_only(server):
 
 def test_neutral_values_of_unsupported_fields_and_max_completion_tokens_are_honoured(server, client, offline):
     neutral = {"min_tokens": 0, "include_stop_str_in_output": False, "repetition_penalty": 1.0, "logprobs": None,
-               "tool_choice": "none", "truncate_prompt_tokens": None, "some_unknown_field": 3}
+               "tool_choice": "none", "truncate_prompt_tokens": None, "some_unknown_field": 3,
+               "presence_penalty": 0.0, "frequency_penalty": 0, "logit_bias": {}}
     got = client.completions.create(model=NAME, prompt="ab", max_tokens=2, temperature=0,
                                     extra_body={**neutral, "max_completion_tokens": 5, "ignore_eos": True})
     # max_completion_tokens (OpenAI's newer name) counts on /v1/completions too, before max_tokens.

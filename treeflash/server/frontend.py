@@ -84,11 +84,6 @@ class Frontend:
         # logprobs 0 too: on /v1/completions it asks for the sampled tokens' logprobs.
         if (body.logprobs is not None and body.logprobs is not False) or body.top_logprobs not in (None, 0):
             raise bad_request("logprobs are not supported", param="logprobs", code="unsupported")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(body, name) not in (None, 0):
-                raise bad_request(f"{name} is not supported (only 0)", param=name, code="unsupported")
-        if body.logit_bias:
-            raise bad_request("logit_bias is not supported", param="logit_bias", code="unsupported")
         for name, value in (body.model_extra or {}).items():
             if name in UNSUPPORTED and value is not None and not _same(value, UNSUPPORTED[name]):
                 raise bad_request(f"{name} is not supported", param=name, code="unsupported")

@@ -19,10 +19,13 @@ class _Request(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
 
-# vLLM's (and older OpenAI) request fields that change what is generated, with the values that change
-# nothing; any other value is refused by name (`Frontend`), never ignored. Those not declared below
-# arrive as extra fields.
+# OpenAI's and vLLM's request fields that change what is generated and that this server cannot honour, with
+# the values that change nothing; any other value is refused by name (`Frontend`), never ignored. They arrive
+# as extra fields (`SamplingFields.model_extra`).
 UNSUPPORTED: dict[str, tuple] = {
+    "presence_penalty": (0,),
+    "frequency_penalty": (0,),
+    "logit_bias": ({},),
     "min_tokens": (0,),
     "include_stop_str_in_output": (False,),
     "repetition_penalty": (1, 1.0),
@@ -67,12 +70,9 @@ class SamplingFields(_Request):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None  # accepted and ignored, as OpenAI's abuse-tracking tag
-    # Known but not supported: refused unless left at their neutral values.
+    # Known but not supported: refused unless left at their neutral values (and those in UNSUPPORTED).
     logprobs: bool | int | None = None
     top_logprobs: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
 
 
 class CompletionRequest(SamplingFields):

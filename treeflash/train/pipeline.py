@@ -266,7 +266,7 @@ def train_drafter(opts: TrainDrafterOptions) -> dict:
                 f"--train-minutes {opts.train_minutes}")
         if step % opts.log_every == 0 or step == trainer.total_steps:
             # Means over the steps since the last line: one step's loss swings more than a run's trend moves.
-            loss, chain, acc1 = (_nanmean([float(t) for t in values]) for values in zip(*window))
+            loss, chain, acc1 = (_nanmean(torch.stack(values).float().tolist()) for values in zip(*window))
             record = {"step": step, "steps": len(window), "loss": loss, "lr": lr, "grad_norm": grad_norm,
                       "chain": chain, "acc1": acc1}
             window.clear()
