@@ -46,10 +46,9 @@ def llm(text_dir) -> LLM:
 
 # --- chat messages ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("messages, message", [
-    ([{"role": "user"}], r"messages\[0\]: content must be a non-empty string, got None"),
-    ([{"role": "user", "content": None}], r"messages\[0\]: content must be a non-empty string, got None"),
-    ([{"role": "user", "content": 5}], r"messages\[0\]: content must be a non-empty string, got 5"),
-    ([{"role": "user", "content": ""}], r"messages\[0\]: content must be a non-empty string"),
+    ([{"role": "user"}], r"messages\[0\]: content must be a string, got None"),
+    ([{"role": "user", "content": None}], r"messages\[0\]: content must be a string, got None"),
+    ([{"role": "user", "content": 5}], r"messages\[0\]: content must be a string, got 5"),
     ([{"role": "system", "content": "hi"}, {"role": "wizard", "content": "hi"}],
      r"messages\[1\]: role must be one of system, user, assistant, got 'wizard'"),
     ([{"role": "tool", "content": "42"}], r"messages\[0\]: role must be one of system, user, assistant, got 'tool'"),
@@ -73,6 +72,12 @@ def test_tool_messages_are_accepted_when_the_template_knows_tools(llm, monkeypat
     monkeypatch.setattr(llm.tokenizer, "chat_template", CHAT_TEMPLATE + "{# tool messages render as above #}")
     ids = llm.chat_token_ids([{"role": "user", "content": "a"}, {"role": "tool", "content": "b"}])
     assert ids == llm.tokenizer.encode("user a. tool b. assistant ", add_special_tokens=False)
+
+
+def test_empty_content_is_a_message(llm):
+    # OpenAI's API takes "" (an empty system prompt, say); the template renders it as it is.
+    ids = llm.chat_token_ids([{"role": "system", "content": ""}, {"role": "user", "content": "hi"}])
+    assert ids == llm.tokenizer.encode("system . user hi. assistant ", add_special_tokens=False)
 
 
 def test_valid_chat_runs(llm):

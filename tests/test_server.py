@@ -161,6 +161,13 @@ def test_chat_streamed_and_not_equal_offline_chat(client, offline):
     assert chunks[-1].choices[0].finish_reason == want.finish_reason
 
 
+def test_an_empty_message_content_is_taken_as_openai_takes_it(client, offline):
+    messages = [{"role": "system", "content": ""}, {"role": "user", "content": "name a tree"}]
+    want = offline.chat(messages, greedy(8))[0]
+    got = client.chat.completions.create(model=NAME, messages=messages, max_tokens=8, temperature=0)
+    assert got.choices[0].message.content == want.text and got.usage.prompt_tokens == len(want.prompt_token_ids)
+
+
 def test_seeded_samples_equal_offline_ones_choice_by_choice(client, offline):
     sampling = dict(temperature=0.9, top_p=0.95, max_tokens=30)
     extra = {"top_k": 20, "min_p": 0.02}
@@ -258,6 +265,7 @@ BAD = [  # (route, body, status, param)
     ("chat/completions", {"model": NAME, "messages": CHAT, "functions": [{"name": "f", "parameters": {}}]}, 400,
      "functions"),
     ("chat/completions", {"model": NAME, "messages": [{"role": "assistant", "content": None}]}, 400, "messages[0]"),
+    ("chat/completions", {"model": NAME, "messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content"),
 ]
 
 
@@ -270,6 +278,22 @@ def test_bad_input_gets_its_4xx_and_the_server_keeps_serving(server, client, rou
     error = answer.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["message"]
     assert error["param"] == param
+    ok = client.completions.create(model=NAME, prompt="still", max_tokens=3, temperature=0)
+    assert ok.choices[0].finish_reason in ("stop", "length")
+
+
+def test_a_body_over_the_cap_is_refused_unread_declared_or_chunked(server, client):
+    big = b'{"model": "tiny", "prompt": "' + b"a" * (16 << 20) + b'"}'  # the default cap is 16 MiB
+
+    def chunks():  # no Content-Length: counted as it arrives
+        for i in range(0, len(big), 1 << 20):
+            yield big[i:i + (1 << 20)]
+
+    for content in (big, chunks()):
+        answer = httpx.post(f"{server.url}/v1/completions", content=content, timeout=60,
+                            headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+        assert answer.status_code == 413, answer.text
+        assert answer.json()["error"]["code"] == "request_too_large"
     ok = client.completions.create(model=NAME, prompt="still", max_tokens=3, temperature=0)
     assert ok.choices[0].finish_reason in ("stop", "length")
 

@@ -169,6 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     srv.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bfloat16 on cuda, float32 on cpu)")
     srv.add_argument("--max-choices", type=int, default=16, help="prompts x n of one request, at most (default 16)")
+    srv.add_argument("--max-request-bytes", type=int, default=16 << 20,
+                     help="a request body larger than this is refused with 413 before it is read (default 16 MiB)")
     srv.add_argument("--shutdown-timeout", type=float, default=30.0,
                      help="seconds the requests in flight get to finish after SIGINT/SIGTERM (default 30)")
     srv.add_argument("--threads", type=_positive_int, default=None,
@@ -378,8 +380,9 @@ def _serve(args) -> int:
     from treeflash.server import ServerConfig, serve
 
     torch.set_num_threads(args.threads or default_threads())
-    if args.max_choices < 1 or args.shutdown_timeout < 0 or not 0 <= args.port < 65536:
-        raise ValueError("--max-choices must be >= 1, --shutdown-timeout >= 0 and --port in [0, 65535]")
+    if args.max_choices < 1 or args.shutdown_timeout < 0 or not 0 <= args.port < 65536 or args.max_request_bytes < 1:
+        raise ValueError("--max-choices and --max-request-bytes must be >= 1, --shutdown-timeout >= 0 and --port "
+                         "in [0, 65535]")
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
               draft_model=args.draft_model, spec=args.spec, tree_budget=args.tree_budget,
               max_num_seqs=args.max_num_seqs)
@@ -399,7 +402,7 @@ def _serve(args) -> int:
         print(f"treeflash: {graphs} CUDA graphs ready in {time.perf_counter() - start:.1f} s", file=sys.stderr,
               flush=True)
     serve(llm, ServerConfig(model_name=name, api_key=args.api_key or None, max_choices=args.max_choices,
-                            shutdown_timeout=args.shutdown_timeout),
+                            shutdown_timeout=args.shutdown_timeout, max_request_bytes=args.max_request_bytes),
           host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log)
     return 0
 

@@ -83,8 +83,8 @@ def _check_conversation(messages, where: str, template) -> None:
         if m.get("role") not in roles:
             raise ValueError(f"{where}[{i}]: role must be one of {', '.join(roles)}, got {m.get('role')!r}")
         content = m.get("content")
-        if not isinstance(content, str) or not content:
-            raise ValueError(f"{where}[{i}]: content must be a non-empty string, got {content!r}")
+        if not isinstance(content, str):  # "" is a message too, as OpenAI's API takes it
+            raise ValueError(f"{where}[{i}]: content must be a string, got {content!r}")
 
 
 def _sampling_params(sampling_params, n: int) -> list[SamplingParams]:
@@ -308,7 +308,7 @@ class LLM:
         """Generate replies to one conversation (a list of {role, content}) or a list of them.
 
         Roles: system, user, assistant (and tool when the chat template handles tool messages); every
-        content a non-empty string. A bad message is a ValueError naming it before anything runs.
+        content a string (it may be empty). A bad message is a ValueError naming it before anything runs.
         """
         if not isinstance(messages, (list, tuple)):
             raise ValueError(f"chat takes a list of {{'role': ..., 'content': ...}} messages (or a list of such "

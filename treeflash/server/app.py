@@ -99,7 +99,7 @@ def build_app(llm: LLM, config: ServerConfig) -> FastAPI:
 
     @app.post("/v1/completions", **v1)
     async def completions(request: Request) -> Response:
-        body = await _parse(request, p.CompletionRequest)
+        body = await _parse(request, p.CompletionRequest, config.max_request_bytes)
         requests = await validated(frontend.completion_requests, body)
         chat = _Formatter(config.model_name, chat=False, n=body.n, num_choices=len(requests),
                           include_usage=bool(body.stream_options and body.stream_options.include_usage))
@@ -107,7 +107,7 @@ def build_app(llm: LLM, config: ServerConfig) -> FastAPI:
 
     @app.post("/v1/chat/completions", **v1)
     async def chat_completions(request: Request) -> Response:
-        body = await _parse(request, p.ChatCompletionRequest)
+        body = await _parse(request, p.ChatCompletionRequest, config.max_request_bytes)
         requests = await validated(frontend.chat_requests, body)
         chat = _Formatter(config.model_name, chat=True, n=body.n, num_choices=len(requests),
                           include_usage=bool(body.stream_options and body.stream_options.include_usage))
@@ -124,8 +124,25 @@ def _check_key(header: str | None, key: str) -> None:
         raise APIError(401, "incorrect API key", code="invalid_api_key")
 
 
-async def _parse(request: Request, model: type[BaseModel]):
-    raw = await request.body()
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, or a 413 as soon as it is known to exceed `limit` bytes (a declared length is refused
+    before reading; a chunked body is counted as it arrives), so a huge body costs no memory or parsing."""
+    too_large = APIError(413, f"the request body exceeds {limit} bytes (the server's --max-request-bytes)",
+                         code="request_too_large")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _parse(request: Request, model: type[BaseModel], limit: int):
+    raw = await _read_body(request, limit)
     try:
         data = json.loads(raw, parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError) as e:

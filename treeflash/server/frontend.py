@@ -26,6 +26,7 @@ class ServerConfig:
     api_key: str | None = None  # when set, /v1/* needs `Authorization: Bearer <api_key>`
     max_choices: int = 16  # prompts x n of one call, at most
     shutdown_timeout: float = 30.0  # seconds in-flight requests get to finish on SIGINT/SIGTERM
+    max_request_bytes: int = 16 << 20  # a larger body is refused (413) before it is read or parsed
 
 
 @dataclass(frozen=True)
