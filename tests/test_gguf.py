@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import gguf
@@ -185,8 +186,55 @@ def test_cached_conversion_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     assert cached_conversion(src) == out
     assert capsys.readouterr().err == ""
     assert (out / "model.safetensors").stat().st_mtime_ns == stamp
-    assert [p.name for p in out.parent.iterdir()] == [out.name]  # no temporary directories left
+    # No temporary directories left; beside the conversion, the digests remembered per file version.
+    assert sorted(p.name for p in out.parent.iterdir()) == [".digests", out.name]
     assert cached_conversion(src, tmp_path / "other").parent == tmp_path / "other" / "converted"
+
+
+def test_cache_key_reads_the_whole_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two files of one size that differ only in the middle (the old key hashed the ends) must not
+    # share a conversion, nor may a file rewritten in place reuse its stale one.
+    import transformers
+
+    monkeypatch.setenv("TREEFLASH_CACHE", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=300, hidden_size=256, intermediate_size=1024, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    src = write_gguf(tmp_path / "tiny.gguf", transformers.LlamaForCausalLM(config).float().eval(), "llama")
+    data = bytearray(src.read_bytes())
+    assert len(data) > 4 << 20  # the middle is far from both ends
+    first = cached_conversion(src)
+    middle = len(data) // 2
+    data[middle] ^= 1
+    other = tmp_path / "b" / "tiny.gguf"
+    other.parent.mkdir()
+    other.write_bytes(bytes(data))
+    assert gguf_cache_key(other) != gguf_cache_key(src)
+    assert cached_conversion(other) != first
+    src.write_bytes(bytes(data))  # the same path, the same size, new bytes
+    assert cached_conversion(src) == cached_conversion(other) != first
+    # The remembered digest is the file's own: a second look (memo hit) gives what a fresh read gives.
+    memo = first.parent / ".digests"
+    assert cached_conversion(src).name.endswith(gguf_cache_key(src)) and any(memo.iterdir())
+
+
+def test_tokenizer_comes_from_the_gguf_alone(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from helpers import write_char_tokenizer
+
+    clean, dirty = tmp_path / "clean", tmp_path / "dirty"
+    clean.mkdir(), dirty.mkdir()
+    src = write_gguf(clean / "tiny.gguf", tiny_model("llama"), "llama")
+    shutil.copy(src, dirty / "tiny.gguf")
+    write_char_tokenizer(dirty, 64)  # another model's tokenizer beside the GGUF, and code it names
+    config = json.loads((dirty / "tokenizer_config.json").read_text())
+    config["auto_map"] = {"AutoTokenizer": ["tok.Evil", "tok.Evil"]}
+    (dirty / "tokenizer_config.json").write_text(json.dumps(config))
+    (dirty / "tok.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w')\n")
+    want = AutoTokenizer.from_pretrained(convert_gguf(src, tmp_path / "a"))("ten tea").input_ids
+    got = AutoTokenizer.from_pretrained(convert_gguf(dirty / "tiny.gguf", tmp_path / "b"))("ten tea").input_ids
+    assert got == want and not (tmp_path / "ran").exists()
 
 
 def test_convert_refuses_existing_dir(tmp_path: Path) -> None:
