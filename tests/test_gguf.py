@@ -383,3 +383,18 @@ def test_smollm2_cache_is_reused(smollm2: tuple[Path, Path]) -> None:
     assert (out / "model.safetensors").stat().st_mtime_ns == stamp
     assert sorted(os.listdir(out)) == ["chat_template.jinja", "config.json", "model.safetensors",
                                        "tokenizer.json", "tokenizer_config.json"]
+
+
+@pytest.mark.parametrize("patch, message", [
+    ({"add_head_count": lambda self, n: None}, "lacks llama.attention.head_count"),
+    ({"add_head_count": lambda self, n: self.add_uint32("llama.attention.head_count", 0)}, "must be at least 1"),
+    ({"add_head_count": lambda self, n: self.add_array("llama.attention.head_count", [n, n])}, "must be one int"),
+    ({"add_eos_token_id": lambda self, n: self.add_uint32("tokenizer.ggml.eos_token_id", 5000)}, "past the 300 tokens"),
+])
+def test_bad_metadata_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, patch, message) -> None:
+    # Each failed deep inside before (a ZeroDivisionError, a TypeError, an IndexError in gguf's reader).
+    for name, method in patch.items():
+        monkeypatch.setattr(gguf.GGUFWriter, name, method)
+    src = write_gguf(tmp_path / "tiny.gguf", tiny_model("llama"), "llama")
+    with pytest.raises(ValueError, match=message):
+        convert_gguf(src, tmp_path / "out")

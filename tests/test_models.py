@@ -428,3 +428,46 @@ def test_directory_without_tokenizer_takes_token_ids_but_refuses_text(good_dir):
     assert len(out[0].token_ids) == 4 and out[0].text == ""
     with pytest.raises(ValueError, match="no tokenizer files"):
         llm.generate("hello")
+
+
+# --- read as transformers reads them (found by a review of loading) --------------------------------
+
+@pytest.mark.parametrize("extra", [{}, {"original_max_position_embeddings": 128}])
+def test_llama3_rope_context_defaults_as_in_transformers(tmp_path, extra):
+    # Without original_max_position_embeddings in the rope parameters, transformers takes
+    # max_position_embeddings (a top-level key is not read); treeflash took 8192, another RoPE.
+    from transformers import AutoConfig
+
+    rope = {"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    path = write_config(tmp_path / "m", architectures=["LlamaForCausalLM"], model_type="llama",
+                        max_position_embeddings=256, rope_parameters=rope, **extra)
+    hf = AutoConfig.from_pretrained(path).rope_parameters
+    assert ModelConfig.from_dir(path).rope.original_max_position_embeddings == hf["original_max_position_embeddings"]
+
+
+@pytest.mark.parametrize("rope, missing", [
+    ({"rope_type": "llama3", "factor": 8.0, "high_freq_factor": 4.0}, "low_freq_factor"),
+    ({"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0}, "factor"),
+    ({"rope_type": "linear"}, "factor"),
+])
+def test_a_scaled_rope_without_its_factors_is_refused(tmp_path, rope, missing):
+    path = write_config(tmp_path / "m", architectures=["LlamaForCausalLM"], rope_parameters=rope)
+    with pytest.raises(ConfigError, match=f"needs {missing}"):
+        ModelConfig.from_dir(path)
+
+
+def test_quantised_checkpoints_and_odd_head_dims_are_refused(tmp_path):
+    path = write_config(tmp_path / "q", architectures=["LlamaForCausalLM"],
+                        quantization_config={"quant_method": "fp8"})
+    with pytest.raises(UnsupportedModelError, match="quantised checkpoints are not supported.*fp8"):
+        ModelConfig.from_dir(path)
+    path = write_config(tmp_path / "odd", architectures=["LlamaForCausalLM"], head_dim=7)
+    with pytest.raises(ConfigError, match="head dimension 7 is odd"):
+        ModelConfig.from_dir(path)
+
+
+def test_a_config_json_that_is_not_utf8_is_named(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_bytes(b'{"architectures": ["\xff"]}')
+    with pytest.raises(ConfigError, match="malformed config.json"):
+        LLM(tmp_path / "m", device="cpu")

@@ -5,7 +5,10 @@ Only safetensors and GGUF are ever read: no pickle, and no code shipped with a c
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -34,23 +37,38 @@ def resolve_model_dir(model: str | Path | None) -> Path:
 
 
 def safetensors_files(model_dir: Path) -> list[Path]:
+    """The weight files to read: the index's shards, else model.safetensors, else every *.safetensors."""
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError) as e:
-            raise ValueError(f"{index}: malformed safetensors index ({e})") from None
-        files = [model_dir / name for name in sorted(set(weight_map.values()))]
-        missing = [f.name for f in files if not f.is_file()]
-        if missing:
-            raise FileNotFoundError(f"{model_dir}: shards listed in the index are missing: {missing}")
-        return files
+        return [model_dir / name for name in _index_shards(model_dir, index)]
+    if (model_dir / "model.safetensors").is_file():
+        # As transformers reads a directory: other safetensors files beside it (a consolidated.safetensors
+        # of the same weights, a stray file) are not part of the model.
+        return [model_dir / "model.safetensors"]
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         found = sorted(p.name for p in model_dir.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
         hint = f" (found {found}: pickle-based weights are never loaded; convert them to safetensors)" if found else ""
         raise FileNotFoundError(f"{model_dir}: no *.safetensors weights{hint}")
     return files
+
+
+def _index_shards(model_dir: Path, index: Path) -> list[str]:
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+        raise ValueError(f"{index}: malformed safetensors index ({type(e).__name__}: {e})") from None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) and v for v in weight_map.values()):
+        raise ValueError(f"{index}: malformed safetensors index (weight_map must map tensor names to file names)")
+    names = sorted(set(weight_map.values()))
+    # Shards live in the directory (a symlinked file is fine): an index must not point anywhere else.
+    outside = [n for n in names if Path(n).is_absolute() or os.path.normpath(n).startswith("..")]
+    if outside:
+        raise ValueError(f"{index}: shards must be files of {model_dir}, got {outside[:3]}")
+    missing = [n for n in names if not (model_dir / n).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{model_dir}: shards listed in the index are missing: {missing}")
+    return names
 
 
 def read_safetensors(model_dir: Path, strip_prefix: str = "", read=None) -> dict[str, torch.Tensor]:
@@ -62,10 +80,28 @@ def read_safetensors(model_dir: Path, strip_prefix: str = "", read=None) -> dict
             with safe_open(str(file), framework="pt") as f:
                 for name in f.keys():
                     key = name[len(strip_prefix):] if strip_prefix and name.startswith(strip_prefix) else name
-                    tensors[key] = f.get_tensor(name) if read is None else read(key, f.get_slice(name))
+                    if key in tensors:  # two files with one tensor: which to use is not ours to guess
+                        raise _Refused(f"{file}: tensor {name} is also in another file of {model_dir}")
+                    tensors[key] = f.get_tensor(name) if read is None else _read_part(read, key, f.get_slice(name))
+        except _Refused as e:
+            raise ValueError(f"{model_dir}: {e}" if str(e).startswith("tensor ") else str(e)) from None
         except Exception as e:  # safetensors raises its own error types for corrupt headers
             raise ValueError(f"{file}: cannot read safetensors file ({e})") from None
     return tensors
+
+
+class _Refused(Exception):
+    """A refusal of ours from inside the read, kept apart from safetensors' own errors."""
+
+
+def _read_part(read, key: str, part):
+    try:
+        return read(key, part)
+    except ValueError as e:
+        raise _Refused(str(e)) from None
+
+
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
 def load_weights(module: nn.Module, tensors: dict[str, torch.Tensor], where: Path,
@@ -80,6 +116,10 @@ def load_weights(module: nn.Module, tensors: dict[str, torch.Tensor], where: Pat
         raise ValueError(f"{where}: checkpoint has tensors this model does not use, e.g. {unexpected[:3]}")
     for name, param in expected.items():
         t = tensors[name]
+        if t.dtype not in _FLOAT_DTYPES:
+            # Integer or fp8 tensors are quantised weights: cast as they are, they would be other numbers.
+            raise ValueError(f"{where}: tensor {name} is {t.dtype}; only float32, float16 and bfloat16 weights "
+                             f"are read (quantised checkpoints: use a GGUF or an unquantised copy)")
         if tuple(t.shape) != tuple(param.shape):
             raise ValueError(f"{where}: tensor {name} has shape {tuple(t.shape)}, config implies {tuple(param.shape)}")
         owner, _, leaf = name.rpartition(".")
@@ -95,12 +135,18 @@ def load_target(model_dir: Path, device: torch.device | str, dtype: torch.dtype,
     from treeflash.models.transformer import Transformer
 
     cfg = ModelConfig.from_dir(model_dir)
-    with torch.device("meta"):
-        model = Transformer(cfg) if shard is None else shard.build(cfg)
     read = None if shard is None else (lambda key, part: shard.read(key, cfg, part))
     tensors = read_safetensors(model_dir, strip_prefix="model.", read=read)
-    if cfg.tie_word_embeddings:
-        tensors.pop("lm_head.weight", None)
+    if cfg.tie_word_embeddings and "lm_head.weight" in tensors:
+        head, embed = tensors.pop("lm_head.weight"), tensors.get("embed_tokens.weight")
+        if embed is None or head.shape != embed.shape or not torch.equal(head, embed):
+            # As transformers (5.x) reads such a checkpoint: a shipped head that differs is kept, untied.
+            warnings.warn(f"{model_dir}: config.json ties the embeddings but lm_head.weight differs from "
+                          f"embed_tokens.weight; using the shipped lm_head (untied), as transformers does")
+            cfg = dataclasses.replace(cfg, tie_word_embeddings=False)
+            tensors["lm_head.weight"] = head
+    with torch.device("meta"):
+        model = Transformer(cfg) if shard is None else shard.build(cfg)
     load_weights(model, tensors, model_dir, dtype, device)
     model.rotary.to(device)
     return model.eval(), cfg
@@ -129,4 +175,7 @@ def load_tokenizer(model_dir: Path):
     from transformers import AutoTokenizer
 
     # clean_up_tokenization_spaces would strip spaces before punctuation in BPE output.
-    return AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False, clean_up_tokenization_spaces=False)
+    try:
+        return AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False, clean_up_tokenization_spaces=False)
+    except Exception as e:  # transformers' own errors from deep inside (a JSONDecodeError, a KeyError): name the files
+        raise ValueError(f"{model_dir}: cannot load its tokenizer files ({type(e).__name__}: {e})") from None

@@ -129,14 +129,23 @@ class RopeConfig:
             raise UnsupportedModelError(
                 f"unsupported rope scaling {kind!r}: supported are default, linear and llama3"
             )
+        # Read as transformers (5.x) reads them: the scaled kinds need their factors (it fails without them,
+        # and a default here would run another RoPE than the one meant); llama3's pre-training context is
+        # the rope parameters' original_max_position_embeddings, else max_position_embeddings (a top-level
+        # original_max_position_embeddings is set after transformers' Llama/Qwen configs read their RoPE).
+        required = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor")}.get(kind, ())
+        absent = [k for k in required if params.get(k) is None]
+        if absent:
+            raise ConfigError(f"{where}: rope_type {kind!r} needs {', '.join(absent)}")
+        original = config_value(cfg, "max_position_embeddings", int, 2048)
+        original = config_value(params, "original_max_position_embeddings", int, original, minimum=1, where=where)
         return RopeConfig(
             theta=theta,
             kind=kind,
             factor=config_value(params, "factor", float, 1.0, where=where),
             low_freq_factor=config_value(params, "low_freq_factor", float, 1.0, where=where),
             high_freq_factor=config_value(params, "high_freq_factor", float, 4.0, where=where),
-            original_max_position_embeddings=config_value(params, "original_max_position_embeddings", int, 8192,
-                                                          where=where),
+            original_max_position_embeddings=original,
         )
 
 
@@ -170,6 +179,11 @@ class ModelConfig:
             raise unsupported_architecture(arch, recurrent or "")
         if cfg.get("num_local_experts") or cfg.get("num_experts"):
             raise unsupported_architecture(f"{arch} with experts (MoE)")
+        quantization = cfg.get("quantization_config")
+        if quantization is not None:  # its weights are codes and scales: read as plain floats, other numbers
+            method = quantization.get("quant_method", "?") if isinstance(quantization, dict) else quantization
+            raise UnsupportedModelError(f"quantised checkpoints are not supported (quantization_config: {method}); "
+                                        f"use an unquantised one (float32, float16 or bfloat16) or a GGUF file")
         if cfg.get("use_sliding_window") or (family == "llama" and cfg.get("sliding_window")):
             raise UnsupportedModelError(f"{arch} with sliding-window attention is not supported")
         layer_types = config_value(cfg, "layer_types", list, [])
@@ -186,6 +200,9 @@ class ModelConfig:
         if head_dim is None and hidden % heads:
             raise ConfigError(f"config.json: hidden_size {hidden} is not a multiple of num_attention_heads {heads} "
                               f"and no 'head_dim' is given")
+        if (head_dim or hidden // heads) % 2:
+            raise ConfigError(f"config.json: the head dimension {head_dim or hidden // heads} is odd; rotary "
+                              f"embeddings rotate pairs of dimensions")
         attention_bias = config_value(cfg, "attention_bias", bool, False)
         return ModelConfig(
             architecture=arch,
@@ -249,8 +266,8 @@ def read_config_json(path: str | Path) -> dict[str, Any]:
     if not file.is_file():
         raise FileNotFoundError(f"{path}: no config.json (expected a Hugging Face model directory)")
     try:
-        cfg = json.loads(file.read_text())
-    except json.JSONDecodeError as e:
+        cfg = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{file}: malformed config.json: {e}") from None
     if not isinstance(cfg, dict):
         raise ConfigError(f"{file}: config.json must hold a JSON object, got {type(cfg).__name__}")

@@ -104,6 +104,21 @@ def _meta(reader: Any, key: str, default: Any = None) -> Any:
     return default if field is None else field.contents()
 
 
+def _scalar(reader: Any, path: Path, key: str, kind: type, default: Any = None, minimum: float | None = 1) -> Any:
+    """Metadata `key` as one number of `kind` (int or float), else a ValueError naming the key (a per-layer
+    array, a string or a zero head count would otherwise fail deep inside the conversion)."""
+    value = _meta(reader, key, default)
+    if value is None:
+        raise ValueError(f"{path}: GGUF metadata lacks {key}")
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or (
+            kind is int and float(value) != int(value)):
+        raise ValueError(f"{path}: GGUF metadata {key} must be one {kind.__name__}, got {value!r}")
+    value = kind(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{path}: GGUF metadata {key} must be at least {minimum}, got {value!r}")
+    return value
+
+
 def _float32_value(x: float) -> float:
     """GGUF stores floats as float32; use the shortest decimal of that float32 (1e-05, not 9.99e-06)."""
     return float(str(np.float32(x)))
@@ -119,16 +134,13 @@ def _architecture(reader: Any, path: Path) -> str:
 def _hf_config(reader: Any, path: Path, tensor_shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
     arch = _architecture(reader, path)
 
-    def key(name: str, default: Any = None) -> Any:
-        value = _meta(reader, f"{arch}.{name}", default)
-        if value is None:
-            raise ValueError(f"{path}: GGUF metadata lacks {arch}.{name}")
-        return value
+    def key(name: str, default: Any = None, kind: type = int, minimum: float | None = 1) -> Any:
+        return _scalar(reader, path, f"{arch}.{name}", kind, default, minimum)
 
-    hidden = int(key("embedding_length"))
-    heads = int(key("attention.head_count"))
-    head_dim = int(key("attention.key_length", hidden // heads))
-    rotary_dim = int(key("rope.dimension_count", head_dim))
+    hidden = key("embedding_length")
+    heads = key("attention.head_count")
+    head_dim = key("attention.key_length", hidden // heads)
+    rotary_dim = key("rope.dimension_count", head_dim)
     if rotary_dim != head_dim:
         raise UnsupportedModelError(f"{path.name}: partial rotary embedding ({rotary_dim} of {head_dim} dims)")
     cfg: dict[str, Any] = {
@@ -136,14 +148,14 @@ def _hf_config(reader: Any, path: Path, tensor_shapes: dict[str, tuple[int, ...]
         "model_type": arch,
         "vocab_size": tensor_shapes["model.embed_tokens.weight"][0],
         "hidden_size": hidden,
-        "intermediate_size": int(key("feed_forward_length")),
-        "num_hidden_layers": int(key("block_count")),
+        "intermediate_size": key("feed_forward_length"),
+        "num_hidden_layers": key("block_count"),
         "num_attention_heads": heads,
-        "num_key_value_heads": int(key("attention.head_count_kv", heads)),
+        "num_key_value_heads": key("attention.head_count_kv", heads),
         "head_dim": head_dim,
-        "rms_norm_eps": _float32_value(key("attention.layer_norm_rms_epsilon")),
-        "rope_theta": _float32_value(key("rope.freq_base", 10000.0)),
-        "max_position_embeddings": int(key("context_length")),
+        "rms_norm_eps": _float32_value(key("attention.layer_norm_rms_epsilon", kind=float, minimum=0)),
+        "rope_theta": _float32_value(key("rope.freq_base", 10000.0, kind=float)),
+        "max_position_embeddings": key("context_length"),
         "tie_word_embeddings": "lm_head.weight" not in tensor_shapes,
         "hidden_act": "silu",
         "torch_dtype": "float32",
@@ -153,29 +165,42 @@ def _hf_config(reader: Any, path: Path, tensor_shapes: dict[str, tuple[int, ...]
         cfg["mlp_bias"] = False
     scaling = _meta(reader, f"{arch}.rope.scaling.type", "none")
     if scaling == "linear":
-        cfg["rope_scaling"] = {"rope_type": "linear", "factor": float(key("rope.scaling.factor"))}
+        cfg["rope_scaling"] = {"rope_type": "linear", "factor": key("rope.scaling.factor", kind=float, minimum=None)}
     elif scaling != "none":
         raise UnsupportedModelError(f"{path.name}: unsupported rope scaling {scaling!r}")
-    bos = _meta(reader, "tokenizer.ggml.bos_token_id")
-    if bos is not None:
-        cfg["bos_token_id"] = int(bos)
+    special = _special_token_ids(reader, path, cfg["vocab_size"])
+    if "bos" in special:
+        cfg["bos_token_id"] = special["bos"]
     # Instruct models often end a turn with a separate end-of-turn token; generation must stop there too.
     eos = []
-    for k in ("eos_token_id", "eot_token_id", "eom_token_id"):
-        v = _meta(reader, f"tokenizer.ggml.{k}")
-        if v is not None and int(v) not in eos:
-            eos.append(int(v))
+    for k in ("eos", "eot", "eom"):
+        if k in special and special[k] not in eos:
+            eos.append(special[k])
     if eos:
         cfg["eos_token_id"] = eos[0] if len(eos) == 1 else eos
     return cfg
+
+
+def _special_token_ids(reader: Any, path: Path, vocab_size: int) -> dict[str, int]:
+    """tokenizer.ggml.{bos,eos,eot,eom,unknown,padding}_token_id, each checked to be a token of the model."""
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    size = vocab_size if tokens is None else min(vocab_size, len(tokens.data))
+    out = {}
+    for name in ("bos", "eos", "eot", "eom", "unknown", "padding"):
+        key = f"tokenizer.ggml.{name}_token_id"
+        if _meta(reader, key) is not None:
+            out[name] = _scalar(reader, path, key, int, minimum=0)
+            if out[name] >= size:
+                raise ValueError(f"{path}: GGUF metadata {key} is {out[name]}, past the {size} tokens")
+    return out
 
 
 def _hf_tensors(reader: Any, path: Path) -> dict[str, np.ndarray]:
     import gguf
 
     arch = _architecture(reader, path)
-    heads = int(_meta(reader, f"{arch}.attention.head_count", 0))
-    kv_heads = int(_meta(reader, f"{arch}.attention.head_count_kv", heads))
+    heads = _scalar(reader, path, f"{arch}.attention.head_count", int)
+    kv_heads = _scalar(reader, path, f"{arch}.attention.head_count_kv", int, heads)
     tensors: dict[str, np.ndarray] = {}
     for t in reader.tensors:
         name = hf_tensor_name(t.name)
@@ -271,18 +296,13 @@ def gguf_cache_key(gguf_path: str | Path, memo_dir: str | Path | None = None) ->
 
     (A hash of the size and the first and last MiB, as before, let two same-size files that differ in the
     middle share one conversion, and a file rewritten in place reuse its stale one.) Hashing reads the
-    file once (0.14 s for the default 98 MB one on a 2-core CPU); with `memo_dir` the digest is kept per
-    file version (its path, inode, size, mtime and ctime; any write changes the ctime, which no tool
-    sets back), so an unchanged file is not read again.
+    file once (0.14 s for the default 98 MB one on a 2-core CPU); a digest that `remember_cache_key` kept
+    in `memo_dir` for this version of the file is used instead.
     """
     path = Path(gguf_path)
-    st = path.stat()
-    memo = None
     if memo_dir is not None:
-        version = f"{path.resolve()}:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
-        memo = Path(memo_dir) / hashlib.blake2b(version.encode(), digest_size=16).hexdigest()
         try:
-            known = memo.read_text().strip()
+            known = _memo(path, memo_dir).read_text().strip()
             if len(known) == 16 and all(c in "0123456789abcdef" for c in known):
                 return known
         except OSError:
@@ -291,16 +311,27 @@ def gguf_cache_key(gguf_path: str | Path, memo_dir: str | Path | None = None) ->
     with open(path, "rb") as f:
         while chunk := f.read(_READ_BYTES):
             h.update(chunk)
-    key = h.hexdigest()[:16]
-    if memo is not None:
-        try:  # a lost race or a read-only cache only costs the next load a re-read
-            memo.parent.mkdir(parents=True, exist_ok=True)
-            tmp = memo.with_name(f".{memo.name}.{os.getpid()}-{secrets.token_hex(4)}")
-            tmp.write_text(key + "\n")
-            os.replace(tmp, memo)
-        except OSError:
-            pass
-    return key
+    return h.hexdigest()[:16]
+
+
+def remember_cache_key(gguf_path: str | Path, memo_dir: str | Path, key: str) -> None:
+    """Keep `key` for this version of the file, so the next load need not read it all again."""
+    memo = _memo(Path(gguf_path), memo_dir)
+    try:  # a lost race or a read-only cache only costs the next load a re-read
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo.with_name(f".{memo.name}.{os.getpid()}-{secrets.token_hex(4)}")
+        tmp.write_text(key + "\n")
+        os.replace(tmp, memo)
+    except OSError:
+        pass
+
+
+def _memo(path: Path, memo_dir: str | Path) -> Path:
+    # A version of a file: its path, inode, size, mtime and ctime (any write changes the ctime, which no
+    # tool sets back).
+    st = path.stat()
+    version = f"{path.resolve()}:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+    return Path(memo_dir) / hashlib.blake2b(version.encode(), digest_size=16).hexdigest()
 
 
 def default_cache_dir() -> Path:
@@ -315,10 +346,13 @@ def cached_conversion(gguf_path: str | Path, cache_dir: str | Path | None = None
     path = Path(gguf_path)
     _check_magic(path)  # truncated files hash differently and fail in convert_gguf
     converted = Path(cache_dir or default_cache_dir()) / "converted"
-    out = converted / f"{path.stem}-{gguf_cache_key(path, converted / '.digests')}"
-    if (out / "config.json").is_file():
-        return out
-    # The first use takes a while (dequantising every tensor): say what is happening and where it goes.
-    print(f"treeflash: converting {path.name} once to safetensors in {out} (set TREEFLASH_CACHE to move the cache)",
-          file=sys.stderr, flush=True)
-    return convert_gguf(path, out)
+    digests = converted / ".digests"
+    key = gguf_cache_key(path, digests)
+    out = converted / f"{path.stem}-{key}"
+    if not (out / "config.json").is_file():
+        # The first use takes a while (dequantising every tensor): say what is happening and where it goes.
+        print(f"treeflash: converting {path.name} once to safetensors in {out} (set TREEFLASH_CACHE to move the "
+              f"cache)", file=sys.stderr, flush=True)
+        convert_gguf(path, out)
+    remember_cache_key(path, digests, key)
+    return out

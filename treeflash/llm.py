@@ -13,7 +13,7 @@ from typing import Iterator, Sequence
 import torch
 
 from treeflash.checkpoint import load_drafter, load_target, load_tokenizer, resolve_model_dir
-from treeflash.config import ModelConfig
+from treeflash.config import ConfigError, ModelConfig, config_int_list
 from treeflash.default_model import default_draft_model
 from treeflash.engine import Engine, EngineConfig, Request
 from treeflash.models.parallel import check_shardable
@@ -432,8 +432,13 @@ class LLM:
         ids = set(self.config.eos_token_ids)
         gen = self.model_dir / "generation_config.json"
         if gen.is_file():
-            eos = json.loads(gen.read_text()).get("eos_token_id")
-            ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
+            try:
+                generation = json.loads(gen.read_text(encoding="utf-8"))
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise ConfigError(f"{gen}: malformed generation_config.json ({e})") from None
+            if not isinstance(generation, dict):
+                raise ConfigError(f"{gen}: must hold a JSON object, got {type(generation).__name__}")
+            ids.update(config_int_list(generation, "eos_token_id", where=str(gen)))
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             ids.add(self.tokenizer.eos_token_id)
         return frozenset(ids)

@@ -55,7 +55,8 @@ class DrafterConfig:
 
     @staticmethod
     def from_hf(cfg: dict[str, Any]) -> "DrafterConfig":
-        if "DFlashDraftModel" not in (cfg.get("architectures") or []):
+        archs = cfg.get("architectures")
+        if not isinstance(archs, list) or "DFlashDraftModel" not in archs:
             raise DrafterMismatchError(
                 f"not a DFlash drafter: architectures={cfg.get('architectures')} (expected ['DFlashDraftModel'])")
         # The z-lab format allows these at top level or in dflash_config (which wins).
@@ -72,8 +73,9 @@ class DrafterConfig:
         if mask is None:
             raise DrafterMismatchError("drafter config lacks dflash_config.mask_token_id")
         block_size = config_value(merged, "block_size", int, 16)
-        if block_size < 2:
-            raise DrafterMismatchError(f"block_size must be at least 2, got {block_size}")
+        if not 2 <= block_size <= layers.max_position_embeddings:
+            raise DrafterMismatchError(f"block_size must be in [2, max_position_embeddings = "
+                                       f"{layers.max_position_embeddings}], got {block_size}")
         softcap = config_value(merged, "final_logit_softcapping", float, None)
         return DrafterConfig(
             layers=layers,
@@ -257,8 +259,8 @@ class DraftVocab:
         if not path.is_file():
             return None
         try:
-            ids = json.loads(path.read_text())["token_ids"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            ids = json.loads(path.read_text(encoding="utf-8"))["token_ids"]
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
             raise ValueError(f"{path}: malformed draft vocabulary ({e!r}); expected {{\"token_ids\": [...]}}") from None
         if (not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
                                                              for i in ids) or len(set(ids)) != len(ids)):

@@ -148,8 +148,9 @@ class Shard:
                                                        self.comm))
         return model
 
-    def span(self, name: str, cfg: ModelConfig) -> tuple[int, int, int] | None:
-        """(dim, start, stop) of the rank's slice of parameter `name`, or None when it is replicated."""
+    def span(self, name: str, cfg: ModelConfig) -> tuple[int, int, int, int] | None:
+        """(dim, start, stop, whole) of the rank's slice of parameter `name` (whole: the model's extent along
+        dim), or None when it is replicated."""
         m = _SLICED.search(name)
         if m is None:
             return None
@@ -159,22 +160,28 @@ class Shard:
             if leaf == "bias":
                 return None  # added once after the all-reduce
             width = cfg.num_heads * d if proj == "o_proj" else cfg.intermediate_size
-            return 1, r * width // n, (r + 1) * width // n
+            return 1, r * width // n, (r + 1) * width // n, width
         if proj == "q_proj":
-            return 0, r * cfg.num_heads * d // n, (r + 1) * cfg.num_heads * d // n
+            width = cfg.num_heads * d
+            return 0, r * width // n, (r + 1) * width // n, width
         if proj in ("k_proj", "v_proj"):
+            width = cfg.num_kv_heads * d
             if cfg.num_kv_heads >= n:
                 per = cfg.num_kv_heads // n
-                return 0, r * per * d, (r + 1) * per * d
+                return 0, r * per * d, (r + 1) * per * d, width
             head = r // (n // cfg.num_kv_heads)  # replicated: consecutive ranks share one KV head
-            return 0, head * d, (head + 1) * d
+            return 0, head * d, (head + 1) * d, width
         width = cfg.intermediate_size  # gate_proj, up_proj
-        return 0, r * width // n, (r + 1) * width // n
+        return 0, r * width // n, (r + 1) * width // n, width
 
     def read(self, name: str, cfg: ModelConfig, tensor_slice) -> torch.Tensor:
         """The rank's part of one checkpoint tensor, read through safetensors' `get_slice` (only it is read)."""
         span = self.span(name, cfg)
         if span is None:
-            return tensor_slice[:]
-        dim, start, stop = span
+            return tensor_slice[:]  # load_weights checks its whole shape
+        dim, start, stop, whole = span
+        shape = tuple(tensor_slice.get_shape())
+        if len(shape) <= dim or shape[dim] != whole:
+            # Checked here: a slice of a wider tensor would pass load_weights' check of the rank's shape.
+            raise ValueError(f"tensor {name} has shape {shape}, config implies {whole} along dim {dim}")
         return tensor_slice[start:stop] if dim == 0 else tensor_slice[:, start:stop]
