@@ -620,7 +620,7 @@ def test_cli_refuses_bad_options(chat_target, tmp_path, capsys):
     assert main(["train-drafter", "--out", str(tmp_path), "--target", str(chat_target), "--draft-vocab-size", "-1"]) == 1
     assert main(["train-drafter", "--out", str(tmp_path), "--target", str(chat_target), "--distill", "2"]) == 1
     assert "distill must be in [0, 1]" in capsys.readouterr().err
-    assert main(["train-drafter", "--out", str(tmp_path), "--target", str(chat_target),
+    assert main(["train-drafter", "--out", str(tmp_path), "--target", str(chat_target), "--max-new-tokens", "8",
                  "--prompts", str(tmp_path / "missing.jsonl")]) == 1
     assert "no such prompts file" in capsys.readouterr().err
 
@@ -652,3 +652,98 @@ def test_a_log_line_averages_its_steps_and_skips_nan_chain_lengths():
     assert _nanmean([1.0, 2.0, 6.0]) == 3.0
     assert _nanmean([float("nan"), 2.0, 4.0]) == 3.0  # a step with no labelled block has no chain length
     assert math.isnan(_nanmean([float("nan")]))
+
+
+# --- found by a review of train-drafter ------------------------------------------------------------------------
+@pytest.mark.parametrize("extra, message", [
+    (["--grad-clip", "-1"], "grad_clip must be positive"),  # trained uphill: clip_grad_norm_ flips the gradient
+    (["--weight-decay", "-1"], "weight_decay must be >= 0"),
+    (["--gamma", "0"], "gamma must be positive"),  # became the default
+    (["--eval-every", "0"], "eval_every must be at least 1"),  # a ZeroDivisionError after the data stage
+    (["--log-every", "0"], "log_every must be at least 1"),
+    (["--num-prompts", "-1"], "num_prompts must be at least 1"),  # trained on all prompts but one
+    (["--max-prompt-tokens", "-3"], "max_prompt_tokens must be at least 1"),  # cut 3 tokens off each prompt
+    (["--max-new-tokens", "300"], "leaves no room for a prompt"),  # every request skipped, no examples
+    (["--data-minutes", "-1"], "data_minutes must be >= 0"),
+    (["--sampled-temperature", "-1"], "temperature > 0"),
+    (["--checkpoint-dir", "FILE/ck"], "FILE"),  # found at the first checkpoint, after the data and some steps
+])
+def test_cli_refuses_bad_values_before_writing_anything(chat_target, tmp_path, capsys, extra, message):
+    from treeflash.cli import main
+
+    (tmp_path / "FILE").write_text("a file, not a directory")
+    extra = [str(tmp_path / a) if a.startswith("FILE") else a for a in extra]
+    write_prompts_jsonl(["ab hello", "cd hello", "ef hello"], tmp_path / "prompts.jsonl")
+    argv = ["train-drafter", "--target", str(chat_target), "--out", str(tmp_path / "out"), "--prompts",
+            str(tmp_path / "prompts.jsonl"), "--max-new-tokens", "8", "--device", "cpu", *extra]
+    assert main(argv) == 1
+    assert message in capsys.readouterr().err
+    # Nothing that would hold the data cache against the corrected command (it did: meta.json was written).
+    assert not (tmp_path / "out" / "data" / "meta.json").exists()
+
+
+def test_a_resume_with_another_drafter_or_target_is_refused_and_a_damaged_checkpoint_gives_way(
+        chat_target, tmp_path, capsys):
+    from treeflash.cli import main
+
+    write_prompts_jsonl([f"{a}{b} hello" for a in "abcd" for b in "ghij"], tmp_path / "prompts.jsonl")
+    argv = ["train-drafter", "--target", str(chat_target), "--out", str(tmp_path / "out"),
+            "--prompts", str(tmp_path / "prompts.jsonl"), "--num-prompts", "8", "--num-eval-prompts", "2",
+            "--max-new-tokens", "8", "--num-layers", "1", "--block-size", "4", "--target-layer-ids", "1,3",
+            "--mask-token-id", "5", "--steps", "4", "--batch-size", "2", "--blocks-per-seq", "2",
+            "--eval-every", "100", "--checkpoint-every", "2", "--eval-max-new-tokens", "4", "--eval-budget", "4",
+            "--device", "cpu", "--gen-batch-size", "4"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    # Each of these resumed "at step 4 of 4" and trained the old weights under the new meaning.
+    for flag, value, message in (("--mask-token-id", "6", "made for another drafter"),
+                                 ("--target-layer-ids", "1,2", "made for another drafter"),
+                                 ("--num-layers", "2", "made for another drafter")):
+        changed = list(argv)
+        changed[changed.index(flag) + 1] = value
+        assert main(changed) == 1
+        assert message in capsys.readouterr().err
+    other = make_tiny_target(tmp_path / "other", "llama", vocab_size=VOCAB, hidden_size=32, num_layers=4,
+                             tokenizer=True, seed=9)
+    (other / "tokenizer_config.json").write_text((chat_target / "tokenizer_config.json").read_text())
+    changed = list(argv)
+    changed[changed.index("--target") + 1] = str(other)
+    assert main(changed) == 1  # its data cache is refused first: it holds the other target's responses
+    assert "other settings" in capsys.readouterr().err
+    # A cut newest checkpoint: the one kept before it takes over, with a warning.
+    checkpoints = tmp_path / "out" / "checkpoint"
+    latest = checkpoints / (checkpoints / "latest").read_text().strip()
+    (latest / "drafter.safetensors").write_bytes((latest / "drafter.safetensors").read_bytes()[:100])
+    assert main(argv) == 0
+    assert "damaged checkpoint" in capsys.readouterr().err
+    assert "resumed at step 2 of 4" in (tmp_path / "out" / "train.log").read_text()
+
+
+def test_sigterm_ends_train_drafter_as_an_interrupt_and_the_handler_is_restored(monkeypatch, capsys):
+    import os
+    import signal
+
+    import treeflash.train.pipeline as pipeline
+    from treeflash.cli import main
+
+    def killed(opts):
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("SIGTERM did not interrupt")
+
+    monkeypatch.setattr(pipeline, "train_drafter", killed)
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(["train-drafter", "--out", "unused", "--device", "cpu"]) == 130  # as Ctrl-C: `finally` blocks ran
+    assert "interrupted" in capsys.readouterr().err and signal.getsignal(signal.SIGTERM) == before
+
+
+def test_damaged_data_and_prompt_files_are_named(tmp_path):
+    from treeflash.train.data import read_jsonl
+
+    data = tmp_path / "greedy.jsonl"
+    data.write_text('{"key": "a"}\n{"key": "b\n{"key": "c"}\n')  # a middle line damaged after it was written
+    with pytest.raises(DataCacheError, match="greedy.jsonl, line 2: damaged record"):
+        read_jsonl(data)
+    for name, content in (("p.jsonl", b'{"prompt": "\xff"}\n'), ("p.jsonl.gz", b"not gzip")):
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(PromptsError, match=f"{name}: cannot read prompts"):
+            jsonl_prompts(tmp_path / name)

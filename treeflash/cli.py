@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 import warnings
@@ -284,7 +285,8 @@ def _add_train_parser(sub) -> None:
     t.add_argument("--train-minutes", type=float, default=None,
                    help="fit the optimiser steps (evaluations not counted) into this many minutes: the step "
                         "time is measured over steps 5-25, again over 25-125 and 125-325 (each count replaces the "
-                        "last; a resumed run keeps its count), and caps --steps")
+                        "last; a resumed run keeps its count, one resumed before the first counts afresh), and "
+                        "caps --steps")
     t.add_argument("--eval-every", type=int, default=500, help="steps between evaluations (default 500)")
     t.add_argument("--eval-budget", type=int, default=64, help="DDTree budget of the evaluation (default 64)")
     t.add_argument("--eval-max-new-tokens", type=int, default=128, help="(default 128)")
@@ -298,6 +300,7 @@ def _add_train_parser(sub) -> None:
     t.add_argument("--save-dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16",
                    help="dtype of the written drafter (default bfloat16)")
     t.add_argument("--max-shard-mb", type=float, default=15.0, help="largest weights file in MiB (default 15)")
+    _add_debug_arg(t, argparse.SUPPRESS)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -469,6 +472,10 @@ def _floats(text: str, flag: str) -> tuple[float, ...]:
         raise ValueError(f"{flag} must be comma-separated numbers, got {text!r}") from None
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def _train_drafter(args) -> int:
     from treeflash.train.config import TrainConfig, TrainDrafterOptions, default_gamma
     from treeflash.train.pipeline import train_drafter
@@ -479,7 +486,8 @@ def _train_drafter(args) -> int:
         raise ValueError(f"--target-layer-ids must be comma-separated integers, got {args.target_layer_ids!r}") from None
     train = TrainConfig(steps=args.steps, batch_size=args.batch_size, blocks_per_seq=args.blocks_per_seq, lr=args.lr,
                         warmup_steps=args.warmup_steps, weight_decay=args.weight_decay, grad_clip=args.grad_clip,
-                        gamma=args.gamma or default_gamma(args.block_size), distill=args.distill, seed=args.seed)
+                        gamma=default_gamma(args.block_size) if args.gamma is None else args.gamma,
+                        distill=args.distill, seed=args.seed)
     opts = TrainDrafterOptions(
         out=args.out, target=args.target, prompts=args.prompts, num_prompts=args.num_prompts,
         num_eval_prompts=args.num_eval_prompts, max_prompt_tokens=args.max_prompt_tokens,
@@ -491,9 +499,16 @@ def _train_drafter(args) -> int:
         target_layer_ids=ids, mask_token_id=args.mask_token_id, init_from=args.init_from, train=train,
         train_minutes=args.train_minutes,
         eval_every=args.eval_every, eval_budget=args.eval_budget, eval_max_new_tokens=args.eval_max_new_tokens,
-        eval_batch_size=args.eval_batch_size, log_every=args.log_every, checkpoint_every=args.checkpoint_every, checkpoint_dir=args.checkpoint_dir, device=args.device,
-        save_dtype=args.save_dtype, max_shard_mb=args.max_shard_mb)
-    summary = train_drafter(opts)
+        eval_batch_size=args.eval_batch_size, log_every=args.log_every, checkpoint_every=args.checkpoint_every,
+        checkpoint_dir=args.checkpoint_dir, device=args.device, save_dtype=args.save_dtype,
+        max_shard_mb=args.max_shard_mb)
+    # SIGTERM (a scheduler's stop, `kill`) ends the run as Ctrl-C does: the responses and steps already
+    # made are written on the way out, where the default action would drop what was not yet flushed.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        summary = train_drafter(opts)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print(json.dumps(summary["final_eval"]))
     return 0
 

@@ -30,6 +30,12 @@ class TrainConfig:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if not self.lr > 0 or not self.gamma > 0 or self.warmup_steps < 0:
             raise ValueError("lr and gamma must be positive, warmup_steps non-negative")
+        # clip_grad_norm_ with a negative norm flips the gradient (the loss then rises), with 0 zeroes it.
+        if not self.grad_clip > 0:
+            raise ValueError(f"grad_clip must be positive, got {self.grad_clip}")
+        if self.weight_decay < 0 or not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"weight_decay must be >= 0 and min_lr_ratio in [0, 1], got {self.weight_decay}, "
+                             f"{self.min_lr_ratio}")
         if not 0 <= self.distill <= 1:
             raise ValueError(f"distill must be in [0, 1], got {self.distill}")
 
@@ -72,6 +78,24 @@ class TrainDrafterOptions:
     progress: bool | None = None  # tqdm bars: None = only on a terminal
 
     def __post_init__(self) -> None:
+        # Checked before anything runs: a bad value found later would cost the data stage, and one stored in
+        # the data cache's settings would hold the cache against the corrected command.
+        for name in ("num_prompts", "max_prompt_tokens", "max_new_tokens", "gen_batch_size", "num_layers",
+                     "eval_every", "eval_budget", "eval_max_new_tokens", "eval_batch_size", "checkpoint_every",
+                     "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.num_eval_prompts < 0:
+            raise ValueError(f"num_eval_prompts must be >= 0, got {self.num_eval_prompts}")
+        if not self.sampled_temperature > 0 or not 0 < self.sampled_top_p <= 1:
+            raise ValueError(f"the sampled mode needs a temperature > 0 and top_p in (0, 1], got "
+                             f"{self.sampled_temperature}, {self.sampled_top_p}")
+        if self.data_minutes is not None and self.data_minutes < 0:
+            raise ValueError(f"data_minutes must be >= 0 (0: the responses already cached), got {self.data_minutes}")
+        if self.train_minutes is not None and not self.train_minutes > 0:
+            raise ValueError(f"train_minutes must be positive, got {self.train_minutes}")
+        if not self.max_shard_mb > 0:
+            raise ValueError(f"max_shard_mb must be positive, got {self.max_shard_mb}")
         if self.draft_vocab_size < 0:
             raise ValueError(f"draft_vocab_size must be >= 0 (0: none), got {self.draft_vocab_size}")
         if self.samples_per_prompt < 1:

@@ -2,9 +2,13 @@
 
 The drafter learns to predict what the target generates, so the data is the target's output, made
 with this project's batched engine, at temperature 0 and at the target's recommended sampling.
-Each sampling mode has one JSONL file in the cache directory; finished responses are appended and
-flushed in groups, so a crash loses at most the responses in flight and a restart generates only what
-is missing. A later run may ask for more modes (say, more samples per prompt): only those are made.
+Each sampling mode has one JSONL file in the cache directory; finished responses are appended in
+groups (256, or 30 s' worth), on disk before the next group starts. An error or an interrupt (Ctrl-C;
+`train-drafter` turns SIGTERM into one) writes every finished response on the way out, so only those
+in flight are lost; a hard kill (SIGKILL, power loss) also loses those finished since the last group.
+A restart generates only what is missing. A later run may ask for more modes (say, more samples per
+prompt): only those are made. The cache is tied to its target (a fingerprint of its weights) and
+generation settings: another target's or other settings' responses are refused, not mixed in.
 """
 
 from __future__ import annotations
@@ -82,12 +86,14 @@ class ResponseCache:
     def __init__(self, directory: str | Path, settings: dict, modes: tuple[SamplingMode, ...]):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        meta = self.directory / "meta.json"
+        self.meta = self.directory / "meta.json"
         settings = {"format": CACHE_FORMAT, **settings}
         known = []
-        if meta.is_file():
-            stored = json.loads(meta.read_text())
+        if self.meta.is_file():
+            stored = read_json(self.meta)
             known = stored.pop("modes", [])
+            if "target" not in stored and "target" in settings:  # a cache from before targets were recorded
+                stored["target"] = settings["target"]
             if stored != settings:
                 raise DataCacheError(f"{self.directory} holds responses generated with other settings "
                                      f"({stored}, now {settings}); use another --data-dir or delete it")
@@ -96,8 +102,11 @@ class ResponseCache:
             if by_name.setdefault(mode["name"], mode) != mode:
                 raise DataCacheError(f"{self.directory} holds {mode['name']!r} responses generated with other "
                                      f"settings ({by_name[mode['name']]}, now {mode}); use another --data-dir")
-        if not meta.is_file() or len(by_name) > len(known):
-            meta.write_text(json.dumps({**settings, "modes": list(by_name.values())}, indent=2))
+        # Written with the first responses, not before: a run that fails before any leaves nothing that would
+        # hold the directory against a corrected command.
+        self.pending = None
+        if not self.meta.is_file() or len(by_name) > len(known) or "target" not in read_json(self.meta):
+            self.pending = {**settings, "modes": list(by_name.values())}
 
     def path(self, mode: str) -> Path:
         return self.directory / f"{mode}.jsonl"
@@ -107,6 +116,13 @@ class ResponseCache:
         return {r["key"]: r for r in read_jsonl(self.path(mode))}
 
     def append(self, mode: str, records: list[dict]) -> None:
+        if not records:
+            return
+        if self.pending is not None:
+            tmp = self.meta.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.pending, indent=2))
+            os.replace(tmp, self.meta)
+            self.pending = None
         append_jsonl(self.path(mode), records)
 
 
@@ -119,7 +135,50 @@ def read_jsonl(path: Path) -> list[dict]:
     if raw and not raw.endswith(b"\n"):
         raw = raw[:raw.rfind(b"\n") + 1]
         path.write_bytes(raw)
-    return [json.loads(line) for line in raw.decode("utf-8").split("\n") if line]
+    records = []
+    for number, line in enumerate(raw.split(b"\n"), 1):
+        if not line:
+            continue
+        try:  # a complete line that does not parse was damaged after it was written: not ours to drop
+            records.append(json.loads(line.decode("utf-8")))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise DataCacheError(f"{path}, line {number}: damaged record ({e}); delete that line or the file "
+                                 f"(its responses are then generated again)") from None
+    return records
+
+
+def target_fingerprint(model_dir: str | Path) -> str:
+    """A short hash of a target checkpoint: every tensor's name and shape and three of its rows (the first,
+    middle and last; only those are read), bf16-rounded so that a float32 and a bfloat16 copy of one model
+    agree. Another model, a fine-tune of the same one included, gives another."""
+    import torch
+    from safetensors import safe_open
+
+    from treeflash.checkpoint import safetensors_files
+
+    samples = {}  # by name: one model sharded otherwise gives the same fingerprint
+    for file in safetensors_files(Path(model_dir)):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                part = f.get_slice(name)
+                shape = tuple(part.get_shape())
+                picked = (0, shape[0] // 2, shape[0] - 1) if len(shape) > 1 else ()
+                rows = torch.cat([part[i:i + 1] for i in picked]) if picked else part[:]
+                samples[name] = f"{name}:{shape}:".encode() + rows.to(torch.bfloat16).float().numpy().tobytes()
+    h = hashlib.blake2b(digest_size=8)
+    for name in sorted(samples):
+        h.update(samples[name])
+    return h.hexdigest()
+
+
+def read_json(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataCacheError(f"{path}: damaged ({e}); delete it, or the directory") from None
+    if not isinstance(value, dict):
+        raise DataCacheError(f"{path}: damaged (not a JSON object); delete it, or the directory")
+    return value
 
 
 def append_jsonl(path: Path, records: list[dict]) -> None:
@@ -145,20 +204,22 @@ def prompt_token_ids(llm, prompt: Prompt, max_prompt_tokens: int) -> list[int]:
 def generate_responses(llm, prompts: list[Prompt], cache_dir: str | Path, modes: tuple[SamplingMode, ...],
                        max_new_tokens: int, max_prompt_tokens: int, seed: int, deadline: float | None = None,
                        progress: bool | None = None, flush_every: int = 256, log=None,
-                       log_every: float = 30.0) -> list[Example]:
+                       log_every: float = 30.0, target: str | None = None,
+                       flush_seconds: float = 30.0) -> list[Example]:
     """Generate (or read back) the target's response to every prompt in every mode; returns the examples.
 
     Requests stream through `llm`'s engine: its waiting queue is kept at twice its slots, so a slot
     is refilled as soon as a response ends (no batch ends with its slots draining one by one), and
-    finished responses are appended to the cache `flush_every` at a time (a crash loses at most those
-    not yet written and the ones in flight). Past `deadline` (time.monotonic()) nothing new starts:
+    finished responses are appended to the cache `flush_every` at a time or every `flush_seconds` (an
+    error or interrupt writes them all; a hard kill loses those since the last write). `target`: the
+    target's fingerprint, part of the cache's settings. Past `deadline` (time.monotonic()) nothing new starts:
     requests not yet admitted are dropped, the running ones finish, and a later call continues from
     there. `log(message)`, if given, gets a throughput line every `log_every` seconds.
     """
     from tqdm import tqdm
 
-    cache = ResponseCache(cache_dir, {"max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens,
-                                      "seed": seed}, modes)
+    settings = {"max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens, "seed": seed}
+    cache = ResponseCache(cache_dir, settings if target is None else {**settings, "target": target}, modes)
     keys = [prompt_key(p) for p in prompts]
     done = {m.name: cache.records(m.name) for m in modes}
     # A prompt's modes are queued together, so a run cut short by the deadline has every mode's share.
@@ -180,7 +241,10 @@ def generate_responses(llm, prompts: list[Prompt], cache_dir: str | Path, modes:
             prompt_ids[i] = prompt_token_ids(llm, prompts[i], max_prompt_tokens)
         return prompt_ids[i]
 
+    flushed = [time.monotonic()]
+
     def flush() -> None:
+        flushed[0] = time.monotonic()
         for mode in modes:
             cache.append(mode.name, ready[mode.name])
             done[mode.name].update((r["key"], r) for r in ready[mode.name])
@@ -220,7 +284,8 @@ def generate_responses(llm, prompts: list[Prompt], cache_dir: str | Path, modes:
                                              "finish": request.finish_reason})
                     finished += 1
             bar.update(finished)
-            if sum(map(len, ready.values())) >= flush_every:
+            waiting = sum(map(len, ready.values()))
+            if waiting >= flush_every or (waiting and time.monotonic() - flushed[0] >= flush_seconds):
                 flush()
             meter.tick(len(inflight))
     finally:

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import shutil
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 
@@ -134,24 +135,52 @@ class Trainer:
             shutil.rmtree(old)
         return path
 
-    def load_checkpoint(self, directory: str | Path) -> dict | None:
-        """Resume from directory/latest if there is one; returns its state (None: nothing to resume)."""
-        from safetensors.torch import load_file
+    def load_checkpoint(self, directory: str | Path, identity: dict | None = None) -> dict | None:
+        """Resume from directory/latest if there is one; returns its state (None: nothing to resume).
 
+        identity: what the checkpoint must have been made for (the drafter's shape, the target's
+        fingerprint; saved in its state by `save_checkpoint(extra=...)`): resuming with another is refused,
+        not trained on under a new meaning. A damaged newest checkpoint (a cut file) gives way to the one
+        kept before it, with a warning.
+        """
         directory = Path(directory)
         if not (directory / "latest").is_file():
             return None
-        path = directory / (directory / "latest").read_text().strip()
-        state = json.loads((path / "state.json").read_text())
+        newest = directory / (directory / "latest").read_text().strip()
+        candidates = [newest] + sorted((p for p in directory.glob("step-*") if p != newest), reverse=True)
+        errors = []
+        for path in candidates:
+            try:
+                state, weights, moments = _read_checkpoint(path)
+            except CheckpointDamaged as e:
+                errors.append(str(e))
+                continue
+            if errors:
+                warnings.warn(f"{errors[0]}; resuming from {path.name} instead", stacklevel=2)
+            self._check(path, state, weights, identity or {})
+            self._restore(state, weights, moments)
+            return state
+        raise ValueError(f"{directory}: no checkpoint can be read ({'; '.join(errors)}); delete the directory to "
+                         f"start again")
+
+    def _check(self, path: Path, state: dict, weights: dict, identity: dict) -> None:
         # Checkpoints from before the distill option trained without it.
         if {"distill": 0.0, **state["config"]} != asdict(self.cfg):
             raise ValueError(f"{path} was trained with other settings ({state['config']}); "
                              f"resume with the same options or use another --out")
-        weights = load_file(str(path / "drafter.safetensors"))
+        for key, value in identity.items():
+            if key in state and state[key] != value:
+                raise ValueError(f"{path} was made for another {key} ({state[key]}, now {value}); resume with the "
+                                 f"same target and drafter options or use another --out")
+        shapes = {n: tuple(p.shape) for n, p in self.drafter.named_parameters()}
+        if {n: tuple(t.shape) for n, t in weights.items()} != shapes:
+            raise ValueError(f"{path} holds a drafter of another shape; resume with the same drafter options "
+                             f"or use another --out")
+
+    def _restore(self, state: dict, weights: dict, moments: dict) -> None:
         with torch.no_grad():
             for name, p in self.drafter.named_parameters():
                 p.copy_(weights[name])
-        moments = load_file(str(path / "optimizer.safetensors"))
         params = dict(self.drafter.named_parameters())
         # The param groups are rebuilt identically by __init__; the learning rate is set every step.
         self.optimizer.state.clear()
@@ -160,4 +189,21 @@ class Trainer:
             p = params[name]
             self.optimizer.state.setdefault(p, {})[field] = value.to(p.device) if field != "step" else value
         self.step, self.total_steps = state["step"], state["total_steps"]
-        return state
+
+
+class CheckpointDamaged(ValueError):
+    pass
+
+
+def _read_checkpoint(path: Path) -> tuple[dict, dict, dict]:
+    from safetensors.torch import load_file
+
+    try:
+        state = json.loads((path / "state.json").read_text(encoding="utf-8"))
+        weights = load_file(str(path / "drafter.safetensors"))
+        moments = load_file(str(path / "optimizer.safetensors"))
+    except Exception as e:  # a missing or cut file: json's, safetensors' or the OS's error
+        raise CheckpointDamaged(f"{path}: damaged checkpoint ({type(e).__name__}: {e})") from None
+    if not isinstance(state, dict) or not {"step", "total_steps", "config"} <= set(state):
+        raise CheckpointDamaged(f"{path}: damaged checkpoint (state.json lacks step, total_steps or config)")
+    return state, weights, moments

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from treeflash.sampling import SamplingParams
-from treeflash.train.data import DataCacheError, append_jsonl, read_jsonl
+from treeflash.train.data import DataCacheError, append_jsonl, read_json, read_jsonl, target_fingerprint
 
 MIN_CHARS = 16
 MIN_ASCII = 0.95
@@ -70,11 +70,14 @@ def own_prompts(llm, count: int, cache_dir: str | Path, seed: int, max_tokens: i
     do not yield them), read back from `cache_dir/own-prompts.jsonl` where earlier runs left them."""
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    settings = asdict(OwnPromptSettings(seed, max_tokens))
+    settings = {**asdict(OwnPromptSettings(seed, max_tokens)), "target": target_fingerprint(llm.model_dir)}
     meta, path = cache_dir / "own-prompts.json", cache_dir / "own-prompts.jsonl"
-    if meta.is_file() and json.loads(meta.read_text()) != settings:
-        raise DataCacheError(f"{cache_dir} holds prompts the target wrote with other settings "
-                             f"({meta.read_text().strip()}, now {settings}); use another --data-dir")
+    if meta.is_file():
+        stored = read_json(meta)
+        stored.setdefault("target", settings["target"])  # written before targets were recorded
+        if stored != settings:
+            raise DataCacheError(f"{cache_dir} holds prompts a target wrote with other settings or another target "
+                                 f"({stored}, now {settings}); use another --data-dir")
     meta.write_text(json.dumps(settings))
     records = read_jsonl(path)
     kept = dict.fromkeys(r["text"] for r in records if r["kept"])

@@ -22,7 +22,8 @@ from treeflash.models.dflash import DFlashDrafter, DraftVocab, DrafterConfig, de
 from treeflash.models.transformer import Transformer
 from treeflash.provenance import git_commit, source_digest
 from treeflash.train.config import TrainDrafterOptions
-from treeflash.train.data import SamplingMode, generate_responses, prompt_token_ids, sampling_modes
+from treeflash.train.data import (SamplingMode, generate_responses, prompt_token_ids, sampling_modes,
+                                  target_fingerprint)
 from treeflash.train.loop import Trainer
 from treeflash.train.own_prompts import own_prompts
 from treeflash.train.prompts import load_prompts, split_prompts
@@ -163,6 +164,11 @@ def train_drafter(opts: TrainDrafterOptions) -> dict:
     save_dtype = SAVE_DTYPES[opts.save_dtype]
     model_dir = resolve_model_dir(opts.target)
     log(f"target {model_dir} on {device} ({dtype}); options {json.dumps(dataclasses.asdict(opts))}")
+    data_dir = Path(opts.data_dir or out / "data").expanduser()
+    checkpoints = Path(opts.checkpoint_dir or out / "checkpoint").expanduser()
+    for directory in (data_dir, checkpoints):  # now: one found unusable at the first checkpoint cost every step before it
+        directory.mkdir(parents=True, exist_ok=True)
+    fingerprint = target_fingerprint(model_dir)  # ties the data and the checkpoints to this target
 
     # --- data ---------------------------------------------------------------------------------------
     modes = sampling_modes(SamplingMode("sampled", opts.sampled_temperature, opts.sampled_top_p),
@@ -170,12 +176,16 @@ def train_drafter(opts: TrainDrafterOptions) -> dict:
     # The context holds a cut prompt, its chat template and the response: caches sized for that, not for
     # the model's whole context (thousands of slots x 8k rows would not fit); no stage timing (it syncs).
     limit = ModelConfig.from_dir(model_dir).max_position_embeddings
+    if opts.max_new_tokens + 2 > limit:  # a prompt of one token at least, and its response
+        raise ValueError(f"--max-new-tokens {opts.max_new_tokens} leaves no room for a prompt in the target's "
+                         f"context of {limit} tokens")
     gen = LLM(str(model_dir), device=device, dtype=dtype, max_num_seqs=opts.gen_batch_size, spec="none",
               max_model_len=min(limit, opts.max_prompt_tokens + CHAT_TEMPLATE_ROOM + opts.max_new_tokens),
               time_stages=False, prefill_tokens_per_step=GEN_PREFILL_TOKENS,
               admit_batch=max(1, opts.gen_batch_size // GEN_ADMIT_FRACTION),
               cuda_graph_sizes=[opts.gen_batch_size])  # its slots stay full: one graph, not one per power of 2
-    data_dir = opts.data_dir or out / "data"
+    if gen.tokenizer is None:
+        raise ValueError(f"{model_dir} has no tokenizer files: train-drafter tokenises its prompts with the target's")
     started = time.monotonic()
     # self:N prompts are the target's own messages, written (or read back) with the generator's engine first;
     # --data-minutes counts the responses only.
@@ -186,7 +196,8 @@ def train_drafter(opts: TrainDrafterOptions) -> dict:
     train_prompts = train_prompts[:opts.num_prompts]
     deadline = None if opts.data_minutes is None else time.monotonic() + 60 * opts.data_minutes
     examples = generate_responses(gen, train_prompts, data_dir, modes, opts.max_new_tokens,
-                                  opts.max_prompt_tokens, opts.train.seed, deadline, opts.progress, log=log)
+                                  opts.max_prompt_tokens, opts.train.seed, deadline, opts.progress, log=log,
+                                  target=fingerprint)
     eval_ids = [prompt_token_ids(gen, p, opts.max_prompt_tokens) for p in eval_prompts]
     del gen, write_own
     _release_cached_memory(device)
@@ -212,9 +223,14 @@ def train_drafter(opts: TrainDrafterOptions) -> dict:
     log(f"drafter: {cfg.layers.num_layers} layers, block {cfg.block_size}, target layers {list(cfg.target_layer_ids)}, "
         f"mask id {cfg.mask_token_id}, {params / 1e6:.2f} M parameters "
         f"({params * torch.finfo(save_dtype).bits / 8 / 2**20:.1f} MiB in {save_dtype})")
+    if not examples:
+        raise ValueError(f"no training examples: of {len(train_prompts)} prompts x {len(modes)} modes, no response of "
+                         f"two tokens or more is cached or was made (--data-minutes {opts.data_minutes} may have "
+                         f"ended generation first; prompts longer than the context are skipped, as logged above)")
     trainer = Trainer(drafter, target, examples, opts.train)
-    checkpoints = Path(opts.checkpoint_dir or out / "checkpoint")
-    state = trainer.load_checkpoint(checkpoints)
+    # What a checkpoint was made for: resuming with another drafter shape or target is refused.
+    identity = {"drafter": json.loads(json.dumps(dataclasses.asdict(cfg))), "target": fingerprint}
+    state = trainer.load_checkpoint(checkpoints, identity)
     history = state["history"] if state else {"train": [], "eval": []}
     if state:
         log(f"resumed at step {trainer.step} of {trainer.total_steps}")
@@ -247,8 +263,10 @@ def train_drafter(opts: TrainDrafterOptions) -> dict:
     train_start = time.monotonic()
     # --train-minutes counts optimiser steps only: evaluations cost what --eval-every makes them cost,
     # and an untrained drafter's evaluation (one token per round) says little about a trained one's.
+    # A run resumed before its first count (step 25) counts afresh, fitting its steps into the minutes from now.
+    counted = bool(state and state.get("steps_counted", True))
     counter = StepCount(opts.train_minutes, train_start, trainer.cfg.steps) \
-        if opts.train_minutes is not None and state is None else None
+        if opts.train_minutes is not None and not counted else None
     first_step = trainer.step
     bar = tqdm(total=trainer.total_steps, initial=trainer.step, desc="train", unit="step",
                disable=None if opts.progress is None else not opts.progress)
@@ -260,6 +278,7 @@ def train_drafter(opts: TrainDrafterOptions) -> dict:
         step = trainer.step
         count = counter and counter.after(step - first_step, step, time.monotonic())
         if count:
+            counted = True
             trainer.total_steps, per_step = count
             bar.total = trainer.total_steps
             log(f"{per_step * 1e3:.0f} ms/step: {trainer.total_steps} steps fit in "
@@ -280,7 +299,8 @@ def train_drafter(opts: TrainDrafterOptions) -> dict:
             history["eval"].append(evaluate())
         checkpointed = step % opts.checkpoint_every == 0 or step == trainer.total_steps
         if checkpointed:
-            trainer.save_checkpoint(checkpoints, {"history": history})
+            trainer.save_checkpoint(checkpoints, {"history": history, **identity,
+                                                  "steps_counted": counted or opts.train_minutes is None})
         if evaluated or checkpointed:
             export()  # (cheap) so an interrupted run leaves a drafter ready to use; the last step always exports
     bar.close()

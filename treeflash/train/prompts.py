@@ -81,10 +81,12 @@ def jsonl_prompts(path: str | Path) -> list[Prompt]:
         raise PromptsError(f"{path}: no such prompts file (expected JSONL lines like {{\"prompt\": \"...\"}}, "
                            f"or 'sharegpt')")
     raw = path.read_bytes()
-    if path.suffix == ".gz":
-        raw = gzip.decompress(raw)
+    try:
+        text = (gzip.decompress(raw) if path.suffix == ".gz" else raw).decode("utf-8")
+    except (OSError, EOFError, UnicodeDecodeError) as e:  # a damaged .gz, or not UTF-8
+        raise PromptsError(f"{path}: cannot read prompts ({type(e).__name__}: {e})") from None
     prompts: list[Prompt] = []
-    for n, line in enumerate(raw.decode("utf-8").split("\n"), 1):  # not splitlines: U+2028 may sit inside a string
+    for n, line in enumerate(text.split("\n"), 1):  # not splitlines: U+2028 may sit inside a string
         if not line.strip():
             continue
         try:
