@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -101,7 +102,7 @@ def test_where_stages_are_not_timed_a_separate_pass_times_them(pair, prompts_fil
     assert set(method["stage_ms_per_round"]) == {"draft", "tree", "verify", "derive_walk", "commit"}
 
 
-def test_a_failing_method_is_recorded_and_the_others_kept(pair, prompts_file, tmp_path, monkeypatch):
+def test_a_failing_method_is_recorded_and_the_others_kept(pair, prompts_file, tmp_path, monkeypatch, capsys):
     from treeflash.bench import run as bench_run
 
     run_method = bench_run._run_method
@@ -120,6 +121,12 @@ def test_a_failing_method_is_recorded_and_the_others_kept(pair, prompts_file, tm
     assert [m["method"] for m in result["methods"]] == ["none"]
     assert result["errors"] == [{"method": "ddtree:8", "error": "RuntimeError: boom"}]
     assert "ERROR in ddtree:8" in out.with_suffix(".txt").read_text()
+    # one line, as the CLI's errors are; the traceback only with --debug
+    err = capsys.readouterr().err
+    assert "ddtree:8 FAILED: RuntimeError: boom" in err and "Traceback" not in err
+    assert bench("--model", str(target), "--draft-model", str(drafter), "--dataset", str(prompts_file),
+                 "--methods", "ddtree:8", "--num-prompts", "1", "--out", str(out), "--no-plots", "--debug") == 1
+    assert "Traceback" in capsys.readouterr().err
 
 
 def test_an_automatic_budget_that_cannot_be_built_is_an_error_not_a_skip(pair, prompts_file, tmp_path, capsys):
@@ -160,6 +167,68 @@ def test_bench_refuses_an_unknown_attention_backend(prompts_file, pair, tmp_path
     assert bench("--model", str(target), "--dataset", str(prompts_file), "--attention", "flash",
                  "--out", str(tmp_path / "r.json")) == 1
     assert "--attention must be one of sdpa, flex, splitkv" in capsys.readouterr().err
+
+
+def _measured(*args, **kwargs):
+    pytest.fail("measured before refusing bad input")  # (a BaseException: no `except Exception` keeps it)
+
+
+@pytest.mark.parametrize("args, message", [
+    # the table goes to --out with the suffix .txt: it would overwrite the result
+    (["--out", "{tmp}/o/results.txt"], "--out .*results.txt: the table is written beside the result"),
+    (["--out", "{file}/r.json"], "--out .*cannot create its folder"),  # found before measuring, not after
+    (["--out", "{tmp}"], "is a directory"),
+    (["--temperature", "-1"], "--temperature must be >= 0"),
+    (["--max-model-len", "2"], "prompt 'p0' has .* tokens; the context \\(--max-model-len\\) is 2"),
+    (["--dataset", "{empty}"], "empty.jsonl:2: empty 'prompt'"),
+    (["--baseline-prompts", "-1"], "--baseline-prompts must be at least 1"),
+    (["--baseline-prompts", "0"], "--baseline-prompts must be at least 1"),  # not a silent "all"
+    (["--ref-budget", "0"], "--ref-budget must be at least 1"),  # not silently the first ddtree:B
+    (["--synthetic", "tiny", "--temperature", "-1"], "--temperature must be >= 0"),
+    (["--synthetic", "tiny", "--drafter-layers", "0"], "--drafter-layers must be at least 1"),  # not the shape's
+    (["--synthetic", "tiny", "--block-size", "0"], "--block-size must be at least 2"),
+    (["--synthetic", "tiny", "--variants", "bogus"], "variant 'bogus': expected KERNELS/N"),
+])
+def test_bad_input_is_a_one_line_error_before_anything_is_measured(pair, prompts_file, tmp_path, monkeypatch, capsys,
+                                                                   args, message):
+    from treeflash.bench import run as bench_run, synthetic
+
+    monkeypatch.setattr(bench_run, "_run_method", _measured)
+    monkeypatch.setattr(synthetic, "_run_rows", _measured)
+    monkeypatch.setitem(SHAPES, "tiny", Shape("tiny", TINY, mask_token_id=5, drafter_layers=1, block_size=4))
+    (tmp_path / "file").write_text("")
+    (tmp_path / "empty.jsonl").write_text('{"prompt": "hi"}\n{"prompt": ""}\n')
+    args = [a.format(tmp=tmp_path, file=tmp_path / "file", empty=tmp_path / "empty.jsonl") for a in args]
+    if "--synthetic" in args:
+        args += ["--context", "16", "--batch-sizes", "1", "--budgets", "4", "--rounds", "1"]
+    else:
+        args = ["--model", str(pair[0]), "--dataset", str(prompts_file), "--methods", "none", *args]
+    if "--out" not in args:
+        args += ["--out", str(tmp_path / "o" / "r.json")]
+    assert bench("--num-prompts", "2", "--no-plots", *args) == 1
+    err = capsys.readouterr().err
+    assert re.search(f"treeflash: error: .*{message}", err) and "Traceback" not in err
+    assert not list(tmp_path.glob("o/*"))  # (its folder may be made up front)
+
+
+MINIMAL_RESULT = {"kind": "bench", "environment": {"device": "cpu", "dtype": "float32"}, "dataset": "x",
+                  "num_prompts": 0, "config": {"max_tokens": 1, "temperature": 0.0, "batch_size": 1}, "notes": [],
+                  "methods": [], "skipped": [], "baselines": []}
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("r.txt", json.dumps(MINIMAL_RESULT), "the table is written beside the result"),  # would overwrite it
+    ("r.json", '{"a": 1}', "not a `treeflash bench` result"),  # was KeyError: 'environment'
+    ("r.json", "[1]", "not a `treeflash bench` result"),
+    ("r.json", "nope", "not JSON"),
+])
+def test_replot_refuses_what_it_cannot_redraw_and_keeps_it(tmp_path, capsys, name, content, message):
+    path = tmp_path / name
+    path.write_text(content)
+    assert main(["bench", "--replot", str(path), "--no-plots"]) == 1
+    err = capsys.readouterr().err
+    assert f"--replot {path}: {message}" in err and "Traceback" not in err
+    assert path.read_text() == content and [p.name for p in tmp_path.iterdir()] == [name]
 
 
 def test_bench_help_documents_the_modes(capsys):
@@ -228,6 +297,7 @@ def test_jsonl_prompts_text_chats_and_turns(tmp_path):
 @pytest.mark.parametrize("content, message", [
     ("not json\n", "not JSON"), ('{"question": "x"}\n', "expected a 'prompt'"), ("[1, 2]\n", "JSON object"),
     ('{"messages": [{"content": "x"}]}\n', "'role'"), ("", "no prompts"),
+    ('{"prompt": "x"}\n\n{"prompt": ""}\n', "bad.jsonl:3: empty 'prompt'"),  # the file's line, blank lines counted
 ])
 def test_bad_jsonl_is_a_clear_error(tmp_path, content, message):
     path = tmp_path / "bad.jsonl"
@@ -330,7 +400,7 @@ def test_variant_names_an_attention_backend():
     assert vocab.draft_vocab == 32768 and vocab.attention == "splitkv" and vocab.label == "compiled/16/splitkv/dv32768"
     assert Variant.parse("compiled/16").draft_vocab is None
     for bad in ("compiled/16/flash", "compiled/16/flex/sdpa", "compiled/16/treekernel/treekernel",
-                "compiled/16/treekernel/treeops", "compiled/16/dv0", "compiled/16/dv8/dv16"):
+                "compiled/16/treekernel/treeops", "compiled/16/dv0", "compiled/16/dv8/dv16", "bogus", "compiled", ""):
         with pytest.raises(ValueError, match="ATTENTION one of"):
             Variant.parse(bad)
 

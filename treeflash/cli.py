@@ -194,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from treeflash.bench.cli import add_parser as add_bench_parser
 
-    add_bench_parser(sub)
+    _add_debug_arg(add_bench_parser(sub), argparse.SUPPRESS)
     _add_train_parser(sub)
     return parser
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -23,7 +24,9 @@ Benchmark treeflash. Three modes:
   --replot FILE   redraw the table and plots of a stored result.
 
 Writes the result as JSON (--out, with the command, git commit, date, device, versions and per-prompt
-numbers), the table beside it (.txt) and PNG plots (--plot DIR, default: beside --out)."""
+numbers), the table beside it (the same name ending in .txt, so --out itself may not end in .txt) and PNG
+plots (--plot DIR, default: beside --out). Errors are one line; --debug (or TREEFLASH_DEBUG=1) also shows
+the traceback of a method that failed."""
 
 EPILOG = """\
 examples:
@@ -50,13 +53,17 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
+    """The `bench` subcommand's parser (treeflash/cli.py adds the --debug every subcommand has)."""
     p = sub.add_parser("bench", help="benchmark methods, baselines and synthetic shapes; JSON + table + plots",
                        description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     io = p.add_argument_group("output")
-    io.add_argument("--out", default="bench-results/results.json", help="result JSON (default bench-results/results.json)")
+    io.add_argument("--out", default="bench-results/results.json",
+                    help="result JSON (default bench-results/results.json); the table is written beside it with the "
+                         "suffix .txt, so this may not end in .txt")
     io.add_argument("--plot", default=None, metavar="DIR", help="folder for the PNG plots (default: beside --out)")
     io.add_argument("--no-plots", action="store_true", help="write no PNG plots")
-    io.add_argument("--replot", default=None, metavar="FILE", help="redraw the table and plots of a stored result; runs nothing")
+    io.add_argument("--replot", default=None, metavar="FILE",
+                    help="redraw the table (FILE with the suffix .txt) and plots of a stored result JSON; runs nothing")
 
     m = p.add_argument_group("models")
     m.add_argument("--model", default=None, help="target: HF directory or .gguf (default: the embedded SmolLM2-135M-Instruct)")
@@ -106,11 +113,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
     b.add_argument("--baselines", default=None,
                    help="comma-separated: hf (transformers generate, static cache) vs none; dflash-ref (the "
                         "dflash==0.1.0 package) vs dflash; ddtree-ref (DDTree authors' code) vs ddtree")
-    b.add_argument("--baseline-prompts", type=int, default=None, help="prompts the baselines run (default: all)")
+    b.add_argument("--baseline-prompts", type=int, default=None,
+                   help="prompts the baselines run, the first N, at least 1 (default: all)")
     b.add_argument("--ddtree-ref", default=None, metavar="DIR",
                    help="directory holding the DDTree reference code (ddtree.py, dflash.py, model/ from "
                         "github.com/liranringel/ddtree); never shipped with treeflash")
-    b.add_argument("--ref-budget", type=int, default=None, help="ddtree-ref's budget (default: the first ddtree:B)")
+    b.add_argument("--ref-budget", type=int, default=None,
+                   help="ddtree-ref's budget, at least 1 (default: the first ddtree:B, else 64)")
     b.add_argument("--hf-no-compile", action="store_true",
                    help="stop transformers from compiling its static-cache decode step (it does on CUDA)")
 
@@ -150,8 +159,9 @@ def main(args, argv: list[str] | None = None) -> int:
     from treeflash.bench.synthetic import format_synthetic
 
     if args.replot:
-        result = json.loads(Path(args.replot).read_text())
         out = Path(args.replot)
+        _table_path(out, "--replot")
+        result = _stored_result(out)
     else:
         command = "treeflash " + shlex.join(sys.argv[1:] if argv is None else argv)
         result = _run(args, command, progress=lambda partial: write_json(partial, args.out))
@@ -159,8 +169,8 @@ def main(args, argv: list[str] | None = None) -> int:
     synthetic = result.get("kind") == "synthetic"
     table = format_synthetic(result) if synthetic else format_bench(result)
     print(table)
-    out.with_suffix(".txt").write_text(table + "\n")
-    written = [out, out.with_suffix(".txt")]
+    _table_path(out, "--out").write_text(table + "\n")
+    written = [out, _table_path(out, "--out")]
     if not args.no_plots:
         plot_dir = Path(args.plot) if args.plot else out.parent
         try:
@@ -173,6 +183,42 @@ def main(args, argv: list[str] | None = None) -> int:
         print(f"treeflash bench: {len(result['errors'])} part(s) failed; see 'errors' in {out}", file=sys.stderr)
         return 1
     return 0
+
+
+def _table_path(out: Path, option: str) -> Path:
+    """Where the table of the result `out` goes: beside it, as .txt (never over the result itself)."""
+    if out.suffix == ".txt":
+        raise ValueError(f"{option} {out}: the table is written beside the result with the suffix .txt, which "
+                         "would overwrite it; name the result otherwise (e.g. .json)")
+    return out.with_suffix(".txt")
+
+
+def _stored_result(path: Path) -> dict:
+    try:
+        result = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--replot {path}: not JSON ({e.msg})") from None
+    if not isinstance(result, dict) or result.get("kind") not in ("bench", "synthetic") or "environment" not in result:
+        raise ValueError(f"--replot {path}: not a `treeflash bench` result (no 'kind' bench or synthetic)")
+    return result
+
+
+def _check_out(out: Path) -> None:
+    """Before anything is measured: an --out that could not be written would lose the whole run."""
+    _table_path(out, "--out")
+    if out.is_dir():
+        raise ValueError(f"--out {out} is a directory; name the result file (e.g. {out / 'results.json'})")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--out {out}: cannot create its folder {out.parent} ({e.strerror or e})") from None
+    if not os.access(out.parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise ValueError(f"--out {out}: not writable")
+
+
+def _debug(args) -> bool:
+    # as treeflash/cli.py's main decides it
+    return getattr(args, "debug", False) or os.environ.get("TREEFLASH_DEBUG", "") not in ("", "0")
 
 
 def _run(args, command: str, progress) -> dict:
@@ -188,7 +234,8 @@ def _run(args, command: str, progress) -> dict:
                               max_logits_gib=args.max_logits_gib, variants=variants,
                               batch_methods=args.batch_methods,
                               tensor_parallel_size=args.tensor_parallel_size)
-        return run_synthetic(cfg, command, log=_log, progress=progress)
+        _check_out(Path(args.out))
+        return run_synthetic(cfg, command, log=_log, progress=progress, debug=_debug(args))
     from treeflash.bench.run import BenchConfig, run_bench
 
     cfg = BenchConfig(model=args.model, draft_model=args.draft_model, random_drafter=args.random_drafter,
@@ -202,7 +249,8 @@ def _run(args, command: str, progress) -> dict:
                       tensor_parallel_size=args.tensor_parallel_size, cuda_graph_sizes=args.cuda_graph_sizes,
                       draft_vocab=not args.no_draft_vocab, attention=args.attention,
                       tree_builder=args.tree_builder)
-    return run_bench(cfg, command, log=_log, progress=progress)
+    _check_out(Path(args.out))
+    return run_bench(cfg, command, log=_log, progress=progress, debug=_debug(args))
 
 
 def _log(message: str) -> None:

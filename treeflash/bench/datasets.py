@@ -73,7 +73,7 @@ def mtbench_file() -> Path:
 def mtbench() -> list[Prompt]:
     """The 80 MT-Bench questions; each prompt is its first turn as a one-message chat."""
     prompts = []
-    for n, item in enumerate(_read_jsonl(mtbench_file())):
+    for n, (_, item) in enumerate(_read_jsonl(mtbench_file())):
         prompts.append(Prompt(f"mtbench/{item.get('question_id', n)}/{item.get('category', '')}",
                               messages=({"role": "user", "content": item["turns"][0]},)))
     return prompts
@@ -81,10 +81,12 @@ def mtbench() -> list[Prompt]:
 
 def jsonl(path: Path) -> list[Prompt]:
     prompts = []
-    for n, item in enumerate(_read_jsonl(path)):
-        where = f"{path}:{n + 1}"
+    for n, (line, item) in enumerate(_read_jsonl(path)):
+        where = f"{path}:{line}"
         pid = str(item.get("id", n))
         if isinstance(item.get("prompt"), str):
+            if not item["prompt"]:  # nothing to continue: every method would fail on it
+                raise DatasetError(f"{where}: empty 'prompt'")
             prompts.append(Prompt(pid, text=item["prompt"]))
         elif isinstance(item.get("messages"), list) and item["messages"]:
             messages = item["messages"]
@@ -100,7 +102,8 @@ def jsonl(path: Path) -> list[Prompt]:
     return prompts
 
 
-def _read_jsonl(path: Path) -> list[dict]:
+def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
+    """(line number, object) per non-blank line, so errors name the file's own line."""
     if not path.is_file():
         raise DatasetError(f"{path}: no such file")
     items = []
@@ -113,5 +116,5 @@ def _read_jsonl(path: Path) -> list[dict]:
             raise DatasetError(f"{path}:{n + 1}: not JSON ({e.msg})") from None
         if not isinstance(item, dict):
             raise DatasetError(f"{path}:{n + 1}: expected a JSON object per line")
-        items.append(item)
+        items.append((n + 1, item))
     return items

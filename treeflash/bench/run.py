@@ -9,6 +9,7 @@ from the requests' metrics. Greedy runs also check that every method emits `none
 from __future__ import annotations
 
 import gc
+import math
 import sys
 import tempfile
 import time
@@ -68,6 +69,11 @@ class BenchConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if self.block_size < 2:
             raise ValueError(f"--block-size must be at least 2, got {self.block_size}")
+        for name in ("baseline_prompts", "ref_budget"):  # None: every prompt / the first ddtree:B
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"--temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if self.draft_model and self.random_drafter:
             raise ValueError("give either --draft-model or --random-drafter, not both")
         if self.warmup < 0 or self.stage_prompts < 0:
@@ -102,11 +108,12 @@ class BenchConfig:
         return self.methods or (DEFAULT_METHODS if self.has_drafter else "none")
 
 
-def run_bench(cfg: BenchConfig, command: str | None = None, log=print, progress=None) -> dict:
+def run_bench(cfg: BenchConfig, command: str | None = None, log=print, progress=None, debug: bool = False) -> dict:
     """Run every method (and baseline) of `cfg`; returns the result dict (JSON-ready).
 
     progress: called with the result so far (marked "complete": false) after every method and
     baseline, so a run cut short (a time limit, a crash) still leaves what it measured.
+    debug: log a failing method's or baseline's traceback, not just its error line.
     """
     from treeflash.checkpoint import resolve_model_dir
     from treeflash.config import ModelConfig
@@ -139,6 +146,7 @@ def run_bench(cfg: BenchConfig, command: str | None = None, log=print, progress=
             llm = _make_llm(cfg, method, drafter_dir, device, dtype)
             if ids is None:
                 ids, eos = [_encode(llm, p) for p in prompts], sorted(llm.eos_token_ids)
+                _check_lengths(prompts, ids, llm.max_model_len)  # before anything is measured
             try:
                 run = _run_method(llm, method, ids, cfg, log)
                 stages_timed = llm.engine.config.time_stages
@@ -152,16 +160,32 @@ def run_bench(cfg: BenchConfig, command: str | None = None, log=print, progress=
                 runs.append(run)
             except Exception as e:  # noqa: BLE001 - one failing method must not lose the others' results
                 r["errors"].append({"method": method.label, "error": f"{type(e).__name__}: {e}"})
-                log(f"  {method.label} FAILED:\n{traceback.format_exc()}")
+                log(_failed(method.label, e, debug))
             llm = None
             _free(device)
             r["methods"] = _summarise(runs, cfg)
             report(r)
         bar.close()
         if baselines and ids is not None:
-            _run_baselines(baselines, model_dir, drafter_dir, ids, eos, methods, cfg, device, dtype, log, r, report)
+            _run_baselines(baselines, model_dir, drafter_dir, ids, eos, methods, cfg, device, dtype, log, r, report,
+                           debug)
     r["complete"] = True
     return r
+
+
+def _failed(label: str, e: Exception, debug: bool) -> str:
+    # One line, as the CLI's errors are; the traceback only when asked for (--debug, TREEFLASH_DEBUG=1).
+    return f"  {label} FAILED:\n{traceback.format_exc()}" if debug else f"  {label} FAILED: {type(e).__name__}: {e}"
+
+
+def _check_lengths(prompts: list[Prompt], ids: list[list[int]], max_model_len: int) -> None:
+    """A prompt the engine would refuse fails every method alike: say which, once, before timing any."""
+    for p, t in zip(prompts, ids):
+        if not t:
+            raise ValueError(f"prompt {p.id!r} encodes to no tokens")
+        if len(t) >= max_model_len:
+            raise ValueError(f"prompt {p.id!r} has {len(t)} tokens; the context (--max-model-len) is {max_model_len} "
+                             "and at least one token must fit after the prompt")
 
 
 def _notes(cfg: BenchConfig, device: torch.device, baselines: list[str], needs_drafter: bool) -> list[str]:
@@ -302,10 +326,11 @@ def _free(device: torch.device) -> None:
 
 
 # --- baselines -------------------------------------------------------------------------------------
-def _run_baselines(names, model_dir, drafter_dir, ids, eos, methods, cfg, device, dtype, log, r, report) -> None:
+def _run_baselines(names, model_dir, drafter_dir, ids, eos, methods, cfg, device, dtype, log, r, report,
+                   debug=False) -> None:
     """Run each baseline on the first --baseline-prompts prompts; results go into r["baselines"]."""
-    n = min(cfg.baseline_prompts or len(ids), len(ids))
-    budget = cfg.ref_budget or next(iter(budgets_of(methods)), 64)
+    n = len(ids) if cfg.baseline_prompts is None else min(cfg.baseline_prompts, len(ids))
+    budget = cfg.ref_budget if cfg.ref_budget is not None else next(iter(budgets_of(methods)), 64)
     setup = RefSetup(device=device, dtype=dtype, max_tokens=cfg.max_tokens,
                      stop_token_ids=None if cfg.ignore_eos else list(eos),
                      drafter_dir=Path(drafter_dir) if drafter_dir else None,
@@ -327,7 +352,7 @@ def _run_baselines(names, model_dir, drafter_dir, ids, eos, methods, cfg, device
             runs = [baseline(p) for p in tqdm(ids[:n], desc=name, unit="prompt", file=sys.stderr, dynamic_ncols=True)]
         except Exception as e:  # noqa: BLE001 - third-party code: record it, keep the other results
             r["errors"].append({"baseline": name, "error": f"{type(e).__name__}: {e}"})
-            log(f"  {name} FAILED:\n{traceback.format_exc()}")
+            log(_failed(name, e, debug))
             continue
         finally:
             del baseline

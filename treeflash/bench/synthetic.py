@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import re
 import sys
 import tempfile
@@ -77,7 +78,8 @@ class Variant:
 
     @staticmethod
     def parse(text: str) -> "Variant":
-        kernels, tokens, *extra = text.strip().split("/")
+        parts = text.strip().split("/")
+        kernels, tokens, *extra = parts if len(parts) >= 2 else (parts[0], "")  # (KERNELS alone: refused below)
         vocabs = [x for x in extra if re.fullmatch(r"dv[1-9][0-9]*", x)]
         extra = [x for x in extra if x not in vocabs]
         attention = next((x for x in extra if x in BACKENDS), None)
@@ -156,6 +158,13 @@ class SyntheticConfig:
             raise ValueError(f"--rounds must be at least 1, got {self.rounds}")
         if self.stage_rounds < 0:
             raise ValueError(f"--stage-rounds must be at least 0, got {self.stage_rounds}")
+        # None: the shape's; anything else is what runs and what the result records
+        if self.drafter_layers is not None and self.drafter_layers < 1:
+            raise ValueError(f"--drafter-layers must be at least 1, got {self.drafter_layers}")
+        if self.block_size is not None and self.block_size < 2:
+            raise ValueError(f"--block-size must be at least 2, got {self.block_size}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"--temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if not self.variants:
             raise ValueError("--variants is empty")
         vocab = shape(self.shape).target["vocab_size"]
@@ -203,10 +212,12 @@ def _logits_gib(batch: int, nodes: int, vocab: int) -> float:
     return batch * nodes * vocab * 4 / 2 ** 30
 
 
-def run_synthetic(cfg: SyntheticConfig, command: str | None = None, log=print, progress=None) -> dict:
+def run_synthetic(cfg: SyntheticConfig, command: str | None = None, log=print, progress=None,
+                  debug: bool = False) -> dict:
     """Time rounds for every (batch size, method) of `cfg`; returns the result dict (JSON-ready).
 
     progress: called with the result so far ("complete": false) after every combination.
+    debug: log a failing combination's traceback, not just its error line.
     """
     from treeflash.llm import _device, _dtype
 
@@ -214,8 +225,8 @@ def run_synthetic(cfg: SyntheticConfig, command: str | None = None, log=print, p
     dtype = _dtype(cfg.dtype, device)
     s = shape(cfg.shape)
     tcfg = target_config(s)
-    dcfg = drafter_config(tcfg, cfg.drafter_layers or s.drafter_layers, cfg.block_size or s.block_size,
-                          s.mask_token_id)
+    dcfg = drafter_config(tcfg, s.drafter_layers if cfg.drafter_layers is None else cfg.drafter_layers,
+                          s.block_size if cfg.block_size is None else cfg.block_size, s.mask_token_id)
     combos = [(b, m) for b, methods in cfg.combos() for m in parse_methods(methods)]
     methods = [m for _, m in combos]
     longest = cfg.context + 1 + max(max(1 + m.nodes(dcfg.depth), dcfg.block_size) for m in methods)
@@ -253,14 +264,14 @@ def run_synthetic(cfg: SyntheticConfig, command: str | None = None, log=print, p
             return group.engine(drafter, None, spec, tokenizer, config)
     try:
         return _run_rows(cfg, s, tcfg, dcfg, methods, target, drafter, make_engine, group, one_device_ar, prompt,
-                         device, dtype, command, log, progress)
+                         device, dtype, command, log, progress, debug)
     finally:
         if group is not None:
             group.close()
 
 
 def _run_rows(cfg, s, tcfg, dcfg, methods, target, drafter, make_engine, group, one_device_ar, prompt, device,
-              dtype, command, log, progress) -> dict:
+              dtype, command, log, progress, debug=False) -> dict:
     bandwidth = copy_bandwidth(device)
     target_bytes = weight_bytes(target)
     drafter_bytes = weight_bytes(drafter) if drafter is not None else 0
@@ -340,7 +351,8 @@ def _run_rows(cfg, s, tcfg, dcfg, methods, target, drafter, make_engine, group, 
             continue
         except Exception as e:  # noqa: BLE001 - keep the other combinations' results
             errors.append({**where, "error": f"{type(e).__name__}: {e}"})
-            log(f"  batch {batch} {method.label} {variant.label} FAILED:\n{traceback.format_exc()}")
+            log(f"  batch {batch} {method.label} {variant.label} FAILED:\n{traceback.format_exc()}" if debug else
+                f"  batch {batch} {method.label} {variant.label} FAILED: {type(e).__name__}: {e}")
             continue
         finally:
             _free(device)
