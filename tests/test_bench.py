@@ -306,6 +306,13 @@ def test_bad_jsonl_is_a_clear_error(tmp_path, content, message):
         load_prompts(str(path))
 
 
+def test_a_dataset_that_is_not_utf8_is_named(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(b'{"prompt": "\xff"}\n')
+    with pytest.raises(DatasetError, match="bad.jsonl: not UTF-8"):
+        load_prompts(str(path))
+
+
 def test_unknown_dataset_is_a_clear_error():
     with pytest.raises(DatasetError, match="humaneval, mtbench or a FILE.jsonl"):
         load_prompts("gsm8k")

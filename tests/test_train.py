@@ -747,3 +747,13 @@ def test_damaged_data_and_prompt_files_are_named(tmp_path):
         (tmp_path / name).write_bytes(content)
         with pytest.raises(PromptsError, match=f"{name}: cannot read prompts"):
             jsonl_prompts(tmp_path / name)
+
+
+def test_a_target_without_a_tokenizer_is_named(tmp_path, capsys):
+    from treeflash.cli import main
+
+    target = make_tiny_target(tmp_path / "t", "llama", vocab_size=VOCAB, hidden_size=32, num_layers=4)
+    write_prompts_jsonl(["ab hello"], tmp_path / "prompts.jsonl")
+    assert main(["train-drafter", "--target", str(target), "--out", str(tmp_path / "out"), "--prompts",
+                 str(tmp_path / "prompts.jsonl"), "--max-new-tokens", "8", "--device", "cpu"]) == 1
+    assert "has no tokenizer files" in capsys.readouterr().err  # was an AttributeError from inside

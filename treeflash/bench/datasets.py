@@ -106,8 +106,12 @@ def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
     """(line number, object) per non-blank line, so errors name the file's own line."""
     if not path.is_file():
         raise DatasetError(f"{path}: no such file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise DatasetError(f"{path}: not UTF-8 text ({e})") from None
     items = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+    for n, line in enumerate(text.splitlines()):
         if not line.strip():
             continue
         try:
