@@ -62,7 +62,7 @@ def _index_shards(model_dir: Path, index: Path) -> list[str]:
         raise ValueError(f"{index}: malformed safetensors index (weight_map must map tensor names to file names)")
     names = sorted(set(weight_map.values()))
     # Shards live in the directory (a symlinked file is fine): an index must not point anywhere else.
-    outside = [n for n in names if Path(n).is_absolute() or os.path.normpath(n).startswith("..")]
+    outside = [n for n in names if Path(n).is_absolute() or Path(os.path.normpath(n)).parts[:1] == ("..",)]
     if outside:
         raise ValueError(f"{index}: shards must be files of {model_dir}, got {outside[:3]}")
     missing = [n for n in names if not (model_dir / n).is_file()]
