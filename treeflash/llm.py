@@ -8,7 +8,7 @@ import sys
 import warnings
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import torch
 
@@ -126,6 +126,9 @@ def _check_one_prompt(prompt, sampling_params, prompt_token_ids) -> None:
     if prompt is not None and not isinstance(prompt, str):
         raise ValueError(f"stream takes one prompt (a string), got {type(prompt).__name__}; "
                          f"use generate() for several prompts")
+    if prompt_token_ids is not None and (isinstance(prompt_token_ids, (str, bytes))
+                                         or not hasattr(prompt_token_ids, "__len__")):
+        raise ValueError(f"stream's prompt_token_ids must be a list of token ids, got {type(prompt_token_ids).__name__}")
     if prompt_token_ids is not None and len(prompt_token_ids) and isinstance(prompt_token_ids[0], Sequence):
         raise ValueError("stream takes one prompt: prompt_token_ids=[id, ...], not a list of prompts; "
                          "use generate() for several prompts")
@@ -193,8 +196,9 @@ class LLM:
     and run norms, rotary, silu*mul and residual sums through torch.compile (treeflash/models/kernels.py);
     False keeps the eager model code (like vLLM's enforce_eager, with CUDA graphs still on).
     tree_kernel: on CUDA, build DDTree's tree with one Triton kernel (treeflash/tree_kernel.py) instead of
-    ~85 torch ops; same trees. None (default): where it measured faster, budgets up to 256 at block size 16
-    (round.use_tree_kernel); True / False: always / never. Ignored on the CPU.
+    ~85 torch ops; same trees. None (default): where it measured faster, trees of at most 4096
+    candidates (depths x budget, rounded up to a power of two: budget 256 at block size 16;
+    round.use_tree_kernel); True / False: always / never. Ignored on the CPU.
     cpu_prepack: on the CPU (default True; ignored on CUDA), multiply float32 projections, and bfloat16 ones
     where the CPU multiplies bfloat16 natively (kernels.bf16_products), by oneDNN prepacked copies of their
     weights (treeflash/models/kernels.py: linear), which costs a second copy of the weights in memory; False
@@ -214,8 +218,8 @@ class LLM:
     one chunk at most). For throughput (many short prompts, hundreds of slots) raise it, e.g. 32768,
     to fill the slots in a few steps. A long prompt still goes in chunks of 512 tokens, one per step.
     admit_batch: waiting requests are admitted only once this many slots are free (or all of them fit,
-    or no slot is busy); default 1. Each admission is an eager prefill forward plus a first-token draw,
-    so with hundreds of slots and requests ending a few per step, admitting in batches (e.g. 1/16 of
+    or no slot is busy); default 1. Each admission is a prefill forward (a graph replay on CUDA, eager on
+    the CPU) plus a first-token draw, so with hundreds of slots and requests ending a few per step, admitting in batches (e.g. 1/16 of
     max_num_seqs) saves that host work on most steps; the tokens of each request are unchanged.
     """
 
@@ -459,12 +463,17 @@ class LLM:
         if (prompts is None) == (prompt_token_ids is None):
             raise ValueError("pass either prompts (text) or prompt_token_ids=[[...], ...], not both or neither")
         if prompts is not None:
+            if not isinstance(prompts, (str, Iterable)) or isinstance(prompts, bytes):
+                raise ValueError(f"prompts must be a string or a list of strings, got {type(prompts).__name__}")
             prompts = [prompts] if isinstance(prompts, str) else list(prompts)
             if not all(isinstance(p, str) for p in prompts):
                 raise ValueError("prompts must be strings; pass token ids as prompt_token_ids=[[...], ...]")
             ids = [self.encode(p) for p in prompts]
             texts = prompts
         else:
+            if not isinstance(prompt_token_ids, Iterable) or isinstance(prompt_token_ids, (str, bytes)):
+                raise ValueError(f"prompt_token_ids must be a list of token-id lists, [[...], ...], got "
+                                 f"{type(prompt_token_ids).__name__}")
             ids = [_token_ids(p, n) for n, p in enumerate(prompt_token_ids)]
             texts = texts or [None] * len(ids)
         if not ids:

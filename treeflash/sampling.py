@@ -72,14 +72,11 @@ class SamplingParams:
             return float(value)
 
         def integer(name: str) -> int:
-            value = getattr(self, name)
-            if isinstance(value, (bool, float)) or not hasattr(type(value), "__index__"):
-                raise ValueError(f"{name} must be an integer, got {value!r}")
-            try:
-                setattr(self, name, operator.index(value))
-            except TypeError:
-                raise ValueError(f"{name} must be an integer, got {value!r}") from None
-            return getattr(self, name)
+            value = _as_int(getattr(self, name))
+            if value is None:
+                raise ValueError(f"{name} must be an integer, got {getattr(self, name)!r}")
+            setattr(self, name, value)
+            return value
 
         if number("temperature") < 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
@@ -104,9 +101,10 @@ class SamplingParams:
             self.stop = list(self.stop)
         if self.stop_token_ids is not None:
             ids = self.stop_token_ids
-            if not isinstance(ids, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+            as_ints = [_as_int(i) for i in ids] if isinstance(ids, (list, tuple)) else [None]
+            if any(i is None or i < 0 for i in as_ints):
                 raise ValueError(f"stop_token_ids must be a list of non-negative token ids, got {ids!r}")
-            self.stop_token_ids = list(ids)
+            self.stop_token_ids = as_ints
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
         if not isinstance(self.detokenize, bool):
@@ -118,6 +116,16 @@ class SamplingParams:
     def greedy(self) -> bool:
         # Below this, logits / temperature overflow float32; such requests are greedy (as in vLLM).
         return self.temperature < GREEDY_BELOW
+
+
+def _as_int(value) -> int | None:
+    """A Python int for an integer (numpy's and torch's included), None for anything else (bools and floats)."""
+    if isinstance(value, (bool, float)) or not hasattr(type(value), "__index__"):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:  # e.g. a torch tensor of more than one element, or of floats
+        return None
 
 
 @dataclass(frozen=True)

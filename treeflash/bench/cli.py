@@ -103,7 +103,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "measured choice; treeflash/attention.py)")
     r.add_argument("--tree-builder", default="auto", choices=("auto", "kernel", "ops"),
                    help="DDTree's tree builder on CUDA: one Triton kernel, torch ops, or auto (the kernel up to "
-                        "budget 256; default). Ignored on the CPU")
+                        "4096 candidates, depths x budget: budget 256 at block 16; default). Ignored on the CPU")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--warmup", type=int, default=1, help="untimed warm-up prompts per method (default 1)")
     r.add_argument("--stage-prompts", type=int, default=2,
