@@ -133,3 +133,24 @@ def one_thread():
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def _checkpoint_target():
+    from treeflash.parallel.rank import CheckpointTarget
+
+    return CheckpointTarget
+
+
+class CannotJoin(_checkpoint_target()):
+    """A tensor-parallel target source whose workers load their shard, then fail to join the group (as a
+    worker killed or refused a connection between loading and the rendezvous would)."""
+
+    def load(self, device, dtype, shard):
+        if shard.rank > 0:  # in the worker: its next step, after "loaded", is to join
+            import treeflash.parallel.worker as worker
+
+            def refuse(*args, **kwargs):
+                raise ConnectionError("injected: this worker cannot join the group")
+
+            worker.connect = refuse
+        return super().load(device, dtype, shard)

@@ -115,7 +115,9 @@ def test_uneven_splits_are_refused_before_any_weight_or_process(tmp_path, monkey
     odd = make_tiny_target(tmp_path / "odd", "qwen3", hidden_size=48, num_heads=6, num_kv_heads=3, head_dim=8)
     with pytest.raises(TensorParallelConfigError, match=r"3 KV heads"):
         LLM(str(odd), device="cpu", tensor_parallel_size=2)  # 3 KV heads: neither split nor replicated evenly
-    for bad in (0, -2, "2", 1.5):
+    with pytest.raises(TensorParallelConfigError, match=r"sizes that do: 1$"):  # 2 divides its 6 heads: not named
+        LLM(str(odd), device="cpu", tensor_parallel_size=2)
+    for bad in (0, -2, "2", 1.5, True, 1.0):  # (True and 1.0 ran as 1)
         with pytest.raises(ValueError, match="tensor_parallel_size must be a positive integer"):
             LLM(str(path), device="cpu", tensor_parallel_size=bad)
     assert set(multiprocessing.active_children()) == before
@@ -178,6 +180,30 @@ def test_a_killed_worker_gives_a_clear_error_and_leaves_no_process(models):
     with pytest.raises(TensorParallelError, match="killed by signal 9"):  # the LLM stays failed, clearly
         llm.generate(prompt_token_ids=PROMPTS, sampling_params=GREEDY)
     llm.close()
+
+
+def test_a_worker_that_cannot_join_is_reported_at_once_with_its_error(models, monkeypatch):
+    # Rank 0 waited in the rendezvous for it until the store's timeout (10 minutes), deaf to Ctrl-C, and
+    # then said nothing of its error.
+    import treeflash.parallel.group as group
+    from helpers import CannotJoin
+
+    target, _ = models["llama"]
+    monkeypatch.setattr(group, "CheckpointTarget", CannotJoin)
+    before = set(multiprocessing.active_children())
+    with one_thread(), pytest.raises(TensorParallelError, match=r"(?s)worker 1 .*failed:.*injected"):
+        LLM(str(target), device="cpu", tensor_parallel_size=2)
+    assert set(multiprocessing.active_children()) == before
+
+
+def test_a_worker_that_ends_before_loading_names_the_main_guard(models, tmp_path):
+    # spawn re-runs the script's top level in each worker: without the guard the worker fails there.
+    target, _ = models["llama"]
+    script = tmp_path / "unguarded.py"
+    script.write_text(f"from treeflash import LLM\nLLM({str(target)!r}, device='cpu', tensor_parallel_size=2)\n")
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert run.returncode != 0 and 'build the LLM under `if __name__ == "__main__":`' in run.stderr
 
 
 @pytest.mark.slow

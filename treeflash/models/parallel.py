@@ -39,7 +39,7 @@ def check_shardable(cfg: ModelConfig, size: int) -> None:
     """Refuse, before any weight is read, a split that does not come out even."""
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise TensorParallelConfigError(f"tensor_parallel_size must be a positive integer, got {size!r}")
-    problems = []
+    problems = []  # (each as _uneven checks it)
     if cfg.num_heads % size:
         problems.append(f"{cfg.num_heads} attention heads")
     if cfg.num_kv_heads % size and size % cfg.num_kv_heads:
@@ -48,9 +48,15 @@ def check_shardable(cfg: ModelConfig, size: int) -> None:
     if cfg.intermediate_size % size:
         problems.append(f"MLP width {cfg.intermediate_size}")
     if problems:
+        sizes = [n for n in range(1, cfg.num_heads + 1) if not _uneven(cfg, n)]
         raise TensorParallelConfigError(
             f"tensor_parallel_size={size} does not split this {cfg.architecture} evenly: " + ", ".join(problems)
-            + f" do not divide by {size}; choose a size that divides the head count {cfg.num_heads}")
+            + f" do not divide by {size}; sizes that do: {', '.join(map(str, sizes))}")
+
+
+def _uneven(cfg: ModelConfig, size: int) -> bool:
+    return bool(cfg.num_heads % size or (cfg.num_kv_heads % size and size % cfg.num_kv_heads)
+                or cfg.intermediate_size % size)
 
 
 class Communicator:

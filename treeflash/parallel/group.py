@@ -49,7 +49,7 @@ class TensorParallel:
         elif device.type != "cpu":
             raise ValueError(f"tensor parallelism runs on cpu (gloo) or cuda (NCCL), not {device.type}")
         self.size, self.failure = size, None
-        self._closed = self._closing = False
+        self._closed = self._closing = self._loaded = False
         self._lock = threading.Lock()
         self._monitor: threading.Thread | None = None
         self._store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, wait_for_workers=False,
@@ -76,8 +76,9 @@ class TensorParallel:
             # Rank 0 loads its shard while the workers load theirs.
             self.model, self.config = source.load(device, dtype, Shard(0, size, self.comm))
             self._await("loaded")
+            self._loaded = True
         except BaseException:
-            self.close()
+            self._shutdown(polite=False)  # the workers may still be loading: they read no command yet
             raise
 
     @property
@@ -98,7 +99,7 @@ class TensorParallel:
             return MirroredEngine(self, self.model, drafter, spec, tokenizer, config)
         try:
             self._send(("build", plan))
-            connect(self.comm, self.plan, 0, self._store)
+            self._connect_watched()
             engine = MirroredEngine(self, self.model, drafter, spec, tokenizer, config)
             self._await("ready")
         except BaseException:
@@ -140,6 +141,31 @@ class TensorParallel:
         return TensorParallelError(self.failure)
 
     # --- watching the workers ---------------------------------------------------------------------
+    def _connect_watched(self) -> None:
+        """Join the group in a thread of its own while this one watches the workers: a worker that fails
+        before it joins left rank 0 in the rendezvous until the store's timeout (10 minutes), deaf to
+        Ctrl-C, and its error unread."""
+        done, errors = threading.Event(), []
+
+        def join() -> None:
+            try:
+                connect(self.comm, self.plan, 0, self._store)
+            except BaseException as e:  # noqa: BLE001 - raised in the caller's thread below
+                errors.append(e)
+            finally:
+                done.set()
+
+        threading.Thread(target=join, name="treeflash-tp-connect", daemon=True).start()
+        while not done.is_set():
+            # Only exits are watched here (a live worker's next message, "ready", is _await's to read).
+            dead = wait([p.sentinel for p in self._procs], timeout=0.1)
+            if dead and not done.is_set():
+                i = next(i for i, p in enumerate(self._procs) if p.sentinel in dead)
+                self._fail(self._describe(i, self._read_status(i)))
+                raise TensorParallelError(self.failure)
+        if errors:
+            raise errors[0]
+
     def _await(self, what: str) -> None:
         """Wait until every worker reports `what` ("loaded" or "ready"); a worker that fails raises."""
         pending, deadline = set(range(len(self._procs))), time.monotonic() + STARTUP_TIMEOUT_S
@@ -188,7 +214,12 @@ class TensorParallel:
         proc.join(timeout=1.0)
         code = proc.exitcode
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
-        return f"tensor-parallel worker {i + 1} (pid {proc.pid}) {how}"
+        # A worker that ends before loading, saying nothing, most often ran the script's top level again
+        # (spawn imports the main module) and failed there.
+        hint = "" if self._loaded or message is not None else (
+            "; before it loaded its shard: spawn re-runs the script's top level in each worker, so build the "
+            "LLM under `if __name__ == \"__main__\":` (its traceback, if any, is above)")
+        return f"tensor-parallel worker {i + 1} (pid {proc.pid}) {how}{hint}"
 
     def _fail(self, reason: str) -> None:
         if self.failure is None:
@@ -219,8 +250,9 @@ class TensorParallel:
                         conn.send(("close",))
                     except OSError:
                         pass
+            deadline = time.monotonic() + (10.0 if polite else 0.0)  # one for all the workers, not one each
             for proc in self._procs:
-                proc.join(timeout=10.0 if polite else 0.0)
+                proc.join(timeout=max(0.0, deadline - time.monotonic()))
                 if proc.is_alive():
                     proc.terminate()
                     proc.join(timeout=5.0)

@@ -53,7 +53,9 @@ class MirroredEngine(Engine):
 @contextmanager
 def _interrupt_after_step():
     """Hold a Ctrl-C until the step ends: a rank that leaves a step half-done leaves the others waiting in
-    a collective for good. A second Ctrl-C interrupts at once (and the group is then shut down)."""
+    a collective for good. A second Ctrl-C interrupts at once (and the group is then shut down), unless
+    rank 0 is blocked inside a collective waiting for a worker that is alive but stuck: Python runs no
+    handler there, and the collective's timeout (10 minutes) ends it. A worker that dies is noticed at once."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
