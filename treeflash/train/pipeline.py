@@ -166,7 +166,7 @@ def train_drafter(opts: TrainDrafterOptions) -> dict:
     log(f"target {model_dir} on {device} ({dtype}); options {json.dumps(dataclasses.asdict(opts))}")
     data_dir = Path(opts.data_dir or out / "data").expanduser()
     checkpoints = Path(opts.checkpoint_dir or out / "checkpoint").expanduser()
-    for directory in (data_dir, checkpoints):  # now: one found unusable at the first checkpoint cost every step before it
+    for directory in (data_dir, checkpoints):  # now, not at the first checkpoint, after the steps before it
         directory.mkdir(parents=True, exist_ok=True)
     fingerprint = target_fingerprint(model_dir)  # ties the data and the checkpoints to this target
 
@@ -224,9 +224,10 @@ def train_drafter(opts: TrainDrafterOptions) -> dict:
         f"mask id {cfg.mask_token_id}, {params / 1e6:.2f} M parameters "
         f"({params * torch.finfo(save_dtype).bits / 8 / 2**20:.1f} MiB in {save_dtype})")
     if not examples:
+        cut = "" if opts.data_minutes is None else f"--data-minutes {opts.data_minutes} may have ended it first; "
         raise ValueError(f"no training examples: of {len(train_prompts)} prompts x {len(modes)} modes, no response of "
-                         f"two tokens or more is cached or was made (--data-minutes {opts.data_minutes} may have "
-                         f"ended generation first; prompts longer than the context are skipped, as logged above)")
+                         f"two tokens or more is cached or was made ({cut}prompts longer than the context are "
+                         f"skipped, as logged above)")
     trainer = Trainer(drafter, target, examples, opts.train)
     # What a checkpoint was made for: resuming with another drafter shape or target is refused.
     identity = {"drafter": json.loads(json.dumps(dataclasses.asdict(cfg))), "target": fingerprint}
