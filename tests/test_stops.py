@@ -231,3 +231,41 @@ def test_every_method_stops_where_plain_decoding_stops(text_models, monkeypatch,
         inside_a_round += 1 + sum(out.metrics.acceptance_lengths) > len(out.token_ids)
     if spec != "none":
         assert inside_a_round > len(sets) // 2, "most stops should fall inside a multi-token round"
+
+
+class ChunkTokenizer:
+    """Tokens of several bytes, some ending in the first bytes of a character (as byte-level BPE's ' \\xf0',
+    a space and an emoji's lead byte): the text before such a part character is complete."""
+
+    TABLE = [b"a", b" ", b"x", b" \xc3", b"\xa9", b"a\xe2", b"\x82\xac", b"\xe2\x82", b"\xac", b"\xc3\xa9"]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return b"".join(self.TABLE[i] for i in ids).decode("utf-8", errors="replace")
+
+
+def test_a_stop_string_before_a_part_character_in_the_same_token():
+    # "x" then " " + é's first byte: the decode after the 2nd token is "x \ufffd", which holds " ". It was
+    # missed (nothing settled), so the request ran on, and ended with the stop string in its text.
+    tok = ChunkTokenizer()
+    ids = [2, 3, 4, 0]
+    want = (ids[:2], "x", "stop")
+    assert plain_rule(tok.decode, ids, [" "]) == want
+    for chunks in ([1] * 4, [], [3]):
+        assert fed(tok, ids, [" "], chunks) == want
+    assert fed(tok, ids, [" "], [1] * 4, max_tokens=2) == want  # was 'x \ufffd', "length"
+    assert fed(tok, ids, [" "], [1] * 4, stop_ids={4}) == want  # was 'x \ufffd' with the stop token
+
+
+def test_random_multibyte_token_streams_match_plain_decoding():
+    tok = ChunkTokenizer()
+    rng = random.Random(1)
+    stops_seen = 0
+    for case in range(400):
+        ids = [rng.randrange(len(tok.TABLE)) for _ in range(rng.randint(1, 12))]
+        stops = [rng.choice([" ", "a", "é", "€", " é", "a€", "€ ", "x", "\ufffd"]) for _ in range(rng.randint(1, 2))]
+        max_tokens = rng.randint(1, len(ids))  # every request ends (an unended one holds a part character back)
+        want = plain_rule(tok.decode, ids, stops, max_tokens=max_tokens)
+        stops_seen += want[2] == "stop"
+        for chunks in ([1] * len(ids), [], [rng.randint(1, 4) for _ in range(len(ids))]):
+            assert fed(tok, ids, stops, chunks, max_tokens=max_tokens) == want, (case, ids, stops, chunks)
+    assert stops_seen > 150

@@ -62,6 +62,15 @@ class IncrementalDetokenizer:
         self._peeked = (token, len(self.ids), *step)
         return step[0]
 
+    def peek_final(self, token: int) -> str:
+        """The text `push(token)` then `flush()` would add: an incomplete last character as U+FFFD, as one
+        decode of the whole sequence gives it (what a stop string is searched in, `Engine._stop_string_hit`)."""
+        self.ids.append(token)
+        try:
+            return self._next(final=True)[0]
+        finally:
+            self.ids.pop()
+
     def flush(self) -> str:
         """The sequence is over: release what was held back for an incomplete character."""
         if self._read == len(self.ids):

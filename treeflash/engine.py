@@ -622,6 +622,12 @@ class Engine:
             return False
         before = len(detok.text)
         added = detok.peek(token)
+        # A token that ends in part of a character (a space and an emoji's first byte, say) adds no settled
+        # text, but the decode that plain decoding checks has text there: search that (its incomplete end
+        # as U+FFFD), or a stop string before the part character would be missed.
+        held = not added
+        if held:
+            added = detok.peek_final(token)
         if not added:
             return False
         text = detok.text + added
@@ -630,6 +636,8 @@ class Engine:
         if not hits:
             return False
         detok.push(token)
+        if held:
+            detok.flush()  # the text up to the cut is final now
         request.stop_string_at = min(hits)
         detok.cut(request.stop_string_at)
         request.finish_reason = "stop"
