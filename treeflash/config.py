@@ -265,10 +265,16 @@ def read_config_json(path: str | Path) -> dict[str, Any]:
     file = Path(path) / "config.json"
     if not file.is_file():
         raise FileNotFoundError(f"{path}: no config.json (expected a Hugging Face model directory)")
+    return read_json_object(file)
+
+
+def read_json_object(file: Path) -> dict[str, Any]:
+    """A JSON file that holds an object (config.json, generation_config.json, ...), else a ConfigError
+    naming the file."""
     try:
-        cfg = json.loads(file.read_text(encoding="utf-8"))
+        value = json.loads(file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{file}: malformed config.json: {e}") from None
-    if not isinstance(cfg, dict):
-        raise ConfigError(f"{file}: config.json must hold a JSON object, got {type(cfg).__name__}")
-    return cfg
+        raise ConfigError(f"{file}: malformed {file.name}: {e}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{file}: {file.name} must hold a JSON object, got {type(value).__name__}")
+    return value

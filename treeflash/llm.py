@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import operator
 import sys
 import warnings
 from dataclasses import dataclass, fields, replace
@@ -13,14 +11,14 @@ from typing import Iterable, Iterator, Sequence
 import torch
 
 from treeflash.checkpoint import load_drafter, load_target, load_tokenizer, resolve_model_dir
-from treeflash.config import ConfigError, ModelConfig, config_int_list
+from treeflash.config import ModelConfig, config_int_list, read_json_object
 from treeflash.default_model import default_draft_model
 from treeflash.engine import Engine, EngineConfig, Request
 from treeflash.models.parallel import check_shardable
 from treeflash.outputs import RequestOutput
 from treeflash.progress import Progress
 from treeflash.round import SpecConfig
-from treeflash.sampling import SamplingParams, new_seed
+from treeflash.sampling import SamplingParams, as_int, new_seed
 
 
 @dataclass(frozen=True)
@@ -128,7 +126,8 @@ def _check_one_prompt(prompt, sampling_params, prompt_token_ids) -> None:
                          f"use generate() for several prompts")
     if prompt_token_ids is not None and (isinstance(prompt_token_ids, (str, bytes))
                                          or not hasattr(prompt_token_ids, "__len__")):
-        raise ValueError(f"stream's prompt_token_ids must be a list of token ids, got {type(prompt_token_ids).__name__}")
+        raise ValueError(f"stream's prompt_token_ids must be a list of token ids, got "
+                         f"{type(prompt_token_ids).__name__}")
     if prompt_token_ids is not None and len(prompt_token_ids) and isinstance(prompt_token_ids[0], Sequence):
         raise ValueError("stream takes one prompt: prompt_token_ids=[id, ...], not a list of prompts; "
                          "use generate() for several prompts")
@@ -155,11 +154,12 @@ def _fit_budget(spec: SpecConfig, depth: int, vocab: int) -> SpecConfig:
 def _token_ids(prompt, n: int) -> list[int]:
     """Token ids as plain ints (numpy and torch integers welcome; bools and floats are not ids)."""
     try:
-        if any(isinstance(t, bool) for t in prompt):
-            raise TypeError
-        return [operator.index(t) for t in prompt]
-    except TypeError:
-        raise ValueError(f"prompt_token_ids[{n}] must be a sequence of integer token ids") from None
+        ids = [as_int(t) for t in prompt]
+    except TypeError:  # not a sequence
+        ids = [None]
+    if None in ids:
+        raise ValueError(f"prompt_token_ids[{n}] must be a sequence of integer token ids")
+    return ids
 
 
 class LLM:
@@ -219,8 +219,9 @@ class LLM:
     to fill the slots in a few steps. A long prompt still goes in chunks of 512 tokens, one per step.
     admit_batch: waiting requests are admitted only once this many slots are free (or all of them fit,
     or no slot is busy); default 1. Each admission is a prefill forward (a graph replay on CUDA, eager on
-    the CPU) plus a first-token draw, so with hundreds of slots and requests ending a few per step, admitting in batches (e.g. 1/16 of
-    max_num_seqs) saves that host work on most steps; the tokens of each request are unchanged.
+    the CPU) plus a first-token draw, so with hundreds of slots and requests ending a few per step,
+    admitting in batches (e.g. 1/16 of max_num_seqs) saves that host work on most steps; the tokens of each
+    request are unchanged.
     """
 
     def __init__(self, model: str | Path | None = None, device: str | torch.device | None = None,
@@ -439,13 +440,7 @@ class LLM:
         ids = set(self.config.eos_token_ids)
         gen = self.model_dir / "generation_config.json"
         if gen.is_file():
-            try:
-                generation = json.loads(gen.read_text(encoding="utf-8"))
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise ConfigError(f"{gen}: malformed generation_config.json ({e})") from None
-            if not isinstance(generation, dict):
-                raise ConfigError(f"{gen}: must hold a JSON object, got {type(generation).__name__}")
-            ids.update(config_int_list(generation, "eos_token_id", where=str(gen)))
+            ids.update(config_int_list(read_json_object(gen), "eos_token_id", where=str(gen)))
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             ids.add(self.tokenizer.eos_token_id)
         return frozenset(ids)

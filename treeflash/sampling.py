@@ -72,7 +72,7 @@ class SamplingParams:
             return float(value)
 
         def integer(name: str) -> int:
-            value = _as_int(getattr(self, name))
+            value = as_int(getattr(self, name))
             if value is None:
                 raise ValueError(f"{name} must be an integer, got {getattr(self, name)!r}")
             setattr(self, name, value)
@@ -101,7 +101,7 @@ class SamplingParams:
             self.stop = list(self.stop)
         if self.stop_token_ids is not None:
             ids = self.stop_token_ids
-            as_ints = [_as_int(i) for i in ids] if isinstance(ids, (list, tuple)) else [None]
+            as_ints = [as_int(i) for i in ids] if isinstance(ids, (list, tuple)) else [None]
             if any(i is None or i < 0 for i in as_ints):
                 raise ValueError(f"stop_token_ids must be a list of non-negative token ids, got {ids!r}")
             self.stop_token_ids = as_ints
@@ -118,8 +118,9 @@ class SamplingParams:
         return self.temperature < GREEDY_BELOW
 
 
-def _as_int(value) -> int | None:
-    """A Python int for an integer (numpy's and torch's included), None for anything else (bools and floats)."""
+def as_int(value) -> int | None:
+    """A Python int for an integer (numpy's and torch's included), None for anything else (bools and floats);
+    what SamplingParams and prompt_token_ids take as an integer."""
     if isinstance(value, (bool, float)) or not hasattr(type(value), "__index__"):
         return None
     try:

@@ -21,6 +21,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from treeflash.config import ConfigError, read_json_object
 from treeflash.sampling import SamplingParams
 from treeflash.train.prompts import Completion, Prompt
 
@@ -173,12 +174,9 @@ def target_fingerprint(model_dir: str | Path) -> str:
 
 def read_json(path: Path) -> dict:
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DataCacheError(f"{path}: damaged ({e}); delete it, or the directory") from None
-    if not isinstance(value, dict):
-        raise DataCacheError(f"{path}: damaged (not a JSON object); delete it, or the directory")
-    return value
+        return read_json_object(path)
+    except ConfigError as e:
+        raise DataCacheError(f"{e}; delete it, or the directory") from None
 
 
 def append_jsonl(path: Path, records: list[dict]) -> None:
