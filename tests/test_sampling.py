@@ -287,6 +287,35 @@ def test_draw_uniforms_are_strictly_inside_the_unit_interval_and_depend_on_every
     assert torch.equal(draw_uniforms(seeds, torch.full((4, 3), 9)), draw_uniforms(seeds, torch.full((4, 1), 9)).expand(4, 3))
 
 
+
+def test_each_position_maps_seeds_one_to_one_onto_64_bits_so_the_52_bit_uniform_is_exact():
+    """The uniform's 52 bits are the top of a 64-bit block that the seed's two halves go through by a
+    bijection (a Feistel network, whatever the position): undoing the rounds gives the seed back. So a
+    uniformly random seed makes every 52-bit value equally likely, not just 2^32 of them."""
+    from treeflash.sampling import _MASK32, _ROUND_SALTS, _feistel, _fmix32
+
+    gen = torch.Generator().manual_seed(3)
+    seed = torch.randint(0, 1 << 32, (4096, 2), generator=gen)
+    key = _fmix32((torch.randint(0, 1 << 40, (4096, 1), generator=gen) & _MASK32) ^ 0x9E3779B9)
+    left, right = _feistel(seed[:, :1], seed[:, 1:], key)
+    for salt in reversed(_ROUND_SALTS):
+        left, right = right ^ _fmix32(left ^ key ^ salt), left
+    assert torch.equal(torch.cat([left, right], 1), seed)
+
+
+def test_the_uniforms_low_bits_are_not_a_function_of_their_high_bits():
+    # Reachable values, seen from outside: among 2^18 random seeds at one position, those whose uniforms
+    # agree in their top 32 of 52 bits (~8 pairs by the birthday bound) differ below them. An earlier
+    # hash derived the low 20 bits from the same 32-bit state as the high ones: such pairs always agreed.
+    gen = torch.Generator().manual_seed(11)
+    seeds = torch.randint(0, 1 << 32, (1 << 18, 2), generator=gen)
+    k = ((draw_uniforms(seeds, torch.full((1 << 18, 1), 77)) * 2.0 ** 53 - 1) / 2)[:, 0].long()
+    high, order = torch.sort(k >> 20)
+    k = k[order]
+    same_high = (high[1:] == high[:-1]).nonzero()[:, 0]
+    assert len(same_high) >= 2
+    assert (k[same_high] != k[same_high + 1]).all()
+
 # --- derive: the per-node draw matches the processed distribution ---------------------------------
 
 DIST_CASES = [

@@ -12,9 +12,9 @@ emitted token at each position is F^-1(u_pos) under that position's true conditi
 plain sampling with the same seed emits. A seeded request therefore gives the same tokens with or
 without a drafter (up to float rounding of the logits at a CDF boundary), whatever its batch.
 
-The draw itself is exact to double precision: a 52-bit uniform on an odd 2^-53 grid against a float64
-cumulative sum (`inverse_cdf`), so a token's chance differs from its processed probability by about
-1e-16, and the total variation at a 150k vocabulary is about 1e-10 (tests/test_sampler_exact.py).
+The draw itself is exact to double precision: a 52-bit uniform on an odd 2^-53 grid (exactly uniform
+over seeds: `draw_uniforms`) against a float64 cumulative sum (`inverse_cdf`), so a token's chance
+differs from its processed probability by about 1e-16, and the total variation at a 150k vocabulary is about 1e-10 (tests/test_sampler_exact.py).
 """
 
 from __future__ import annotations
@@ -310,23 +310,35 @@ def _fmix32(h: torch.Tensor) -> torch.Tensor:
     return h ^ (h >> 16)
 
 
+_ROUND_SALTS = (0x7F4A7C15, 0x2545F491, 0x3C6EF372, 0x1B873593)  # one per Feistel round
+
+
 def draw_uniforms(seed: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """One uniform per draw: seed [S, 2], positions [S, N] of the tokens drawn -> [S, N] float64.
 
-    u = (2k + 1) / 2^53 for a 52-bit k from two 32-bit hashes of (seed, position): every value is
-    exact in float64, strictly inside (0, 1), and the grid is symmetric (1 - u is on it too). On CUDA
-    the same int64 arithmetic runs as one Triton kernel (treeflash/hash_uniforms.py), bit for bit.
+    u = (2k + 1) / 2^53 for k the top 52 bits of a 64-bit block: the seed's two 32-bit halves through
+    a four-round Feistel network whose round keys hash the position. A Feistel network is a bijection
+    of the block whatever its round function, so at every position a uniformly random 64-bit seed
+    gives every k equally often: the draw is exactly uniform on the 52-bit grid. (Hashing the seed
+    down to one 32-bit state first, as an earlier version did, reached only 2^32 of the 2^52 values.)
+    Every value is exact in float64, strictly inside (0, 1), and the grid is symmetric (1 - u is on it
+    too). On CUDA the same int64 arithmetic runs as one Triton kernel (treeflash/hash_uniforms.py), bit
+    for bit.
     """
     if positions.is_cuda:
         from treeflash.hash_uniforms import hash_uniforms  # Triton: imported on CUDA only
 
         return hash_uniforms(seed, positions)
-    h = _fmix32((positions & _MASK32) ^ 0x9E3779B9)
-    h = _fmix32(h ^ seed[:, :1])
-    h = _fmix32(h ^ seed[:, 1:])
-    high, low = _fmix32(h ^ 0x7F4A7C15), _fmix32(h ^ 0x2545F491)
-    k = (high << 20) | (low >> 12)
+    left, right = _feistel(seed[:, :1], seed[:, 1:], _fmix32((positions & _MASK32) ^ 0x9E3779B9))
+    k = (left << 20) | (right >> 12)
     return ((k << 1) | 1).double() * 2.0 ** -53
+
+
+def _feistel(left: torch.Tensor, right: torch.Tensor, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # Four rounds over the 64-bit block (left, right); invertible for any key (tests/test_sampling.py).
+    for salt in _ROUND_SALTS:
+        left, right = right, left ^ _fmix32(right ^ key ^ salt)
+    return left, right
 
 
 _BLOCK = 256  # tokens per block of the two-level search: ~600 blocks for a 150k vocabulary
