@@ -179,8 +179,25 @@ def test_stop_token_inside_accepted_path(models, monkeypatch, spec, budget):
     assert out.finish_reason == "stop"
     rounds = out.metrics.acceptance_lengths
     assert max(rounds) >= 4, "the oracle must make multi-token rounds"
-    # The last round emitted tokens past the stop token: the stop was inside an accepted path.
-    assert 1 + sum(rounds) > len(out.token_ids)
+    # Rounds count what they emitted (the first token is prefill's), and the stop token cut the last one
+    # short of the oracle's full rounds: it was inside an accepted path.
+    assert 1 + sum(rounds) == len(out.token_ids)
+    assert rounds[-1] < 8  # the oracle's rounds emit a whole block of 8 until the stop
+
+
+@pytest.mark.parametrize("spec,budget", [("ddtree", 16), ("dflash", 0)])
+def test_acceptance_lengths_count_what_rounds_emitted_when_max_tokens_cuts_a_round(models, monkeypatch, spec,
+                                                                                  budget):
+    # Metrics' tokens per round are emitted tokens: a round cut by max_tokens counts what it kept (the
+    # oracle's rounds are whole 8-token blocks, so 13 tokens = prefill's 1 + 8 + 4 of the next 8).
+    ref = models.reference("qwen3-64")
+    prompt, greedy = PROMPTS[2], ref[2]
+    install_oracle(monkeypatch, {tuple(prompt): prompt + greedy}, 64, decoy_rate=0.0)
+    params = [SamplingParams(temperature=0.0, max_tokens=13, ignore_eos=True)]
+    out = run_llm(models.target("qwen3-64"), models.drafter("qwen3-64", 8), spec, budget or 64, [prompt], params)[0]
+    assert out.token_ids == greedy[:13] and out.finish_reason == "length"
+    assert out.metrics.acceptance_lengths == [8, 4]
+    assert out.metrics.mean_acceptance_length == 6.0
 
 
 @pytest.mark.parametrize("spec,budget", [("ddtree", 16), ("dflash", 0)])
@@ -204,7 +221,9 @@ def test_stop_string_inside_accepted_path(tmp_path, monkeypatch, spec, budget):
     out = LLM(str(target), device="cpu", draft_model=str(drafter), spec=spec, tree_budget=budget or 64).generate(
         prompt, params)[0]
     assert (out.text, out.token_ids, out.finish_reason) == (want.text, want.token_ids, "stop")
-    assert 1 + sum(out.metrics.acceptance_lengths) > len(out.token_ids), "the stop must fall inside a round"
+    rounds = out.metrics.acceptance_lengths
+    assert 1 + sum(rounds) == len(out.token_ids)  # what rounds emitted, not what they accepted
+    assert rounds[-1] < max(rounds[:-1]), "the stop must fall inside a round (and cut it short)"
 
 
 # --- mixed batches and seeds --------------------------------------------------------------------------

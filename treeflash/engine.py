@@ -476,7 +476,10 @@ class Engine:
             accepted = rows[i][0]
             self.seq_lens[i] += accepted
             m = request.metrics
-            m.acceptance_lengths.append(accepted)
+            kept = self._append(request, rows[i][1:1 + accepted])
+            # What the request emitted: a stop or max_tokens may cut the round's last tokens (counting them
+            # raised tokens per round by ~2.5% at 128 tokens), so rounds x this mean = its tokens - 1.
+            m.acceptance_lengths.append(len(kept))
             if self.budget is not None:
                 m.round_budgets.append(budget)
             m.decode_seconds += elapsed
@@ -484,7 +487,7 @@ class Engine:
                 m.stage_seconds[stage] = m.stage_seconds.get(stage, 0.0) + seconds
             if self.record_trees:
                 request.last_tree = render_tree(result.tree, result.walk, i, self._token_text)
-            updates.append(StepUpdate(request, self._append(request, rows[i][1:1 + accepted])))
+            updates.append(StepUpdate(request, kept))
             self._retire_if_done(request)
 
     # --- admission -------------------------------------------------------------------------------

@@ -15,7 +15,9 @@ def plural(n: int, word: str) -> str:
 class RequestMetrics:
     num_prompt_tokens: int = 0
     num_generated_tokens: int = 0
-    acceptance_lengths: list[int] = field(default_factory=list)  # tokens emitted per round (accepted drafts + 1)
+    # Tokens emitted per round: accepted drafts + 1, less what a stop or max_tokens cut from the last round,
+    # so they sum to the generated tokens less the first (which prefill emits).
+    acceptance_lengths: list[int] = field(default_factory=list)
     prefill_seconds: float = 0.0  # wall time of the prefill forwards this request took part in (batched)
     decode_seconds: float = 0.0  # wall time of the rounds this request took part in
     stage_seconds: dict[str, float] = field(default_factory=dict)  # per round stage, summed
