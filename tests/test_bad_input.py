@@ -118,6 +118,8 @@ def test_wrong_sampling_params_say_what_was_passed(llm, params, message):
     (dict(prompt=("a",)), "stream takes one prompt .a string., got tuple"),
     (dict(prompt_token_ids=[[1, 2], [3, 4]]), "stream takes one prompt: prompt_token_ids=.id, ...., not a list"),
     (dict(prompt="a", sampling_params=[SamplingParams()]), "stream takes one SamplingParams"),
+    (dict(prompt="abc", prompt_token_ids=[5, 6]), "not both or neither"),  # the text was dropped, silently
+    (dict(), "not both or neither"),
 ])
 def test_stream_refuses_several_prompts(llm, kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -39,8 +39,7 @@ INVALID_PARAMS = [
     ({"top_p": -0.2}, r"top_p must be in \(0, 1\]"),
     ({"top_p": float("nan")}, "top_p must be a finite number"),
     ({"top_p": False}, "top_p must be a finite number"),
-    ({"top_k": 0}, r"top_k must be -1 \(off\) or at least 1"),
-    ({"top_k": -2}, r"top_k must be -1 \(off\) or at least 1"),
+    ({"top_k": -2}, r"top_k must be -1 or 0 \(off, as in vLLM\) or at least 1"),
     ({"top_k": 2.0}, "top_k must be an integer"),
     ({"top_k": True}, "top_k must be an integer"),
     ({"min_p": -0.01}, r"min_p must be in \[0, 1\]"),
@@ -200,6 +199,10 @@ def test_top_k_keeps_exactly_the_k_largest():
     torch.testing.assert_close(out[[1, 3, 5]], torch.softmax(logits[[1, 3, 5]], -1))
     assert support(probs_for(logits, SamplingParams(top_k=1))) == [1]
     assert support(probs_for(logits, SamplingParams(top_k=100))) == list(range(6))
+    # 0 is off, as in vLLM; so is a k past any vocabulary, even past int64 (it failed the whole batch).
+    assert SamplingParams(top_k=0).top_k == -1
+    for k in (0, (1 << 31) - 1, 1 << 31, 1 << 64):
+        assert support(probs_for(logits, SamplingParams(top_k=k))) == list(range(6)), k
 
 
 def test_top_k_keeps_tokens_tied_with_the_kth():

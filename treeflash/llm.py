@@ -338,7 +338,7 @@ class LLM:
         Bad input is a ValueError here, when stream() is called, not when the iterator is first read."""
         _check_one_prompt(prompt, sampling_params, prompt_token_ids)
         ids = None if prompt_token_ids is None else [list(prompt_token_ids)]
-        return self._stream(self._requests(None if ids else prompt, sampling_params, ids)[0])
+        return self._stream(self._requests(prompt, sampling_params, ids)[0])  # (both or neither: refused)
 
     def _stream(self, request: Request) -> Iterator[StreamChunk]:
         engine, printed = self.engine, 0

@@ -82,8 +82,10 @@ class SamplingParams:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if not 0 < number("top_p") <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if integer("top_k") == 0 or self.top_k < -1:
-            raise ValueError(f"top_k must be -1 (off) or at least 1, got {self.top_k}")
+        if integer("top_k") < -1:
+            raise ValueError(f"top_k must be -1 or 0 (off, as in vLLM) or at least 1, got {self.top_k}")
+        if self.top_k == 0:
+            self.top_k = -1
         if not 0 <= number("min_p") <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if integer("max_tokens") < 1:
@@ -168,7 +170,9 @@ class SamplingTensors:
         def tensor(values, dtype):
             return to_device(values, device, dtype)
 
-        top_k = [max(p.top_k, 0) for p in params]
+        # 0 = off per row; a k of 2^31 or more keeps every token of any vocabulary, and as int64 one of 2^63
+        # or more would not even convert (the whole batch's prefill failed on it).
+        top_k = [p.top_k if 0 < p.top_k < 1 << 31 else 0 for p in params]
         return SamplingTensors(
             temperature=tensor([1.0 if p.greedy else p.temperature for p in params], torch.float32),
             top_k=tensor(top_k, torch.int64),
