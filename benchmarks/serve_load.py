@@ -210,6 +210,8 @@ def summarize(results: list[Result], elapsed: float, before: dict, after: dict) 
         "error_examples": sorted({r.error for r in results if r.error})[:5],
         "elapsed_s": round(elapsed, 1), "requests_per_s": round(len(ok) / elapsed, 3),
         "output_tokens": tokens, "output_tokens_per_s": round(tokens / elapsed, 1),
+        # An answer whose first token ends it (EOS) streams no text, so it has no time to first token.
+        "empty_answers": sum(r.first is None for r in ok),
         "ttft_ms": percentiles([r.first - r.start for r in ok if r.first is not None]),
         "itl_ms": percentiles(gaps), "tpot_ms": percentiles(tpot),
         "e2e_ms": percentiles([r.end - r.start for r in ok]),

@@ -15,7 +15,8 @@ from treeflash.engine import Request
 from treeflash.llm import LLM
 from treeflash.sampling import SamplingParams
 from treeflash.server.errors import APIError, bad_request
-from treeflash.server.protocol import UNSUPPORTED, ChatCompletionRequest, CompletionRequest, SamplingFields
+from treeflash.server.protocol import (CHAT_UNSUPPORTED, COMPLETION_UNSUPPORTED, UNSUPPORTED, ChatCompletionRequest,
+                                       CompletionRequest, SamplingFields)
 
 CONTEXT = "context_length_exceeded"
 
@@ -43,7 +44,7 @@ class Frontend:
     # --- the two endpoints -----------------------------------------------------------------------
     def completion_requests(self, body: CompletionRequest) -> list[Request]:
         """Engine requests for every prompt x n choices (choice index = prompt index x n + j)."""
-        self._check_common(body)
+        self._check_common(body, COMPLETION_UNSUPPORTED)
         for name, value, neutral in (("echo", body.echo, False), ("suffix", body.suffix, None)):
             if value not in (neutral, ""):
                 raise bad_request(f"{name} is not supported", param=name, code="unsupported")
@@ -53,7 +54,7 @@ class Frontend:
         return self._requests(body, prompts, body.max_completion_tokens or body.max_tokens, default_max_tokens=16)
 
     def chat_requests(self, body: ChatCompletionRequest) -> list[Request]:
-        self._check_common(body)
+        self._check_common(body, CHAT_UNSUPPORTED)
         if body.tools:
             raise bad_request("tools are not supported", param="tools", code="unsupported")
         if body.response_format and body.response_format.get("type", "text") != "text":
@@ -78,7 +79,7 @@ class Frontend:
                            param="model", code="model_not_found")
 
     # --- shared checks ---------------------------------------------------------------------------
-    def _check_common(self, body: SamplingFields) -> None:
+    def _check_common(self, body: SamplingFields, endpoint_unsupported: dict[str, tuple]) -> None:
         self.check_model(body.model)
         if body.stream_options is not None and not body.stream:
             raise bad_request("stream_options is only allowed with stream: true", param="stream_options")
@@ -86,7 +87,8 @@ class Frontend:
         if (body.logprobs is not None and body.logprobs is not False) or body.top_logprobs not in (None, 0):
             raise bad_request("logprobs are not supported", param="logprobs", code="unsupported")
         for name, value in (body.model_extra or {}).items():
-            if name in UNSUPPORTED and value is not None and not _same(value, UNSUPPORTED[name]):
+            neutral = endpoint_unsupported.get(name, UNSUPPORTED.get(name))
+            if neutral is not None and value is not None and not _same(value, neutral):
                 raise bad_request(f"{name} is not supported", param=name, code="unsupported")
 
     def _completion_prompts(self, prompt) -> list[Prompt]:

@@ -43,6 +43,23 @@ UNSUPPORTED: dict[str, tuple] = {
     "tool_choice": ("none", "auto"),
     "functions": ([],),
     "function_call": ("none", "auto"),
+    "skip_special_tokens": (True,),
+    "spaces_between_special_tokens": (True,),
+}
+# Those of one endpoint: how vLLM builds the prompt there (the neutral values are what this server does).
+CHAT_UNSUPPORTED: dict[str, tuple] = {
+    "add_generation_prompt": (True,),
+    "continue_final_message": (False,),
+    "add_special_tokens": (False,),
+    "chat_template": (),
+    "chat_template_kwargs": ({},),
+    "documents": ([],),
+    "reasoning_effort": (),
+    "echo": (False,),
+}
+COMPLETION_UNSUPPORTED: dict[str, tuple] = {
+    "add_special_tokens": (True,),
+    "response_format": ({"type": "text"},),
 }
 
 
@@ -100,7 +117,8 @@ class ChatMessage(_Request):
         return self
 
     def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        # Text parts on lines of their own, as vLLM joins them (the same prompt as there).
+        return self.content if isinstance(self.content, str) else "\n".join(p.text for p in self.content)
 
 
 class ChatCompletionRequest(SamplingFields):
