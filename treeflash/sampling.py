@@ -14,7 +14,8 @@ without a drafter (up to float rounding of the logits at a CDF boundary), whatev
 
 The draw itself is exact to double precision: a 52-bit uniform on an odd 2^-53 grid (exactly uniform
 over seeds: `draw_uniforms`) against a float64 cumulative sum (`inverse_cdf`), so a token's chance
-differs from its processed probability by about 1e-16, and the total variation at a 150k vocabulary is about 1e-10 (tests/test_sampler_exact.py).
+differs from its processed probability by about 1e-16, and the total variation at a 150k vocabulary
+is about 1e-10 (tests/test_sampler_exact.py).
 """
 
 from __future__ import annotations
