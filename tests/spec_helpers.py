@@ -108,7 +108,7 @@ def install_oracle(monkeypatch, known: dict[tuple[int, ...], list[int]], vocab: 
             sequences[(id(self), piece.slot)] = known.get(tuple(piece.prompt))
         return original_batch(self, pieces, *args, **kwargs)
 
-    def draft(self, state, sampling, depths=None):
+    def draft(self, state, sampling, depths=None, layout=None):
         depth = self.drafter.config.depth
         seq_lens, bonus = state.seq_lens.tolist(), state.bonus.tolist()
         out = torch.empty(len(seq_lens), depth, vocab)

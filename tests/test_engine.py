@@ -38,7 +38,7 @@ def test_caches_grow_for_a_long_request_and_keep_running_slots(pair):
     llm = LLM(str(target), device="cpu", draft_model=str(drafter), tree_budget=8, max_num_seqs=2)
     short = llm.generate(prompt_token_ids=[PROMPTS[0]], sampling_params=GREEDY)[0].token_ids
     start = llm.engine.speculator.capacity
-    long = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
+    long = SamplingParams(temperature=0, max_tokens=700, ignore_eos=True)
     outs = llm.generate(prompt_token_ids=[PROMPTS[0], PROMPTS[1]], sampling_params=[GREEDY, long])
     assert llm.engine.speculator.capacity > start
     assert outs[0].token_ids == short
@@ -182,10 +182,11 @@ def test_capture_graphs_takes_every_bucket_up_to_the_batch_with_its_flags(pair):
     sampled = SamplingParams(temperature=0.7, top_p=0.9, max_tokens=4)
     engine.capture_graphs(3, sampled)
     assert seen == [(1, False), (2, False), (4, False)]  # 3 runs in the 4-bucket's graph
-    # 1, 2 and 4 prompts (up to the 4-bucket) of each power-of-two length that fits the cache (256 rows on the
-    # CPU) and one step's prefill (512 tokens), in slots 0, 1, ...
+    # 1, 2 and 4 prompts (up to the 4-bucket) of each power-of-two length that fits the cache (512 rows on the
+    # CPU: one block of its attention kernel), one step's prefill (512 tokens) and a graph's element bound,
+    # in slots 0, 1, ...
     assert prefills == [[(slot, 0, n) for slot in range(count)] for count, lengths in
-                        ((1, (16, 32, 64, 128, 256)), (2, (16, 32, 64, 128, 256)), (4, (16, 32, 64, 128)))
+                        ((1, (16, 32, 64, 128, 256, 512)), (2, (16, 32, 64, 128, 256)), (4, (16, 32, 64, 128)))
                         for n in lengths]
     assert engine.speculator.state.seq_lens.tolist() == [0] * 8 and not engine.speculator.state.active.any()
     assert engine.speculator.flags.all_greedy and all(p is None for p in engine.speculator.slot_params)

@@ -350,7 +350,7 @@ class SamplingSetup:
         if table is not None and drafter is not None:
             g = torch.Generator().manual_seed(1)
             per_slot = (table[None] + 0.7 * torch.randn(chunk, *table.shape, generator=g)).log_softmax(-1)
-            sp.draft = lambda state, sampling, depths=None: per_slot[:state.bonus.shape[0], :depths]
+            sp.draft = lambda state, sampling, depths=None, layout=None: per_slot[:state.bonus.shape[0], :depths]
         s = sp.state
         counts = torch.zeros(V ** DEPTH, dtype=torch.long)
         accepted_total, rounds = 0.0, 0

@@ -125,7 +125,8 @@ class EngineConfig:
     max_model_len: int = 2048  # prompt + generated tokens of one request
     time_stages: bool = True  # time each round's stages (synchronises on a GPU)
     record_trees: bool = False  # keep each request's last draft tree, drawn
-    min_capacity: int = 256  # caches start this long and double as requests need
+    # Caches start this long (rounded to whole attention blocks: 512 on the CPU) and double as requests need.
+    min_capacity: int = 256
     cuda_graphs: bool = True  # replay rounds as CUDA graphs (CUDA only; the CPU always runs eagerly)
     # Batch sizes captured as graphs (a round over n slots replays the smallest >= n); None: powers of
     # two up to max_num_seqs. Each capture costs seconds (kernels compiled for its shape); one large
@@ -203,6 +204,7 @@ class Engine:
                                      flex_decode_tokens=config.flex_decode_tokens, tree_kernel=config.tree_kernel,
                                      compile_kernels=config.compile_kernels, draft_vocab=config.draft_vocab,
                                      cpu_prepack=config.cpu_prepack)
+        self.max_capacity = self.speculator.rounded(self.max_capacity)  # (whole attention blocks, as it grows)
         sizes = tuple(sorted(set(config.cuda_graph_sizes))) if config.cuda_graph_sizes else None
         self.runner = GraphRunner(self.speculator, enabled=config.cuda_graphs, time_stages=config.time_stages,
                                   buckets=sizes)
@@ -437,7 +439,12 @@ class Engine:
         num_slots = running[-1] + 1
         budget = self.budget.choose(self.runner.bucket(num_slots)) if self.budget else None
         start = time.perf_counter()
-        result = self.runner.round(num_slots, budget)
+        # Rows any of these slots may reach this round (committed + what it writes; with overlap the host's
+        # seq_lens lag by a round): eager rounds attend over no more (Speculator.round).
+        lag = self.round_rows if self.overlap else 0
+        kv_rows = max(self.seq_lens[:num_slots]) + lag + rows_per_round(self.speculator.spec, self.speculator.drafter,
+                                                                        budget) + 1
+        result = self.runner.round(num_slots, budget, kv_rows)
         rows, ready = result.readback, None
         if rows.is_cuda and self.overlap:
             # The next replay rewrites the graph's outputs: copy this round's out behind it on the stream.

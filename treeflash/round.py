@@ -7,7 +7,8 @@ host; the engine synchronises once per round, after `commit`, to read the emitte
 No shape in a round depends on a value that changes between rounds: attention spans the whole cache
 capacity (treeflash/attention.py), and each slot's sampling parameters live in static device rows
 written when a request is admitted. The same round can therefore be replayed as a CUDA graph
-(treeflash/runner.py); on the CPU it simply runs.
+(treeflash/runner.py); on the CPU it simply runs, and may be told to attend over fewer rows
+(`kv_rows`): the rows in use, in whole blocks of the CPU attention kernel (`attend_width`).
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
+import functools
+
 import torch
 
-from treeflash.attention import FLEX_BLOCK, FLEX_DECODE_TOKENS, SplitKVMask, check_backend, default_backend, \
-    round_layout
+from treeflash.attention import FLEX_BLOCK, FLEX_DECODE_TOKENS, SDPA_KV_BLOCK, SplitKVMask, check_backend, \
+    default_backend, round_layout
 from treeflash.budget import AUTO_BUDGETS, NO_DRAFT, expected_drafts
 from treeflash.kv_cache import KVCache, append_layout
 from treeflash.models.dflash import DFlashDrafter
@@ -88,12 +91,13 @@ class SpecConfig:
         return max(AUTO_BUDGETS) if self.tree_budget == "auto" else self.tree_budget
 
 
-def rows_per_round(spec: SpecConfig, drafter: DFlashDrafter | None) -> int:
-    """Cache rows a round may write past a slot's committed length."""
+def rows_per_round(spec: SpecConfig, drafter: DFlashDrafter | None, budget: int | None = None) -> int:
+    """Cache rows a round may write past a slot's committed length (at tree budget `budget` where given:
+    an automatic budget's round; default the largest the spec allows)."""
     if drafter is None or spec.method == "none":
         return 1
     d = drafter.config
-    nodes = d.depth if spec.method == "dflash" else spec.max_budget
+    nodes = d.depth if spec.method == "dflash" else spec.max_budget if budget is None else budget
     return max(1 + nodes, d.block_size)
 
 
@@ -184,7 +188,7 @@ class Speculator:
             for model in (target, self.drafter):
                 if model is not None:
                     use_fast_path(model, compile_kernels, COMPILED if compile_kernels else EAGER)
-        self.capacity = self._rounded(capacity)
+        self.capacity = self.rounded(capacity)
         self.cache = target.new_cache(slots, self.capacity)
         self.draft_cache = self.drafter.new_cache(slots, self.capacity) if self.drafter else None
         self.capture = self.drafter.config.target_layer_ids if self.drafter else ()
@@ -214,13 +218,25 @@ class Speculator:
     def slots(self) -> int:
         return self.state.seq_lens.shape[0]
 
-    def _rounded(self, capacity: int) -> int:
-        # FlexAttention works in blocks of 128 rows: a whole number of them keeps its kernels simple.
-        return -(-capacity // FLEX_BLOCK) * FLEX_BLOCK if self.attention in ("flex", "hybrid") else capacity
+    def rounded(self, capacity: int) -> int:
+        # FlexAttention works in blocks of 128 rows: a whole number of them keeps its kernels simple. SDPA's
+        # CPU kernel takes keys in blocks of 512: over whole blocks a row's bits do not depend on how many
+        # masked rows follow (tests/test_attention.py), so the capacity, every eager round's and prefill's
+        # width are whole blocks, and a request's numbers do not follow its neighbours' lengths.
+        block = FLEX_BLOCK if self.attention in ("flex", "hybrid") else SDPA_KV_BLOCK if self.attention == "sdpa" else 1
+        return -(-capacity // block) * block
 
-    def layout(self, seq_lens: torch.Tensor, new_mask: torch.Tensor) -> tuple[torch.Tensor, object]:
-        """Rows and attention mask of new tokens over the whole cache (see treeflash/attention.py)."""
-        return round_layout(seq_lens, new_mask, self.capacity, self.attention, self.flex_decode_tokens)
+    def attend_width(self, rows: int) -> int:
+        """Cache rows an eager forward attends over to see rows [0, rows): whole blocks (`rounded`), at
+        most the capacity. Only SDPA (the CPU's attention) narrows: the GPU kernels' cost follows the rows
+        in use, and their graphs are captured over the whole capacity."""
+        return min(self.rounded(max(rows, 1)), self.capacity) if self.attention == "sdpa" else self.capacity
+
+    def layout(self, seq_lens: torch.Tensor, new_mask: torch.Tensor, kv_len: int | None = None
+               ) -> tuple[torch.Tensor, object]:
+        """Rows and attention mask of new tokens over cache rows [0, kv_len) (default: the whole cache;
+        see treeflash/attention.py)."""
+        return round_layout(seq_lens, new_mask, kv_len or self.capacity, self.attention, self.flex_decode_tokens)
 
     # --- sampling rows ---------------------------------------------------------------------------
     def set_sampling_many(self, slots: list[int], params: list[SamplingParams | None],
@@ -392,7 +408,7 @@ class Speculator:
 
         The caches are new tensors afterwards: captured CUDA graphs of the old ones are stale (the
         runner notices the new capacity and captures again)."""
-        capacity = self._rounded(capacity)
+        capacity = self.rounded(capacity)
         if capacity <= self.capacity:
             return
         self.cache = self.cache.grown(capacity)
@@ -416,7 +432,7 @@ class Speculator:
     # --- the round -------------------------------------------------------------------------------
     @torch.inference_mode()
     def round(self, num_slots: int, budget: int | None = None, sampling: SamplingTensors | None = None,
-              clock=None, readback_out: torch.Tensor | None = None) -> RoundResult:
+              clock=None, readback_out: torch.Tensor | None = None, kv_rows: int | None = None) -> RoundResult:
         """One round over slots [0, num_slots).
 
         budget: tree nodes this round (ddtree; default the spec's fixed budget; 0: no draft this round,
@@ -425,6 +441,9 @@ class Speculator:
         parameters (default: the static rows written at admission). clock: anything with
         `lap(stage)`, called after each stage (default: a StageClock when time_stages is on).
         readback_out: where to write the read-back (the runner's buffer, outside its graphs' shared pool).
+        kv_rows: at least every slot's committed rows plus what the round writes (the engine knows it on the
+        host); eager SDPA rounds then attend over `attend_width(kv_rows)` rows, not the whole cache: a
+        server's cache grown for one long request no longer slows every later round.
         Slots without a request run along (their results are ignored): a prefix of the slots keeps
         every tensor a view, with no gathers of the caches.
         """
@@ -437,13 +456,14 @@ class Speculator:
         lap = clock.lap if clock is not None else (lambda stage: None)
 
         # Budget 0 (the automatic budget's NO_DRAFT): no draft, the tree is the root alone.
-        logprobs = self.draft(state, sampling, self.draft_depths(budget)) if budget != NO_DRAFT else None
+        layout = functools.partial(self.layout, kv_len=self.attend_width(kv_rows) if kv_rows else None)
+        logprobs = self.draft(state, sampling, self.draft_depths(budget), layout) if budget != NO_DRAFT else None
         lap("draft")
         tree = self.build(state.bonus, logprobs, budget)
         predicted = expected_drafts(tree, self.auto_budgets) if self.spec.auto else None
         lap("tree")
         positions = state.seq_lens[:, None] + tree.depths
-        logits, features = self.verify(tree, positions, state, cache)
+        logits, features = self.verify(tree, positions, state, cache, layout)
         lap("verify")
         derived = derive(logits, sampling, positions + 1)
         accepted = walk(tree, derived)
@@ -479,13 +499,14 @@ class Speculator:
         nodes = self.budget(budget)
         return nodes if nodes < self.drafter.config.depth else None
 
-    def draft(self, state: SlotState, sampling: SamplingTensors, depths: int | None = None) -> torch.Tensor | None:
+    def draft(self, state: SlotState, sampling: SamplingTensors, depths: int | None = None, layout=None
+              ) -> torch.Tensor | None:
         """Draft log-probs [S, depths or block_size - 1, V] from one drafter pass (None without a drafter);
         with a draft vocabulary, over its N tokens ([..., N]: `build` maps positions back to token ids)."""
         if self.drafter is None:
             return None
         cache = _prefix(self.draft_cache, state.bonus.shape[0])
-        logits = self.drafter.draft(self.target, state.bonus, state.seq_lens, cache, self.layout, depths,
+        logits = self.drafter.draft(self.target, state.bonus, state.seq_lens, cache, layout or self.layout, depths,
                                     self.draft_head)
         # Rank drafts by the drafter's guess of each request's *tempered* distribution. All-greedy
         # batches (host-known, part of a graph's key) have temperature 1.0 on every row: x / 1.0 is x.
@@ -508,12 +529,12 @@ class Speculator:
         drafted = self.draft_tokens[tree.tokens[:, 1:]]
         return dataclasses.replace(tree, tokens=torch.cat([tree.tokens[:, :1], drafted], dim=1))
 
-    def verify(self, tree: DraftTree, positions: torch.Tensor, state: SlotState, cache: KVCache):
+    def verify(self, tree: DraftTree, positions: torch.Tensor, state: SlotState, cache: KVCache, layout=None):
         """One target forward over root + nodes at their depth positions, ancestor-only mask.
 
         Returns the logits at every node [S, N, V] and the drafter's features at every node (or None).
         """
-        rows, mask = self.layout(state.seq_lens, ancestor_mask(tree))
+        rows, mask = (layout or self.layout)(state.seq_lens, ancestor_mask(tree))
         hidden, features = self.target(tree.tokens, positions, cache, rows, mask, self.capture)
         return self.target.logits(hidden), self.drafter.context_features(self.target, features) if features else None
 

@@ -192,11 +192,12 @@ class GraphRunner:
         budget = sp.budget(budget) if sp.spec.method == "ddtree" else 0
         return (bucket, sp.spec.method, budget, sp.flags)
 
-    def round(self, num_slots: int, budget: int | None = None) -> RoundResult:
-        """One round over slots [0, num_slots): a replay when a graph fits, else the eager round."""
+    def round(self, num_slots: int, budget: int | None = None, kv_rows: int | None = None) -> RoundResult:
+        """One round over slots [0, num_slots): a replay when a graph fits, else the eager round (over
+        `kv_rows` cache rows where given: `Speculator.round`; a graph spans the whole cache)."""
         bucket = self.bucket(num_slots)
         if not self.enabled or bucket not in self.buckets:
-            return self.speculator.round(num_slots, budget)
+            return self.speculator.round(num_slots, budget, kv_rows=kv_rows)
         captured = self.graph(bucket, budget)
         if not captured.stages:
             captured.graphs[0].replay()
@@ -255,7 +256,8 @@ class GraphRunner:
         sp = self.speculator
         shape = self.prefill_shape(pieces) if self.enabled else None
         if shape is None:
-            return sp.prefill_and_start(sp.prefill_batch(pieces), max(p.end for p in pieces), sp.real_tokens(pieces))
+            return sp.prefill_and_start(sp.prefill_batch(pieces), sp.attend_width(max(p.end for p in pieces)),
+                                        sp.real_tokens(pieces))
         self._check_cache()
         inputs = sp.prefill_batch(pieces, shape[0], shape[1])
         key = (shape, sp.flags)
