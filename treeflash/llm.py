@@ -78,6 +78,8 @@ def _check_conversation(messages, where: str, template) -> None:
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise ValueError(f"{where}[{i}] must be a dict {{'role': ..., 'content': ...}}, got {type(m).__name__}")
+        if m.get("role") == "tool" and "tool" not in roles:
+            raise ValueError(f"{where}[{i}]: this model's chat template does not render tool messages")
         if m.get("role") not in roles:
             raise ValueError(f"{where}[{i}]: role must be one of {', '.join(roles)}, got {m.get('role')!r}")
         content = m.get("content")

@@ -45,8 +45,10 @@ class SamplingParams:
        and Hugging Face's warper).
     4. top_p: on the distribution renormalised over what min_p and top_k kept, keep the smallest set
        of most likely tokens whose mass reaches top_p (every token whose more likely tokens hold
-       less than top_p). Ties are broken by token id, larger id first, as the stable ascending sort
-       of vLLM and Hugging Face breaks them: [.4 .2 .2 .2] at top_p=.5 keeps ids 0 and 3.
+       less than top_p). Ties are broken by token id, larger id first, as a stable ascending sort
+       breaks them: [.4 .2 .2 .2] at top_p=.5 keeps ids 0 and 3. (vLLM and Hugging Face sort
+       ascending without asking for stability, so which tied tokens they keep is their kernel's choice;
+       how many is the same.)
     The result is renormalised. min_p and top_k commute; top_p sees their renormalised remainder.
     """
 
@@ -231,7 +233,7 @@ def _top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """probs [..., V], top_p [...] -> probs cut to the smallest most likely set reaching top_p, renormalised.
 
     A stable ascending sort ranks equal probabilities by token id, so among ties the larger id counts
-    as more likely (vLLM's and Hugging Face's rule). A token is kept when the tokens ranked above it
+    as more likely (a fixed rule where vLLM's and Hugging Face's unstable sorts leave it to the kernel). A token is kept when the tokens ranked above it
     hold less than top_p of the mass; the masses are summed in float64 so that a 150k-token
     vocabulary does not move the cut. Off CUDA only the candidates are sorted (`_top_p_candidates`).
     """
