@@ -53,7 +53,8 @@ def tiny_vocab() -> tuple[list[str], list[str], list[int]]:
     return tokens, merges, types
 
 
-def write_gguf(path: Path, model: torch.nn.Module, arch: str, *, extra_tensors: dict | None = None) -> Path:
+def write_gguf(path: Path, model: torch.nn.Module, arch: str, *, extra_tensors: dict | None = None,
+               extra_kv: dict | None = None) -> Path:
     """Write an HF model as an F32 GGUF the way llama.cpp's converter does."""
     cfg = model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -81,6 +82,8 @@ def write_gguf(path: Path, model: torch.nn.Module, arch: str, *, extra_tensors: 
     w.add_eos_token_id(299)
     w.add_add_bos_token(False)
     w.add_chat_template(CHAT_TEMPLATE)
+    for key, value in (extra_kv or {}).items():
+        (w.add_string if isinstance(value, str) else w.add_float32)(key, value)
     for name, t in model.state_dict().items():
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
@@ -150,6 +153,28 @@ def test_roundtrip_exact(tmp_path: Path, arch: str) -> None:
     parsed = ModelConfig.from_dir(out)
     assert parsed.qk_norm == (arch == "qwen3") and parsed.qkv_bias == (arch == "qwen2")
     assert not (out / "tokenizer.json").exists()
+
+
+@pytest.mark.parametrize("kv, factor", [
+    ({"llama.rope.scaling.factor": 4.0}, 4.0),  # no type: llama.cpp reads linear
+    ({"llama.rope.scale_linear": 4.0}, 4.0),  # the old key
+    ({"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 2.0}, 2.0),
+    ({"llama.rope.scaling.type": "none", "llama.rope.scaling.factor": 4.0}, None),
+    ({"llama.rope.scaling.factor": 1.0}, None),
+    ({"llama.rope.scaling.factor": 0.0}, None),
+    ({}, None),
+])
+def test_rope_scaling_is_read_as_llama_cpp_reads_it(tmp_path: Path, kv: dict, factor: float | None) -> None:
+    out = convert_gguf(write_gguf(tmp_path / "s.gguf", tiny_model("llama"), "llama", extra_kv=kv), tmp_path / "out",
+                       tokenizer=False)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg.get("rope_scaling") == (None if factor is None else {"rope_type": "linear", "factor": factor})
+
+
+def test_unsupported_rope_scaling_is_refused(tmp_path: Path) -> None:
+    src = write_gguf(tmp_path / "y.gguf", tiny_model("llama"), "llama", extra_kv={"llama.rope.scaling.type": "yarn"})
+    with pytest.raises(UnsupportedModelError, match="unsupported rope scaling 'yarn'"):
+        convert_gguf(src, tmp_path / "out", tokenizer=False)
 
 
 def test_permutation_is_llamas() -> None:

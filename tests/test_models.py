@@ -237,6 +237,44 @@ def test_sliding_window_and_experts_in_a_supported_architecture_are_refused(tmp_
         LLM(moe, device="cpu")
 
 
+@pytest.mark.parametrize("cfg, refused", [
+    # transformers gives a Mistral config without the key a 4096-token window, and applies it
+    ({"max_position_embeddings": 8192}, True),
+    ({"max_position_embeddings": 4096}, False),  # the window covers every position: changes nothing
+    ({"max_position_embeddings": 32768, "sliding_window": None}, False),
+    ({"max_position_embeddings": 32768, "sliding_window": 32768}, False),
+    ({"max_position_embeddings": 32768, "sliding_window": 4096}, True),
+    ({}, True),  # and its context defaults to 131,072
+])
+def test_mistral_sliding_window_as_transformers_reads_it(tmp_path, cfg, refused):
+    from treeflash.config import ModelConfig
+
+    raw = {**json.loads((write_config(tmp_path / "m") / "config.json").read_text()),
+           "architectures": ["MistralForCausalLM"], "model_type": "mistral", **cfg}
+    if refused:
+        with pytest.raises(UnsupportedModelError, match="sliding-window"):
+            ModelConfig.from_hf(raw)
+    else:
+        assert ModelConfig.from_hf(raw).max_position_embeddings == cfg["max_position_embeddings"]
+
+
+def test_config_json_read_as_transformers_reads_it(tmp_path):
+    from treeflash.config import ConfigError, ModelConfig
+
+    base = json.loads((write_config(tmp_path / "m") / "config.json").read_text())
+    # transformers runs what model_type names; where architectures names another model, refuse
+    with pytest.raises(UnsupportedModelError, match="model_type 'gemma'"):
+        ModelConfig.from_hf({**base, "architectures": ["LlamaForCausalLM"], "model_type": "gemma"})
+    with pytest.raises(UnsupportedModelError, match="model_type 'mistral'"):
+        ModelConfig.from_hf({**base, "architectures": ["LlamaForCausalLM"], "model_type": "mistral"})
+    # its defaults for an absent context length, per model
+    for arch, positions in (("LlamaForCausalLM", 2048), ("Qwen2ForCausalLM", 32768), ("Qwen3ForCausalLM", 32768)):
+        assert ModelConfig.from_hf({**base, "architectures": [arch]}).max_position_embeddings == positions
+    with pytest.raises(ConfigError, match="num_attention_heads 6 is not a multiple of num_key_value_heads 4"):
+        ModelConfig.from_hf({**base, "architectures": ["LlamaForCausalLM"], "hidden_size": 24,
+                             "num_attention_heads": 6, "num_key_value_heads": 4})
+
+
 def test_unsupported_rope_scaling_is_refused(tmp_path):
     path = write_config(tmp_path / "m", architectures=["LlamaForCausalLM"],
                         rope_scaling={"rope_type": "yarn", "factor": 4.0})

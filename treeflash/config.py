@@ -184,8 +184,15 @@ class ModelConfig:
             method = quantization.get("quant_method", "?") if isinstance(quantization, dict) else quantization
             raise UnsupportedModelError(f"quantised checkpoints are not supported (quantization_config: {method}); "
                                         f"use an unquantised one (float32, float16 or bfloat16) or a GGUF file")
-        if cfg.get("use_sliding_window") or (family == "llama" and cfg.get("sliding_window")):
-            raise UnsupportedModelError(f"{arch} with sliding-window attention is not supported")
+        max_positions = config_value(cfg, "max_position_embeddings", int, _MAX_POSITIONS[arch], minimum=2)
+        # transformers' Mistral config gives a missing window 4096 and applies it; one that covers every
+        # position changes nothing.
+        window = cfg.get("sliding_window", 4096 if arch == "MistralForCausalLM" else None)
+        if cfg.get("use_sliding_window") or (family == "llama" and window and (
+                arch != "MistralForCausalLM" or not isinstance(window, int) or window < max_positions)):
+            raise UnsupportedModelError(f"{arch} with sliding-window attention is not supported"
+                                        + (f" (sliding_window {window}, the default where config.json has none)"
+                                           if "sliding_window" not in cfg else ""))
         layer_types = config_value(cfg, "layer_types", list, [])
         if any(t != "full_attention" for t in layer_types):
             raise UnsupportedModelError(
@@ -203,6 +210,10 @@ class ModelConfig:
         if (head_dim or hidden // heads) % 2:
             raise ConfigError(f"config.json: the head dimension {head_dim or hidden // heads} is odd; rotary "
                               f"embeddings rotate pairs of dimensions")
+        kv_heads = config_value(cfg, "num_key_value_heads", int, heads, minimum=1)
+        if heads % kv_heads:
+            raise ConfigError(f"config.json: num_attention_heads {heads} is not a multiple of num_key_value_heads "
+                              f"{kv_heads} (each key/value head serves a whole group of query heads)")
         attention_bias = config_value(cfg, "attention_bias", bool, False)
         return ModelConfig(
             architecture=arch,
@@ -211,7 +222,7 @@ class ModelConfig:
             intermediate_size=config_value(cfg, "intermediate_size", int, minimum=1),
             num_layers=config_value(cfg, "num_hidden_layers", int, minimum=1),
             num_heads=heads,
-            num_kv_heads=config_value(cfg, "num_key_value_heads", int, heads, minimum=1),
+            num_kv_heads=kv_heads,
             head_dim=head_dim or hidden // heads,
             rms_norm_eps=config_value(cfg, "rms_norm_eps", float, 1e-6),
             rope=RopeConfig.from_hf(cfg),
@@ -220,7 +231,7 @@ class ModelConfig:
             mlp_bias=config_value(cfg, "mlp_bias", bool, False),
             qk_norm=family == "qwen3",
             tie_word_embeddings=config_value(cfg, "tie_word_embeddings", bool, False),
-            max_position_embeddings=config_value(cfg, "max_position_embeddings", int, 2048, minimum=2),
+            max_position_embeddings=max_positions,
             bos_token_id=config_value(cfg, "bos_token_id", int, None),
             eos_token_ids=config_int_list(cfg, "eos_token_id"),
         )
@@ -232,6 +243,9 @@ class ModelConfig:
 
 _MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                 "mistral": "MistralForCausalLM"}
+# transformers' defaults where config.json gives no max_position_embeddings.
+_MAX_POSITIONS = {"LlamaForCausalLM": 2048, "MistralForCausalLM": 4096 * 32, "Qwen2ForCausalLM": 32768,
+                  "Qwen3ForCausalLM": 32768}
 
 
 def _architecture(cfg: dict[str, Any]) -> str:
@@ -242,10 +256,16 @@ def _architecture(cfg: dict[str, Any]) -> str:
     if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
         raise ConfigError(f"config.json: 'architectures' must be a list of names, e.g. [\"LlamaForCausalLM\"], "
                           f"got {archs!r}")
-    if not archs and cfg.get("model_type") in _MODEL_TYPES:
-        return _MODEL_TYPES[cfg["model_type"]]
+    model_type = cfg.get("model_type")
+    if not archs and model_type in _MODEL_TYPES:
+        return _MODEL_TYPES[model_type]
     if not archs:
         raise UnsupportedModelError("config.json names no architecture ('architectures' is missing)")
+    # transformers builds the model model_type names (and vLLM the one architectures names): where they
+    # disagree, one of them runs another model than the other.
+    if archs[0] in SUPPORTED_ARCHITECTURES and model_type is not None and _MODEL_TYPES.get(model_type) != archs[0]:
+        raise UnsupportedModelError(f"config.json names architecture {archs[0]} but model_type {model_type!r}, "
+                                    f"which transformers would run as another model")
     return archs[0]
 
 

@@ -24,7 +24,7 @@ from treeflash.config import UnsupportedModelError, unsupported_architecture
 
 GGUF_MAGIC = b"GGUF"
 # Bump when the output layout changes, so stale cache entries are not reused.
-_CONVERTER_VERSION = 1
+_CONVERTER_VERSION = 2  # 2: GGUF linear rope scaling read as llama.cpp reads it
 _READ_BYTES = 1 << 22
 
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
@@ -163,11 +163,17 @@ def _hf_config(reader: Any, path: Path, tensor_shapes: dict[str, tuple[int, ...]
     if arch == "llama":
         cfg["attention_bias"] = "model.layers.0.self_attn.q_proj.bias" in tensor_shapes
         cfg["mlp_bias"] = False
-    scaling = _meta(reader, f"{arch}.rope.scaling.type", "none")
-    if scaling == "linear":
-        cfg["rope_scaling"] = {"rope_type": "linear", "factor": key("rope.scaling.factor", kind=float, minimum=None)}
-    elif scaling != "none":
+    # As llama.cpp reads them: the type defaults to linear, the factor may sit under the old key
+    # rope.scale_linear, and a factor of 0 (or 1) scales nothing. (Reading an absent type as "none" dropped
+    # the scaling of files that give only a factor: other logits past a few positions.)
+    scaling = _meta(reader, f"{arch}.rope.scaling.type", "linear")
+    factor_key = next((k for k in ("rope.scaling.factor", "rope.scale_linear") if _meta(reader, f"{arch}.{k}") is not None),
+                      None)
+    factor = key(factor_key, kind=float, minimum=0) if factor_key else 0.0
+    if scaling not in ("linear", "none"):
         raise UnsupportedModelError(f"{path.name}: unsupported rope scaling {scaling!r}")
+    if scaling == "linear" and factor not in (0.0, 1.0):
+        cfg["rope_scaling"] = {"rope_type": "linear", "factor": factor}
     special = _special_token_ids(reader, path, cfg["vocab_size"])
     if "bos" in special:
         cfg["bos_token_id"] = special["bos"]
