@@ -252,19 +252,27 @@ def test_methods_parse_and_refuse_nonsense():
                                                           ("ddtree", "auto", True)]
     assert sync[1].llm_kwargs() == {"spec": "ddtree", "tree_budget": 64, "overlap": False}
     assert "overlap" not in parse_methods("ddtree:64")[0].llm_kwargs()
+    # /ngram: prompt lookup grafted on (the bench's --ngram-tokens), before /sync in the label whatever the order
+    ngram = parse_methods("ddtree:8/sync/ngram,none/ngram")
+    assert [m.label for m in ngram] == ["ddtree:8/ngram/sync", "none/ngram"]
+    assert ngram[0].llm_kwargs(4) == {"spec": "ddtree", "tree_budget": 8, "ngram_tokens": 4, "overlap": False}
+    for bad in ("ddtree:8/ngram/ngram", "none/sync/sync", "none/ngrams"):
+        with pytest.raises(ValueError, match="the suffixes are /ngram and /sync"):
+            parse_methods(bad)
 
 
 def test_sync_twins_run_beside_their_methods_with_the_same_tokens(pair, prompts_file, tmp_path):
     target, drafter = pair
     out = tmp_path / "sync.json"
     assert bench("--model", str(target), "--draft-model", str(drafter), "--dataset", str(prompts_file),
-                 "--methods", "none/sync,none,ddtree:8,ddtree:8/sync", "--num-prompts", "2", "--ignore-eos",
-                 "--stage-prompts", "0", "--no-plots", "--out", str(out)) == 0
+                 "--methods", "none/sync,none,ddtree:8,ddtree:8/sync,ddtree:8/ngram", "--num-prompts", "2",
+                 "--ignore-eos", "--stage-prompts", "0", "--no-plots", "--ngram-tokens", "4", "--out", str(out)) == 0
     ran = {m["method"]: m for m in json.loads(out.read_text())["methods"]}
     assert ran["none"]["speedup_vs_none"] == 1.0  # the engine's default is the baseline, wherever it comes
-    assert [m["sync"] for m in ran.values()] == [True, False, False, True]
+    assert [m["sync"] for m in ran.values()] == [True, False, False, True, False]
     tokens = {k: [p["token_ids"] for p in m["per_prompt"]] for k, m in ran.items()}
-    assert tokens["none/sync"] == tokens["none"] == tokens["ddtree:8"] == tokens["ddtree:8/sync"]
+    assert tokens["none/sync"] == tokens["none"] == tokens["ddtree:8"] == tokens["ddtree:8/sync"] \
+        == tokens["ddtree:8/ngram"]
 
 
 # --- prompt sets -------------------------------------------------------------------------------------

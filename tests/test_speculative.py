@@ -347,6 +347,8 @@ class SamplingSetup:
         for cache in [sp.cache] + ([sp.draft_cache] if sp.draft_cache is not None else []):
             for t in cache.keys + cache.values:
                 t[1:] = t[:1]
+        if sp.history is not None:
+            sp.history[1:] = sp.history[:1]
         if table is not None and drafter is not None:
             g = torch.Generator().manual_seed(1)
             per_slot = (table[None] + 0.7 * torch.randn(chunk, *table.shape, generator=g)).log_softmax(-1)
@@ -418,6 +420,17 @@ def test_sampling_joint_autoregressive(sampling_setup, filters):
     stat, df, threshold, tau = sampling_setup.chi2(SpecConfig("none"), params)
     print(f"none {filters}: chi2 {stat:.1f} df {df} threshold {threshold:.1f}")
     assert tau == 1.0 and stat < threshold
+
+
+@pytest.mark.parametrize("spec,budget", [("none", 0), ("ddtree", 8)])
+def test_sampling_joint_is_exact_with_prompt_lookup(sampling_setup, spec, budget):
+    # Copied continuations depend on the tokens sampled so far (the context holds none of the root's):
+    # drafts that adapt to the sample must not bend its law either.
+    params = SamplingParams(temperature=1.0)
+    stat, df, threshold, tau = sampling_setup.chi2(SpecConfig(spec, budget or 64, ngram_tokens=4), params)
+    print(f"{spec} + lookup: chi2 {stat:.1f} df {df} threshold {threshold:.1f} tau {tau:.2f}")
+    assert tau > (1.05 if spec == "none" else 1.5), "copied tokens should be accepted in some rounds"
+    assert stat < threshold
 
 
 def test_sampling_joint_with_the_real_drafter(sampling_setup):

@@ -98,6 +98,9 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tree-budget", type=_budget, default="auto",
                    help="draft tree nodes per round, ddtree only: a number (at most 4096), or auto (default): chosen each round "
                         "from the device's measured round cost and the drafter's recent acceptance")
+    p.add_argument("--ngram-tokens", type=int, default=0,
+                   help="graft up to N tokens of prompt lookup (the continuation of the latest earlier occurrence of "
+                        "the last 1-3 tokens) onto every round's tree, with any --spec; 0 (default): off")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -390,7 +393,7 @@ def _serve(args) -> int:
                          "in [0, 65535]")
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
               draft_model=args.draft_model, spec=args.spec, tree_budget=args.tree_budget,
-              max_num_seqs=args.max_num_seqs)
+              max_num_seqs=args.max_num_seqs, ngram_tokens=args.ngram_tokens)
     name = args.served_model_name or args.model or DEFAULT_MODEL_NAME
     if not args.no_warmup and llm.device.type == "cuda":
         start = time.perf_counter()
@@ -423,7 +426,8 @@ def _generate(args) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
               draft_model=args.draft_model, spec=args.spec, tree_budget=args.tree_budget, max_num_seqs=1,
-              record_trees=args.show_tree, tensor_parallel_size=args.tensor_parallel_size)
+              record_trees=args.show_tree, tensor_parallel_size=args.tensor_parallel_size,
+              ngram_tokens=args.ngram_tokens)
     if args.chat or args.system is not None:  # a system message only means something in a chat
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
                    [{"role": "user", "content": prompt}]

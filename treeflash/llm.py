@@ -175,6 +175,10 @@ class LLM:
     the number of distinct prefixes a draft block can hold is lowered to that number, with a warning),
     or "auto" (the default): chosen every round from the device's measured round cost and the drafter's
     recent acceptance (treeflash/budget.py). With spec "dflash" or "none" a number is ignored, with a warning.
+    ngram_tokens: graft up to this many tokens of prompt lookup onto every round's tree, with any spec
+    (treeflash/lookup.py): the continuation of the latest earlier occurrence of the sequence's last 1-3
+    tokens. Exact like every draft; it pays where outputs repeat their context (code, quotes, loops).
+    0 (the default): off.
     max_num_seqs: requests run side by side.
     time_stages: time each round's stages (default on CPU; on a GPU it splits each round's CUDA graph
     in five, timed with events).
@@ -235,10 +239,12 @@ class LLM:
                  tensor_parallel_size: int = 1, prefill_tokens_per_step: int | None = None,
                  compile_kernels: bool = True, admit_batch: int = 1,
                  cuda_graph_sizes: Sequence[int] | None = None, draft_vocab: bool = True,
-                 tree_kernel: bool | None = None, cpu_prepack: bool = True, overlap: bool | None = None):
+                 tree_kernel: bool | None = None, cpu_prepack: bool = True, overlap: bool | None = None,
+                 ngram_tokens: int = 0):
         draft_model = default_draft_model(model, draft_model, spec)
         self.parallel = None  # the tensor-parallel group (workers), when tensor_parallel_size > 1
-        self.spec = SpecConfig(method=spec or ("ddtree" if draft_model else "none"), tree_budget=tree_budget)
+        self.spec = SpecConfig(method=spec or ("ddtree" if draft_model else "none"), tree_budget=tree_budget,
+                               ngram_tokens=ngram_tokens)
         if self.spec.method != "ddtree" and tree_budget != "auto":
             # Said, not refused: the same command line with --spec ddtree is a valid comparison to run next.
             warnings.warn(f"tree_budget={tree_budget!r} is ignored: it sizes DDTree's draft tree, and "

@@ -31,6 +31,7 @@ from treeflash.models.kernels import COMPILED, EAGER, pin_triton_cache_dir, prep
 from treeflash.models.transformer import Transformer
 from treeflash.sampling import SamplingFlags, SamplingParams, SamplingTensors, derive
 from treeflash.transfer import to_device
+from treeflash.lookup import graft, lookup
 from treeflash.tree import DraftTree, Walk, ancestor_mask, build_chain, build_tree, root_only, walk
 
 METHODS = ("none", "dflash", "ddtree")
@@ -40,6 +41,7 @@ PREFILL_CHUNK = 512  # prompt tokens per prefill forward
 # budget x budget mask) and every slot's caches hold budget extra rows: the bound turns a mistyped
 # budget into an error at construction instead of an out-of-memory crash or an hours-long round.
 MAX_TREE_BUDGET = 4096
+MAX_NGRAM_TOKENS = 64
 # The expected drafts m(B) of the automatic budget travel in the round's integer read-back (`readback`)
 # as fixed point: value * PREDICTED_SCALE, rounded.
 PREDICTED_SCALE = 1 << 16
@@ -70,10 +72,16 @@ def use_tree_kernel(setting: bool | None, device: torch.device, depths: int, bud
 class SpecConfig:
     method: str = "none"  # "none" (autoregressive), "dflash" (chain) or "ddtree" (tree)
     tree_budget: int | str = 64  # draft nodes per round (ddtree only), or "auto" (treeflash/budget.py)
+    # Tokens of prompt lookup grafted onto every round's tree (treeflash/lookup.py), any method; 0: none.
+    ngram_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"spec must be one of {METHODS}, got {self.method!r}")
+        if isinstance(self.ngram_tokens, bool) or not isinstance(self.ngram_tokens, int) \
+                or not 0 <= self.ngram_tokens <= MAX_NGRAM_TOKENS:
+            raise ValueError(f"ngram_tokens must be an integer in [0, {MAX_NGRAM_TOKENS}] (0: no prompt lookup), "
+                             f"got {self.ngram_tokens!r}")
         if self.tree_budget != "auto" and (isinstance(self.tree_budget, bool) or not isinstance(self.tree_budget, int)
                                            or self.tree_budget < 1):
             raise ValueError(f"tree_budget must be a positive integer or 'auto', got {self.tree_budget!r}")
@@ -95,10 +103,10 @@ def rows_per_round(spec: SpecConfig, drafter: DFlashDrafter | None, budget: int 
     """Cache rows a round may write past a slot's committed length (at tree budget `budget` where given:
     an automatic budget's round; default the largest the spec allows)."""
     if drafter is None or spec.method == "none":
-        return 1
+        return 1 + spec.ngram_tokens
     d = drafter.config
     nodes = d.depth if spec.method == "dflash" else spec.max_budget if budget is None else budget
-    return max(1 + nodes, d.block_size)
+    return max(1 + nodes, d.block_size) + spec.ngram_tokens
 
 
 @dataclass
@@ -191,6 +199,9 @@ class Speculator:
         self.capacity = self.rounded(capacity)
         self.cache = target.new_cache(slots, self.capacity)
         self.draft_cache = self.drafter.new_cache(slots, self.capacity) if self.drafter else None
+        # Prompt lookup reads each slot's committed tokens: written by prefill and commit, never read back.
+        self.history = torch.zeros(slots, self.capacity, dtype=torch.long, device=self.device) \
+            if spec.ngram_tokens else None
         self.capture = self.drafter.config.target_layer_ids if self.drafter else ()
         # A draft vocabulary (DraftVocab): the drafter ranks only these tokens, through a copy of their lm_head
         # rows made once here; trees hold their positions in it until `build` maps them back to token ids.
@@ -374,6 +385,11 @@ class Speculator:
         whose whole prompt is in becomes active (device tensors alone: capturable)."""
         self.state.seq_lens[batch.slots] = (batch.starts + batch.lengths).to(self.state.seq_lens.dtype)
         self.state.active[batch.slots] = batch.done
+        if self.history is not None:  # the pieces' real tokens (a padded one's tail rewrites its last row)
+            at = batch.starts[:, None] + torch.arange(batch.tokens.shape[1], device=self.device).clamp_max(
+                batch.lengths[:, None] - 1)
+            tokens = batch.tokens.gather(1, (at - batch.starts[:, None]))
+            self.history[batch.slots[:, None].expand_as(at), at] = tokens
 
     def prefill(self, slot: int, prompt: list[int], chunk: int = PREFILL_CHUNK, start: int = 0,
                 activate: bool = True) -> torch.Tensor:
@@ -414,6 +430,8 @@ class Speculator:
         self.cache = self.cache.grown(capacity)
         if self.draft_cache is not None:
             self.draft_cache = self.draft_cache.grown(capacity)
+        if self.history is not None:
+            self.history = torch.cat([self.history, self.history.new_zeros(self.slots, capacity - self.capacity)], 1)
         self.capacity = capacity
 
     def release(self, slot: int) -> None:
@@ -460,6 +478,8 @@ class Speculator:
         logprobs = self.draft(state, sampling, self.draft_depths(budget), layout) if budget != NO_DRAFT else None
         lap("draft")
         tree = self.build(state.bonus, logprobs, budget)
+        if self.history is not None:
+            tree = graft(tree, *lookup(self.history[:num_slots], state.seq_lens, state.bonus, self.spec.ngram_tokens))
         predicted = expected_drafts(tree, self.auto_budgets) if self.spec.auto else None
         lap("tree")
         positions = state.seq_lens[:, None] + tree.depths
@@ -541,8 +561,14 @@ class Speculator:
     def commit(self, accepted: Walk, features: torch.Tensor | None, state: SlotState, cache: KVCache,
                num_slots: int) -> None:
         """Keep the accepted path's KV rows, give the drafter their features, advance the slots."""
-        if self.drafter is not None:  # (a root-only tree, AR, keeps its one row where it is: nothing to move)
+        if self.drafter is not None or self.history is not None:  # (a root-only tree, AR, keeps its one row)
             cache.compact(state.seq_lens, accepted.path)
+        if self.history is not None:  # the path's tokens: the root, then each accepted node, the token
+            # emitted at its parent (past what is accepted they lie beyond the committed length: unread)
+            rows = state.seq_lens[:, None] + torch.arange(accepted.path.shape[1], device=self.device)
+            path_tokens = torch.cat([state.bonus[:, None], accepted.emitted[:, :-1]], 1)
+            self.history[:num_slots].scatter_(1, rows, path_tokens)
+        if self.drafter is not None:
             path_features = features.gather(1, accepted.path[:, :, None].expand(-1, -1, features.shape[-1]))
             rows = state.seq_lens[:, None] + torch.arange(accepted.path.shape[1], device=self.device)
             self.drafter.add_context(path_features, rows, _prefix(self.draft_cache, num_slots), rows)

@@ -91,7 +91,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); seeds are --seed + prompt index")
     r.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens tokens")
     r.add_argument("--methods", default=None,
-                   help="comma-separated: none, dflash, ddtree:BUDGET, ddtree:auto, each optionally with /sync "
+                   help="comma-separated: none, dflash, ddtree:BUDGET, ddtree:auto, each optionally with /ngram "
+                        "(prompt lookup grafted on: --ngram-tokens) and /sync "
                         "(every round read back before the next is launched: LLM(overlap=False)) (default with a "
                         "drafter: none,dflash,ddtree:16,ddtree:64,ddtree:256; synthetic: none,dflash + --budgets)")
     r.add_argument("--batch-size", type=int, default=1, help="requests running side by side (default 1)")
@@ -104,6 +105,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     r.add_argument("--tree-builder", default="auto", choices=("auto", "kernel", "ops"),
                    help="DDTree's tree builder on CUDA: one Triton kernel, torch ops, or auto (the kernel up to "
                         "4096 candidates, depths x budget: budget 256 at block 16; default). Ignored on the CPU")
+    r.add_argument("--ngram-tokens", type=int, default=8,
+                   help="prompt-lookup tokens per round of the methods written with /ngram (ddtree:64/ngram); default 8")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--warmup", type=int, default=1, help="untimed warm-up prompts per method (default 1)")
     r.add_argument("--stage-prompts", type=int, default=2,
@@ -248,7 +251,7 @@ def _run(args, command: str, progress) -> dict:
                       ref_budget=args.ref_budget, hf_compile=not args.hf_no_compile,
                       tensor_parallel_size=args.tensor_parallel_size, cuda_graph_sizes=args.cuda_graph_sizes,
                       draft_vocab=not args.no_draft_vocab, attention=args.attention,
-                      tree_builder=args.tree_builder)
+                      tree_builder=args.tree_builder, ngram_tokens=args.ngram_tokens)
     _check_out(Path(args.out))
     return run_bench(cfg, command, log=_log, progress=progress, debug=_debug(args))
 

@@ -1,6 +1,7 @@
 """The methods a benchmark compares, written `none`, `dflash`, `ddtree:64`, `ddtree:auto`; `/sync` after any
 of them (`ddtree:64/sync`) runs it with every round read back before the next is launched
-(`LLM(overlap=False)`), to compare with the engine's default in one run."""
+(`LLM(overlap=False)`), to compare with the engine's default in one run; `/ngram` grafts prompt lookup
+onto its rounds (`LLM(ngram_tokens=...)`, the bench's --ngram-tokens), and both may follow (`none/ngram/sync`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ class Method:
     spec: str  # "none", "dflash" or "ddtree"
     budget: int | str | None = None  # ddtree only: draft nodes per round, or "auto"
     sync: bool = False  # rounds without overlap (LLM(overlap=False)); False: the engine's default
+    ngram: bool = False  # prompt lookup grafted onto the rounds (LLM(ngram_tokens=...))
 
     def nodes(self, depth: int) -> int:
         """Draft nodes per round (the chain has one per depth; auto is unknown here, counted as 0)."""
@@ -23,11 +25,15 @@ class Method:
         return self.budget if isinstance(self.budget, int) else 0
 
     def spec_config(self) -> SpecConfig:
-        return SpecConfig(method=self.spec, tree_budget=self.budget if self.spec == "ddtree" else 64)
+        return SpecConfig(method=self.spec, tree_budget=self.budget if self.spec == "ddtree" else 64,
+                          ngram_tokens=8 if self.ngram else 0)
 
-    def llm_kwargs(self) -> dict:
-        """Keyword arguments for `LLM(...)`; tree_budget="auto" where the engine supports it."""
+    def llm_kwargs(self, ngram_tokens: int = 0) -> dict:
+        """Keyword arguments for `LLM(...)`; tree_budget="auto" where the engine supports it; `ngram_tokens`
+        for a /ngram method."""
         kwargs = {"spec": self.spec}
+        if self.ngram:
+            kwargs["ngram_tokens"] = ngram_tokens
         if self.spec == "ddtree":
             kwargs["tree_budget"] = self.budget
         if self.sync:
@@ -36,9 +42,9 @@ class Method:
 
 
 def parse_method(text: str) -> Method:
-    base, slash, suffix = text.strip().lower().partition("/")
-    if slash and suffix != "sync":
-        raise ValueError(f"method {text!r}: the only suffix is /sync (e.g. ddtree:64/sync)")
+    base, *suffixes = text.strip().lower().split("/")
+    if any(s not in ("sync", "ngram") for s in suffixes) or len(set(suffixes)) < len(suffixes):
+        raise ValueError(f"method {text!r}: the suffixes are /ngram and /sync, once each (e.g. ddtree:64/sync)")
     name, _, budget = base.partition(":")
     if name in ("none", "dflash"):
         if budget:
@@ -52,7 +58,9 @@ def parse_method(text: str) -> Method:
         raise ValueError(f"method {text!r}: ddtree needs a positive budget, e.g. ddtree:64 (or ddtree:auto)")
     else:
         method = Method(f"ddtree:{int(budget)}", "ddtree", int(budget))
-    return replace(method, label=f"{method.label}/sync", sync=True) if slash else method
+    if "ngram" in suffixes:
+        method = replace(method, label=f"{method.label}/ngram", ngram=True)
+    return replace(method, label=f"{method.label}/sync", sync=True) if "sync" in suffixes else method
 
 
 def parse_methods(text: str) -> list[Method]:

@@ -26,7 +26,7 @@ from treeflash.bench.baselines import BASELINES, BaselineError, RefSetup, build_
 from treeflash.bench.datasets import Prompt, load_prompts
 from treeflash.bench.methods import Method, budgets_of, parse_methods
 from treeflash.bench.report import environment
-from treeflash.round import STAGES, TREE_BUILDERS
+from treeflash.round import MAX_NGRAM_TOKENS, STAGES, TREE_BUILDERS
 
 DEFAULT_METHODS = "none,dflash,ddtree:16,ddtree:64,ddtree:256"
 
@@ -62,6 +62,7 @@ class BenchConfig:
     draft_vocab: bool = True  # use the drafter's draft vocabulary when it ships one
     attention: str | None = None  # "sdpa", "flex", "splitkv", "hybrid" (treeflash/attention.py); None: the default
     tree_builder: str = "auto"  # DDTree's builder on CUDA: "kernel", "ops" or "auto" (LLM(tree_kernel=...))
+    ngram_tokens: int = 8  # prompt lookup per round of the /ngram methods (LLM(ngram_tokens=...))
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "batch_size", "drafter_layers"):
@@ -74,6 +75,8 @@ class BenchConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise ValueError(f"--temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 1 <= self.ngram_tokens <= MAX_NGRAM_TOKENS:
+            raise ValueError(f"--ngram-tokens must be in [1, {MAX_NGRAM_TOKENS}], got {self.ngram_tokens}")
         if self.draft_model and self.random_drafter:
             raise ValueError("give either --draft-model or --random-drafter, not both")
         if self.warmup < 0 or self.stage_prompts < 0:
@@ -222,7 +225,7 @@ def _make_llm(cfg: BenchConfig, method: Method, drafter_dir, device, dtype, time
                draft_model=drafter_dir if method.spec != "none" else None, max_num_seqs=cfg.batch_size,
                time_stages=time_stages, tensor_parallel_size=cfg.tensor_parallel_size,
                cuda_graph_sizes=cfg.cuda_graph_sizes, draft_vocab=cfg.draft_vocab, attention=cfg.attention,
-               tree_kernel=TREE_BUILDERS[cfg.tree_builder], **method.llm_kwargs())
+               tree_kernel=TREE_BUILDERS[cfg.tree_builder], **method.llm_kwargs(cfg.ngram_tokens))
 
 
 def _encode(llm, prompt: Prompt) -> list[int]:
@@ -288,7 +291,8 @@ def _summarise(runs: list[dict], cfg: BenchConfig) -> list[dict]:
         if greedy and base is not None:
             same = sum(o.token_ids == b.token_ids for o, b in zip(outs, base["outs"])) / len(outs)
         summaries.append({
-            "method": m.label, "spec": m.spec, "budget": m.budget, "sync": m.sync, "tree_budget_used": r["tree_budget"],
+            "method": m.label, "spec": m.spec, "budget": m.budget, "sync": m.sync,
+            "ngram_tokens": cfg.ngram_tokens if m.ngram else 0, "tree_budget_used": r["tree_budget"],
             "attention": r.get("attention"),
             "tokens_per_second": _tps(r), "wall_seconds": r["wall"],
             "generated_tokens": sum(o.metrics.num_generated_tokens for o in outs), "rounds": rounds,

@@ -1,0 +1,129 @@
+"""Prompt lookup (treeflash/lookup.py): the copied continuation, its graft onto a round's tree, and the
+engine with it: the same greedy tokens as plain decoding for every method, more tokens per round where
+the output repeats itself. (Sampling with it: test_speculative.py's joint test.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from treeflash import LLM, SamplingParams
+from treeflash.lookup import graft, lookup
+from treeflash.round import SpecConfig
+from treeflash.tree import build_tree, root_only, walk
+from spec_helpers import make_drafter, make_target
+
+
+def one(history: list[int], bonus: int, tokens: int, pad: int = 4) -> tuple[list[int], list[bool]]:
+    h = torch.tensor([history + [99] * pad])  # rows past the length hold stale tokens: never read
+    chain, ok = lookup(h, torch.tensor([len(history)]), torch.tensor([bonus]), tokens)
+    return chain[0].tolist(), ok[0].tolist()
+
+
+def test_lookup_copies_what_followed_the_latest_earlier_occurrence_of_the_longest_suffix():
+    # Sequence 5 6 7 8 5 6 | 7: the 3-token suffix 5 6 7 occurred at 0; what followed runs into the root.
+    assert one([5, 6, 7, 8, 5, 6], 7, 6) == ([8, 5, 6, 7, 99, 99], [True] * 4 + [False] * 2)
+    # The longest suffix first: 2 3 4 occurred at 0 (then 9); the 1-token suffix 4 occurred later (then 5).
+    chain, ok = one([2, 3, 4, 9, 4, 5, 2, 3], 4, 2)
+    assert chain == [9, 4] and ok == [True, True]
+    # The latest of several occurrences: 1 2 then 7 at 0, then 8 at 3.
+    assert one([1, 2, 7, 1, 2, 8, 6, 1], 2, 1) == ([8], [True])
+    # Nothing occurred before (stale rows past the length never match): nothing to copy.
+    assert one([1, 2, 3], 4, 3)[1] == [False] * 3
+    assert one([], 4, 2)[1] == [False, False]  # the root alone
+    # A loop: the suffix 3 3 3 occurred one token earlier, and its continuation is the root.
+    assert one([3, 3, 3], 3, 3) == ([3, 99, 99], [True, False, False])
+
+
+def test_lookup_runs_every_slot_at_its_own_length():
+    history = torch.tensor([[1, 2, 1, 0, 0], [4, 5, 6, 4, 5]])
+    chain, ok = lookup(history, torch.tensor([3, 5]), torch.tensor([2, 6]), 2)
+    # slot 0: 1 2 1 | 2 -> "1 2" at 0, then 1 2; slot 1: 4 5 6 4 5 | 6 -> "5 6" ... "4 5 6" at 0, then 4 5.
+    assert chain.tolist() == [[1, 2], [4, 5]] and ok.tolist() == [[True, True], [True, True]]
+
+
+def valid_siblings_distinct(tree) -> bool:
+    for s in range(tree.tokens.shape[0]):
+        seen = set()
+        for n in range(1, tree.size):
+            if tree.valid[s, n]:
+                key = (int(tree.parents[s, n]), int(tree.tokens[s, n]))
+                if key in seen:
+                    return False
+                seen.add(key)
+    return True
+
+
+def test_graft_extends_the_tree_path_the_chain_already_spells_and_keeps_siblings_distinct():
+    gen = torch.Generator().manual_seed(0)
+    logprobs = torch.randn(3, 4, 6, generator=gen).log_softmax(-1)
+    tree = build_tree(torch.tensor([0, 1, 2]), logprobs, budget=10)
+    # Each slot's chain starts along its tree's first path (node 1, then its best child, ...).
+    best_child = lambda s, n: next((c for c in range(1, tree.size) if tree.parents[s, c] == n and tree.valid[s, c]  # noqa: E731
+                                    and c != n), None)
+    chains = []
+    for s in range(3):
+        path, node = [], 0
+        while (node := best_child(s, node)) is not None and len(path) < 2:
+            path.append(int(tree.tokens[s, node]))
+        chains.append(path + [5, 4, 3][:4 - len(path)])
+    chain = torch.tensor(chains)
+    ok = torch.ones_like(chain, dtype=torch.bool)
+    ok[2, 3] = False  # slot 2's continuation ends early
+    merged = graft(tree, chain, ok)
+    assert merged.size == tree.size + 4 and merged.max_depth == 4
+    assert valid_siblings_distinct(merged)
+    assert torch.equal(merged.tokens[:, :tree.size], tree.tokens)  # the tree itself is unchanged
+    for s in range(3):
+        # Walking the chain's tokens accepts the whole chain (as far as it is valid): target = the chain.
+        derived = torch.zeros(1, merged.size, dtype=torch.long)
+        node_path = [0]
+        for depth, token in enumerate(chains[s][:4 if s != 2 else 3]):
+            kids = [c for c in range(merged.size) if merged.valid[s, c] and c and merged.parents[s, c] == node_path[-1]
+                    and merged.tokens[s, c] == token]
+            assert len(kids) == 1, (s, depth)
+            derived[0, node_path[-1]] = token
+            node_path.append(kids[0])
+        one_slot = type(merged)(*(t[s:s + 1] for t in (merged.tokens, merged.parents, merged.depths, merged.valid,
+                                                         merged.scores)), max_depth=merged.max_depth)
+        assert walk(one_slot, derived).accepted.item() == len(node_path)
+
+
+def test_graft_onto_a_root_alone_is_a_chain_from_the_root():
+    merged = graft(root_only(torch.tensor([7])), torch.tensor([[1, 2, 3]]), torch.tensor([[True, True, False]]))
+    assert merged.tokens.tolist() == [[7, 1, 2, 3]] and merged.parents.tolist() == [[0, 0, 1, 2]]
+    assert merged.depths.tolist() == [[0, 1, 2, 3]] and merged.valid.tolist() == [[True, True, True, False]]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lookup")
+    target = make_target(root / "target", vocab=64)
+    return target, make_drafter(root / "drafter", target, 4)
+
+
+REPEATING = [[3, 4, 5, 6] * 6, [9, 8, 7, 9, 8, 7, 9, 8], [2, 3, 5, 7, 11, 13, 17, 19, 23, 29]]
+
+
+@pytest.mark.parametrize("spec,budget", [("none", "auto"), ("dflash", "auto"), ("ddtree", 8), ("ddtree", "auto")])
+def test_greedy_with_prompt_lookup_is_plain_decoding_and_accepts_more_where_text_repeats(pair, spec, budget):
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    plain = LLM(str(pair[0]), device="cpu").generate(prompt_token_ids=REPEATING, sampling_params=params)
+    kw = dict(device="cpu", spec=spec, draft_model=None if spec == "none" else str(pair[1]), max_num_seqs=2)
+    if budget != "auto":
+        kw["tree_budget"] = budget
+    outs = LLM(str(pair[0]), ngram_tokens=6, **kw).generate(prompt_token_ids=REPEATING, sampling_params=params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+    for o in outs:
+        assert 1 + sum(o.metrics.acceptance_lengths) == len(o.token_ids)
+    if spec == "none":  # a random tiny model at greedy loops: copies of its own output get accepted
+        assert max(o.metrics.mean_acceptance_length for o in outs) > 1.5
+
+
+def test_prompt_lookup_settings_are_checked():
+    with pytest.raises(ValueError, match=r"ngram_tokens must be an integer in \[0, 64\]"):
+        SpecConfig("none", ngram_tokens=-1)
+    with pytest.raises(ValueError, match="ngram_tokens"):
+        SpecConfig("ddtree", ngram_tokens=65)
+    with pytest.raises(ValueError, match="ngram_tokens"):
+        SpecConfig("ddtree", ngram_tokens=True)
