@@ -14,7 +14,7 @@ C. no host synchronisation inside an eager round: every round runs under
 D. with --smollm2: the real model, greedy float32 identical to transformers on the GPU, and bf16 runs.
 E. graphed == eager (float32): the same requests (greedy and seeded sampling, mixed in one batch) give
    identical tokens with CUDA graphs on and off (rounds and prefill), for none / dflash / ddtree (and
-   ddtree with the Triton tree builder), with every attention backend; tree_budget="auto" greedy equals plain decoding.
+   ddtree with the Triton tree builder; none and ddtree with prompt lookup), with every attention backend; tree_budget="auto" greedy equals plain decoding.
    Graphed runs overlap their rounds (the engine's default there); one more run puts the four requests
    through two slots, so requests end and slots are reused while a round for them is in flight.
 F. no host synchronisation inside a replayed round (set_sync_debug_mode("error") around replays).
@@ -202,21 +202,25 @@ def check_graphs_equal_eager(target: Path, drafter: Path, attentions=("flex", "s
               greedy(40), greedy(48)]
     for attention in attentions if DEVICE == "cuda" else ("sdpa",):
         reference = None
-        for spec, budget, tree_kernel in [("none", 64, False), ("dflash", 64, False), ("ddtree", 16, False),
-                                          ("ddtree", 64, False), ("ddtree", 64, True), ("ddtree", 256, True)]:
+        for spec, budget, tree_kernel, ngram in [("none", 64, False, 0), ("dflash", 64, False, 0),
+                                                 ("ddtree", 16, False, 0), ("ddtree", 64, False, 0),
+                                                 ("ddtree", 64, True, 0), ("ddtree", 256, True, 0),
+                                                 ("none", 64, False, 6), ("ddtree", 64, True, 6)]:
             if tree_kernel and DEVICE != "cuda":  # a Triton kernel: CUDA only (the tests run it interpreted)
                 continue
             outs = {}
             for graphs in (True, False):
                 llm = LLM(target, device=DEVICE, dtype="float32", draft_model=None if spec == "none" else drafter,
-                          spec=spec, tree_budget=budget, max_num_seqs=4, cuda_graphs=graphs, attention=attention)
+                          spec=spec, tree_budget=budget, max_num_seqs=4, cuda_graphs=graphs, attention=attention,
+                          ngram_tokens=ngram)
                 llm.engine.speculator.tree_kernel = tree_kernel  # before the first round (and capture)
                 outs[graphs] = [o.token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=params,
                                                                   use_tqdm=False)]
-            name = f"{attention} {spec}-{budget}" + (" tree kernel" if tree_kernel else "")
+            name = f"{attention} {spec}-{budget}" + (" tree kernel" if tree_kernel else "") + \
+                (f" + lookup {ngram}" if ngram else "")
             results[f"{name}: graphed == eager (greedy + seeded sampling)"] = outs[True] == outs[False]
             reference = reference or outs[True]
-            if spec != "none":
+            if spec != "none" or ngram:
                 results[f"{name}: greedy (graphed) == none"] = outs[True][2:] == reference[2:]
                 results[f"{name}: seeded samples == none (informational: equal up to "
                         f"float rounding at a CDF boundary)"] = str(outs[True][:2] == reference[:2])
