@@ -59,8 +59,9 @@ def test_graft_extends_the_tree_path_the_chain_already_spells_and_keeps_siblings
     logprobs = torch.randn(3, 4, 6, generator=gen).log_softmax(-1)
     tree = build_tree(torch.tensor([0, 1, 2]), logprobs, budget=10)
     # Each slot's chain starts along its tree's first path (node 1, then its best child, ...).
-    best_child = lambda s, n: next((c for c in range(1, tree.size) if tree.parents[s, c] == n and tree.valid[s, c]  # noqa: E731
-                                    and c != n), None)
+    def best_child(s, n):
+        return next((c for c in range(1, tree.size) if tree.parents[s, c] == n and tree.valid[s, c]), None)
+
     chains = []
     for s in range(3):
         path, node = [], 0

@@ -44,7 +44,7 @@ from treeflash.kv_cache import KVCache, SlotSelection, append_layout
 BACKENDS = ("sdpa", "flex", "splitkv", "hybrid")
 FLEX_BLOCK = 128  # rows per FlexAttention block (its default sparse block size)
 # Keys per block of PyTorch's CPU SDPA kernel from 512 keys on: over a whole number of blocks, a query row's
-# output has the same bits however many masked keys follow its last visible one (tests/test_attention.py).
+# output has the same bits however many masked keys follow its last visible one (tests/test_attention_width.py).
 SDPA_KV_BLOCK = 512
 # When FlexAttention's decoding kernel runs (see the module docstring): for at most FLEX_DECODE_TOKENS
 # new tokens per slot AND at most FLEX_DECODE_ROWS packed rows (tokens x query heads per KV head).

@@ -167,8 +167,8 @@ def _hf_config(reader: Any, path: Path, tensor_shapes: dict[str, tuple[int, ...]
     # rope.scale_linear, and a factor of 0 (or 1) scales nothing. (Reading an absent type as "none" dropped
     # the scaling of files that give only a factor: other logits past a few positions.)
     scaling = _meta(reader, f"{arch}.rope.scaling.type", "linear")
-    factor_key = next((k for k in ("rope.scaling.factor", "rope.scale_linear") if _meta(reader, f"{arch}.{k}") is not None),
-                      None)
+    factor_key = next((k for k in ("rope.scaling.factor", "rope.scale_linear")
+                       if _meta(reader, f"{arch}.{k}") is not None), None)
     factor = key(factor_key, kind=float, minimum=0) if factor_key else 0.0
     if scaling not in ("linear", "none"):
         raise UnsupportedModelError(f"{path.name}: unsupported rope scaling {scaling!r}")

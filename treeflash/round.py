@@ -14,10 +14,9 @@ written when a request is admitted. The same round can therefore be replayed as 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from dataclasses import dataclass
-
-import functools
 
 import torch
 
@@ -25,13 +24,13 @@ from treeflash.attention import FLEX_BLOCK, FLEX_DECODE_TOKENS, SDPA_KV_BLOCK, S
     default_backend, round_layout
 from treeflash.budget import AUTO_BUDGETS, NO_DRAFT, expected_drafts
 from treeflash.kv_cache import KVCache, append_layout
+from treeflash.lookup import graft, lookup
 from treeflash.models.dflash import DFlashDrafter
 from treeflash.models.kernels import COMPILED, EAGER, pin_triton_cache_dir, prepack_cpu, projection_weights, \
     use_fast_path
 from treeflash.models.transformer import Transformer
 from treeflash.sampling import SamplingFlags, SamplingParams, SamplingTensors, derive
 from treeflash.transfer import to_device
-from treeflash.lookup import graft, lookup
 from treeflash.tree import DraftTree, Walk, ancestor_mask, build_chain, build_tree, root_only, walk
 
 METHODS = ("none", "dflash", "ddtree")
@@ -232,7 +231,7 @@ class Speculator:
     def rounded(self, capacity: int) -> int:
         # FlexAttention works in blocks of 128 rows: a whole number of them keeps its kernels simple. SDPA's
         # CPU kernel takes keys in blocks of 512: over whole blocks a row's bits do not depend on how many
-        # masked rows follow (tests/test_attention.py), so the capacity, every eager round's and prefill's
+        # masked rows follow (tests/test_attention_width.py), so the capacity, every eager round's and prefill's
         # width are whole blocks, and a request's numbers do not follow its neighbours' lengths.
         block = FLEX_BLOCK if self.attention in ("flex", "hybrid") else SDPA_KV_BLOCK if self.attention == "sdpa" else 1
         return -(-capacity // block) * block
