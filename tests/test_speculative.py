@@ -511,7 +511,13 @@ BROKEN = {"reused_coin": reused_coin, "relaxed_acceptance": relaxed_acceptance,
 def test_broken_verifiers_fail(sampling_setup, monkeypatch, bug, spec, budget):
     BROKEN[bug](monkeypatch)
     params = SamplingParams(temperature=1.0)
-    stat, df, threshold, tau = sampling_setup.chi2(SpecConfig(spec, budget or 64), params)
+    try:
+        stat, df, threshold, tau = sampling_setup.chi2(SpecConfig(spec, budget or 64), params)
+    except RuntimeError as e:
+        # Duplicate siblings can put two accepted paths in one tree: where they hold more nodes than a path
+        # has depths, the walk's count runs past the emitted tokens and the round fails. Caught either way.
+        assert bug == "duplicate_sibling" and "out of bounds" in str(e), e
+        return
     print(f"{bug} {spec}: chi2 {stat:.1f} df {df} threshold {threshold:.1f} tau {tau:.2f}")
     assert stat > threshold
 
