@@ -33,20 +33,19 @@ def lookup(history: torch.Tensor, seq_lens: torch.Tensor, bonus: torch.Tensor, t
     occurrence of the sequence's last n tokens, for the largest n in [NGRAM_MIN, NGRAM_MAX] that has one;
     ok is False past the sequence's end and where nothing matched.
     """
-    slots, capacity = history.shape
     n = seq_lens + 1  # the sequence's length, root included
     seq = torch.cat([history, history[:, :1]], 1)  # one more row: the root of a full history goes there
     seq = seq.scatter(1, seq_lens[:, None], bonus[:, None])
-    width = capacity + 1
+    width = seq.shape[1]
     j = torch.arange(width, device=history.device)
+    shifted = [seq.roll(-i, 1) for i in range(NGRAM_MAX)]  # shifted[i][:, j] = seq[:, j + i] (wrapped: masked)
     best = torch.full_like(seq_lens, -1)  # start of the chosen occurrence's continuation, -1: none yet
     for k in range(NGRAM_MAX, NGRAM_MIN - 1, -1):
         # An occurrence at j..j+k-1 with its continuation j+k inside the sequence, not the suffix itself.
         hit = (j[None, :] + k < n[:, None]) & (n[:, None] >= k + 1)
         for i in range(k):
             suffix = seq.gather(1, (n - k + i).clamp_min(0)[:, None])  # [S, 1]
-            shifted = torch.cat([seq[:, i:], seq[:, :i]], 1)  # shifted[:, j] = seq[:, j + i] (wrapped: masked)
-            hit &= shifted == suffix
+            hit &= shifted[i] == suffix
         latest = torch.where(hit, j[None, :], -1).amax(1)  # the most recent occurrence, or -1
         best = torch.where((best < 0) & (latest >= 0), latest + k, best)
     at = best[:, None] + torch.arange(tokens, device=history.device)

@@ -233,7 +233,8 @@ def _top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """probs [..., V], top_p [...] -> probs cut to the smallest most likely set reaching top_p, renormalised.
 
     A stable ascending sort ranks equal probabilities by token id, so among ties the larger id counts
-    as more likely (a fixed rule where vLLM's and Hugging Face's unstable sorts leave it to the kernel). A token is kept when the tokens ranked above it
+    as more likely (a fixed rule where vLLM's and Hugging Face's unstable sorts leave it to the kernel).
+    A token is kept when the tokens ranked above it
     hold less than top_p of the mass; the masses are summed in float64 so that a 150k-token
     vocabulary does not move the cut. Off CUDA only the candidates are sorted (`_top_p_candidates`).
     """

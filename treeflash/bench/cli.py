@@ -105,8 +105,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     r.add_argument("--tree-builder", default="auto", choices=("auto", "kernel", "ops"),
                    help="DDTree's tree builder on CUDA: one Triton kernel, torch ops, or auto (the kernel up to "
                         "4096 candidates, depths x budget: budget 256 at block 16; default). Ignored on the CPU")
-    r.add_argument("--ngram-tokens", type=int, default=8,
-                   help="prompt-lookup tokens per round of the methods written with /ngram (ddtree:64/ngram); default 8")
+    r.add_argument("--ngram-tokens", type=int, default=None,
+                   help="prompt-lookup tokens per round of the methods written with /ngram (ddtree:64/ngram); "
+                        "default 8 (bench.methods.NGRAM_TOKENS)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--warmup", type=int, default=1, help="untimed warm-up prompts per method (default 1)")
     r.add_argument("--stage-prompts", type=int, default=2,
@@ -239,6 +240,7 @@ def _run(args, command: str, progress) -> dict:
                               tensor_parallel_size=args.tensor_parallel_size)
         _check_out(Path(args.out))
         return run_synthetic(cfg, command, log=_log, progress=progress, debug=_debug(args))
+    from treeflash.bench.methods import NGRAM_TOKENS
     from treeflash.bench.run import BenchConfig, run_bench
 
     cfg = BenchConfig(model=args.model, draft_model=args.draft_model, random_drafter=args.random_drafter,
@@ -251,7 +253,8 @@ def _run(args, command: str, progress) -> dict:
                       ref_budget=args.ref_budget, hf_compile=not args.hf_no_compile,
                       tensor_parallel_size=args.tensor_parallel_size, cuda_graph_sizes=args.cuda_graph_sizes,
                       draft_vocab=not args.no_draft_vocab, attention=args.attention,
-                      tree_builder=args.tree_builder, ngram_tokens=args.ngram_tokens)
+                      tree_builder=args.tree_builder,
+                      ngram_tokens=NGRAM_TOKENS if args.ngram_tokens is None else args.ngram_tokens)
     _check_out(Path(args.out))
     return run_bench(cfg, command, log=_log, progress=progress, debug=_debug(args))
 

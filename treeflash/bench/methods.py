@@ -9,6 +9,8 @@ from dataclasses import dataclass, replace
 
 from treeflash.round import SpecConfig
 
+NGRAM_TOKENS = 8  # prompt-lookup tokens a round of a /ngram method, unless the bench says otherwise
+
 
 @dataclass(frozen=True)
 class Method:
@@ -26,9 +28,9 @@ class Method:
 
     def spec_config(self) -> SpecConfig:
         return SpecConfig(method=self.spec, tree_budget=self.budget if self.spec == "ddtree" else 64,
-                          ngram_tokens=8 if self.ngram else 0)
+                          ngram_tokens=NGRAM_TOKENS if self.ngram else 0)
 
-    def llm_kwargs(self, ngram_tokens: int = 0) -> dict:
+    def llm_kwargs(self, ngram_tokens: int = NGRAM_TOKENS) -> dict:
         """Keyword arguments for `LLM(...)`; tree_budget="auto" where the engine supports it; `ngram_tokens`
         for a /ngram method."""
         kwargs = {"spec": self.spec}

@@ -24,7 +24,7 @@ from tqdm import tqdm
 from treeflash.attention import BACKENDS
 from treeflash.bench.baselines import BASELINES, BaselineError, RefSetup, build_baseline, load_hf_target, parse_baselines
 from treeflash.bench.datasets import Prompt, load_prompts
-from treeflash.bench.methods import Method, budgets_of, parse_methods
+from treeflash.bench.methods import NGRAM_TOKENS, Method, budgets_of, parse_methods
 from treeflash.bench.report import environment
 from treeflash.round import MAX_NGRAM_TOKENS, STAGES, TREE_BUILDERS
 
@@ -62,7 +62,7 @@ class BenchConfig:
     draft_vocab: bool = True  # use the drafter's draft vocabulary when it ships one
     attention: str | None = None  # "sdpa", "flex", "splitkv", "hybrid" (treeflash/attention.py); None: the default
     tree_builder: str = "auto"  # DDTree's builder on CUDA: "kernel", "ops" or "auto" (LLM(tree_kernel=...))
-    ngram_tokens: int = 8  # prompt lookup per round of the /ngram methods (LLM(ngram_tokens=...))
+    ngram_tokens: int = NGRAM_TOKENS  # prompt lookup per round of the /ngram methods (LLM(ngram_tokens=...))
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "batch_size", "drafter_layers"):
