@@ -244,6 +244,8 @@ def test_sliding_window_and_experts_in_a_supported_architecture_are_refused(tmp_
     ({"max_position_embeddings": 32768, "sliding_window": None}, False),
     ({"max_position_embeddings": 32768, "sliding_window": 32768}, False),
     ({"max_position_embeddings": 32768, "sliding_window": 4096}, True),
+    ({"max_position_embeddings": 32768, "sliding_window": 0}, True),  # no window of any use (transformers fails)
+    ({"max_position_embeddings": 32768, "sliding_window": True}, True),
     ({}, True),  # and its context defaults to 131,072
 ])
 def test_mistral_sliding_window_as_transformers_reads_it(tmp_path, cfg, refused):

@@ -186,10 +186,11 @@ class ModelConfig:
                                         f"use an unquantised one (float32, float16 or bfloat16) or a GGUF file")
         max_positions = config_value(cfg, "max_position_embeddings", int, _MAX_POSITIONS[arch], minimum=2)
         # transformers' Mistral config gives a missing window 4096 and applies it; one that covers every
-        # position changes nothing.
-        window = cfg.get("sliding_window", 4096 if arch == "MistralForCausalLM" else None)
-        if cfg.get("use_sliding_window") or (family == "llama" and window and (
-                arch != "MistralForCausalLM" or not isinstance(window, int) or window < max_positions)):
+        # position changes nothing, and only null turns it off (0 is no window of any use: transformers fails).
+        mistral = arch == "MistralForCausalLM"
+        window = cfg.get("sliding_window", 4096 if mistral else None)
+        if cfg.get("use_sliding_window") or (family == "llama" and (window is not None if mistral else window) and (
+                not mistral or isinstance(window, bool) or not isinstance(window, int) or window < max_positions)):
             raise UnsupportedModelError(f"{arch} with sliding-window attention is not supported"
                                         + (f" (sliding_window {window}, the default where config.json has none)"
                                            if "sliding_window" not in cfg else ""))
