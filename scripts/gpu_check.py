@@ -10,14 +10,15 @@ A. tiny random Llama / Qwen2 / Qwen3 (float32): greedy tokens identical to trans
 B. tiny random DFlash drafter: dflash and ddtree greedy identical to plain decoding; seeded sampling
    reproducible alone and inside a mixed batch, and identical to plain sampling with the same seed.
 C. no host synchronisation inside an eager round: every round runs under
-   torch.cuda.set_sync_debug_mode("error") (greedy + sampled rows, top-k/top-p/min-p on).
+   torch.cuda.set_sync_debug_mode("error") (greedy + sampled rows, top-k/top-p/min-p on; none / dflash /
+   ddtree, and none and ddtree with prompt lookup).
 D. with --smollm2: the real model, greedy float32 identical to transformers on the GPU, and bf16 runs.
 E. graphed == eager (float32): the same requests (greedy and seeded sampling, mixed in one batch) give
    identical tokens with CUDA graphs on and off (rounds and prefill), for none / dflash / ddtree (and
    ddtree with the Triton tree builder; none and ddtree with prompt lookup), with every attention backend; tree_budget="auto" greedy equals plain decoding.
    Graphed runs overlap their rounds (the engine's default there); one more run puts the four requests
    through two slots, so requests end and slots are reused while a round for them is in flight.
-F. no host synchronisation inside a replayed round (set_sync_debug_mode("error") around replays).
+F. no host synchronisation inside a replayed round (set_sync_debug_mode("error") around replays; the methods of C).
 P. graphs sharing one memory pool: rounds hop between graphs (buckets, budgets 0-256, one pool, one capture
    stream) and equal the same rounds run eagerly; a round's read-back survives other graphs' replays.
 T. the Triton tree builder (treeflash/tree_kernel.py) builds field for field the tree `build_tree` builds,
@@ -123,11 +124,15 @@ def check_speculative(target: Path, drafter: Path) -> dict:
     return results
 
 
+# (method, prompt-lookup tokens) whose rounds C and F run under set_sync_debug_mode("error")
+SYNC_SPECS = [("none", 0), ("dflash", 0), ("ddtree", 0), ("none", 6), ("ddtree", 6)]
+
+
 def check_no_sync(target: Path, drafter: Path, attention: str = "flex") -> dict:
     results = {}
-    for spec in ("none", "dflash", "ddtree"):
+    for spec, ngram in SYNC_SPECS:
         llm = LLM(target, device=DEVICE, dtype="float32", draft_model=None if spec == "none" else drafter, spec=spec,
-                  tree_budget=16, time_stages=False)
+                  tree_budget=16, time_stages=False, ngram_tokens=ngram)
         speculator = mixed_speculator(llm, attention=attention)
         torch.cuda.synchronize()
         ok = True
@@ -139,7 +144,7 @@ def check_no_sync(target: Path, drafter: Path, attention: str = "flex") -> dict:
             ok = f"sync inside a round: {e}"
         finally:
             torch.cuda.set_sync_debug_mode("default")
-        results[f"{spec}: 3 eager rounds without host sync"] = ok
+        results[f"{spec}{' + lookup' if ngram else ''}: 3 eager rounds without host sync"] = ok
     return results
 
 
@@ -248,9 +253,9 @@ def check_graphs_equal_eager(target: Path, drafter: Path, attentions=("flex", "s
 
 def check_no_sync_in_replay(target: Path, drafter: Path, attention: str = "flex") -> dict:
     results = {}
-    for spec in ("none", "dflash", "ddtree"):
+    for spec, ngram in SYNC_SPECS:
         llm = LLM(target, device=DEVICE, dtype="float32", draft_model=None if spec == "none" else drafter, spec=spec,
-                  tree_budget=16, time_stages=False)
+                  tree_budget=16, time_stages=False, ngram_tokens=ngram)
         speculator = mixed_speculator(llm, attention=attention)
         for time_stages in (False, True):
             runner = GraphRunner(speculator, time_stages=time_stages, log=None)
@@ -266,7 +271,7 @@ def check_no_sync_in_replay(target: Path, drafter: Path, attention: str = "flex"
             finally:
                 torch.cuda.set_sync_debug_mode("default")
             label = "staged graphs" if time_stages else "one graph"
-            results[f"{spec}: 3 replays ({label}) without host sync"] = ok
+            results[f"{spec}{' + lookup' if ngram else ''}: 3 replays ({label}) without host sync"] = ok
     return results
 
 
