@@ -128,3 +128,31 @@ def test_prompt_lookup_settings_are_checked():
         SpecConfig("ddtree", ngram_tokens=65)
     with pytest.raises(ValueError, match="ngram_tokens"):
         SpecConfig("ddtree", ngram_tokens=True)
+
+
+def reference_lookup(seq: list[int], tokens: int) -> list[int] | None:
+    """The docstring's rule in plain Python: the continuation of the latest earlier occurrence of the
+    sequence's last k tokens, for the largest k in [NGRAM_MIN, NGRAM_MAX] that has one."""
+    from treeflash.lookup import NGRAM_MAX, NGRAM_MIN
+
+    n = len(seq)
+    for k in range(NGRAM_MAX, NGRAM_MIN - 1, -1):
+        for j in range(n - k - 1, -1, -1):  # an occurrence at j..j+k-1 whose continuation j+k is inside
+            if k < n and seq[j:j + k] == seq[n - k:]:
+                return seq[j + k:j + k + tokens]
+    return None
+
+
+def test_lookup_agrees_with_a_plain_python_reference_on_random_sequences():
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(400):
+        slots, capacity = 3, int(torch.randint(1, 30, (1,), generator=gen))
+        vocab = int(torch.randint(2, 5, (1,), generator=gen))
+        history = torch.randint(0, vocab, (slots, capacity), generator=gen)
+        seq_lens = torch.randint(0, capacity + 1, (slots,), generator=gen)
+        bonus = torch.randint(0, vocab, (slots,), generator=gen)
+        chain, ok = lookup(history, seq_lens, bonus, 5)
+        for s in range(slots):
+            want = reference_lookup(history[s, :seq_lens[s]].tolist() + [int(bonus[s])], 5)
+            got = chain[s][ok[s]].tolist()
+            assert got == (want or []) and ok[s].tolist() == sorted(ok[s].tolist(), reverse=True)

@@ -37,20 +37,22 @@ def lookup(history: torch.Tensor, seq_lens: torch.Tensor, bonus: torch.Tensor, t
     seq = torch.cat([history, history[:, :1]], 1)  # one more row: the root of a full history goes there
     seq = seq.scatter(1, seq_lens[:, None], bonus[:, None])
     width = seq.shape[1]
+    # A few whole-width ops, not one per (n, token) pair: on a GPU each op is a launch, and launches, not
+    # bytes, are what a round of a small model costs. ending[s, e, i] = seq[s, e - i] (-1 before the start).
+    back = torch.arange(NGRAM_MAX, device=history.device)
+    suffix = seq.gather(1, (n[:, None] - 1 - back).clamp_min(0))  # [S, NGRAM_MAX]: seq[n - 1 - i]
+    ending = torch.nn.functional.pad(seq, (NGRAM_MAX - 1, 0), value=-1).unfold(1, NGRAM_MAX, 1).flip(-1)
+    # How many of the sequence's last tokens the tokens ending at e repeat; an occurrence counts only with
+    # its continuation e + 1 inside the sequence (so never the suffix itself).
     j = torch.arange(width, device=history.device)
-    shifted = [seq.roll(-i, 1) for i in range(NGRAM_MAX)]  # shifted[i][:, j] = seq[:, j + i] (wrapped: masked)
-    best = torch.full_like(seq_lens, -1)  # start of the chosen occurrence's continuation, -1: none yet
-    for k in range(NGRAM_MAX, NGRAM_MIN - 1, -1):
-        # An occurrence at j..j+k-1 with its continuation j+k inside the sequence, not the suffix itself.
-        hit = (j[None, :] + k < n[:, None]) & (n[:, None] >= k + 1)
-        for i in range(k):
-            suffix = seq.gather(1, (n - k + i).clamp_min(0)[:, None])  # [S, 1]
-            hit &= shifted[i] == suffix
-        latest = torch.where(hit, j[None, :], -1).amax(1)  # the most recent occurrence, or -1
-        best = torch.where((best < 0) & (latest >= 0), latest + k, best)
-    at = best[:, None] + torch.arange(tokens, device=history.device)
-    ok = (best[:, None] >= 0) & (at < n[:, None])
-    return seq.gather(1, at.clamp(0, width - 1)), ok
+    matched = (ending == suffix[:, None, :]).cumprod(-1).sum(-1)
+    matched = torch.where(j[None, :] <= n[:, None] - 2, matched, 0)
+    # The longest match first, then the most recent: one max over length * width + end.
+    best = (matched * width + j[None, :]).amax(1)
+    found = best >= NGRAM_MIN * width
+    at = (best % width + 1)[:, None] + torch.arange(tokens, device=history.device)
+    ok = found[:, None] & (at < n[:, None])
+    return seq.gather(1, at.clamp_max(width - 1)), ok
 
 
 def graft(tree: DraftTree, chain: torch.Tensor, ok: torch.Tensor) -> DraftTree:
@@ -60,24 +62,24 @@ def graft(tree: DraftTree, chain: torch.Tensor, ok: torch.Tensor) -> DraftTree:
     slots, size = tree.tokens.shape
     length = chain.shape[1]
     device = chain.device
-    # A node is on the chain when its token is the chain's at its depth and its parent is on it too.
-    at_depth = chain.gather(1, (tree.depths - 1).clamp(0, length - 1))
-    okay = ok.gather(1, (tree.depths - 1).clamp(0, length - 1)) & (tree.depths <= length)
-    on = tree.valid & okay & (tree.tokens == at_depth)
+    # A node is on the chain when its token is the chain's at its depth and its parent is on it too
+    # (a token past the valid chain is -1: no node's).
+    at_depth = torch.where(ok, chain, -1).gather(1, (tree.depths - 1).clamp(0, length - 1))
+    on = tree.valid & (tree.tokens == at_depth) & (tree.depths <= length)
     on[:, 0] = True
     up = tree.parents
-    for _ in range(_doubling_passes(tree.max_depth)):
+    for p in range(passes := _doubling_passes(tree.max_depth)):
         on = on & on.gather(1, up)
-        up = up.gather(1, up)
-    deepest = torch.where(on, tree.depths, -1).argmax(1)  # [S] (depths along one path are distinct)
-    matched = tree.depths.gather(1, deepest[:, None])  # [S, 1]: d
+        if p + 1 < passes:
+            up = up.gather(1, up)
+    # The deepest node on the chain (depths along one path are distinct) and its depth d.
+    matched, deepest = torch.where(on, tree.depths, -1).max(1, keepdim=True)
     i = torch.arange(length, device=device)[None, :]
     new_ids = size + i
-    parents = torch.where(i == matched, deepest[:, None], new_ids - 1)
+    parents = torch.where(i == matched, deepest, new_ids - 1)
     parents = torch.where(i < matched, 0, parents)  # invalid nodes hang off the root
     valid = (i >= matched) & ok
-    scores = torch.zeros(slots, length, dtype=tree.scores.dtype, device=device)
     return DraftTree(tokens=torch.cat([tree.tokens, chain], 1), parents=torch.cat([tree.parents, parents], 1),
                      depths=torch.cat([tree.depths, (i + 1).expand(slots, length)], 1),
-                     valid=torch.cat([tree.valid, valid], 1), scores=torch.cat([tree.scores, scores], 1),
+                     valid=torch.cat([tree.valid, valid], 1), scores=torch.nn.functional.pad(tree.scores, (0, length)),
                      max_depth=max(tree.max_depth, length), ranked_scores=tree.ranked_scores)
