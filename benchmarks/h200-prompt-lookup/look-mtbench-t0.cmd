@@ -1,1 +1,1 @@
-python3 -m treeflash.cli bench --model /root/smollm2.gguf --draft-model /root/drafter0 --max-tokens 128 --no-plots --dataset mtbench --num-prompts 0 --batch-size 32 --cuda-graph-sizes 32 --methods dflash,dflash/ngram,ddtree:64,ddtree:64/ngram --out look-mtbench-t0.json
+python3 -m treeflash.cli bench --model ~/smollm2.gguf --draft-model ~/drafter0 --max-tokens 128 --no-plots --dataset mtbench --num-prompts 0 --batch-size 32 --cuda-graph-sizes 32 --methods dflash,dflash/ngram,ddtree:64,ddtree:64/ngram --out look-mtbench-t0.json

@@ -1,1 +1,1 @@
-python3 -m treeflash.cli bench --model /root/smollm2.gguf --draft-model /root/drafter0 --max-tokens 128 --no-plots --dataset humaneval --num-prompts 0 --methods none,none/ngram,ddtree:64,ddtree:64/ngram,ddtree:auto,ddtree:auto/ngram --out speed-humaneval-t0.json
+python3 -m treeflash.cli bench --model ~/smollm2.gguf --draft-model ~/drafter0 --max-tokens 128 --no-plots --dataset humaneval --num-prompts 0 --methods none,none/ngram,ddtree:64,ddtree:64/ngram,ddtree:auto,ddtree:auto/ngram --out speed-humaneval-t0.json
