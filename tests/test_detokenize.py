@@ -113,3 +113,57 @@ def test_stream_holds_back_a_possible_stop_string(char_llm):
         # Nothing handed out before the end may be part of the stop string: 4 characters stay back.
         assert len(printed) <= at and chunk.output is None
     assert chunks[-1].output.finish_reason == "stop"
+
+
+class _CountingTokenizer:
+    """Counts the tokens decoded, to see the cost per token stay flat."""
+
+    def __init__(self, tok):
+        self.tok, self.decoded = tok, 0
+
+    def decode(self, ids, **kwargs):
+        self.decoded += len(ids)
+        return self.tok.decode(ids, **kwargs)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_runs_that_end_mid_character_cost_linear_time_and_give_the_final_text(seed):
+    """A model that loops on bytes which never complete a character (lone lead bytes, stray continuation
+    bytes) used to make every token decode the whole run again. The text let out is still final: a prefix
+    of one decode of everything, whatever comes next, and equal to it after flush."""
+    import random
+
+    rng = random.Random(seed)
+    tok = byte_tokenizer()
+    # Mostly lead bytes and continuation bytes, some ASCII and whole characters: garbage with structure.
+    pool = [[0xF0], [0xE2], [0x82], [0xAC], [0x9F], [0xFF], [ord("a")], list("€".encode()), list("🌳".encode())]
+    ids = [b for _ in range(1500) for b in rng.choice(pool[:6] * 6 + pool[6:])] + list("🌳".encode())[:2]
+    counting = _CountingTokenizer(tok)
+    detok = IncrementalDetokenizer(counting)
+    final = tok.decode(ids)
+    for n, token in enumerate(ids, 1):
+        detok.push(token)
+        assert final.startswith(detok.text)
+        # What is out lags the decoding so far by the held-back tail only.
+        assert len(tok.decode(ids[:n])) - len(detok.text) <= 10
+    assert counting.decoded < 40 * len(ids)
+    detok.flush()
+    assert detok.text == final
+    # A round's tokens at once: the same text.
+    many = IncrementalDetokenizer(tok)
+    for at in range(0, len(ids), 5):
+        many.push_many(ids[at:at + 5])
+    many.flush()
+    assert many.text == final
+
+
+def test_a_long_run_of_one_lead_byte_is_let_out_as_it_goes():
+    tok = byte_tokenizer()
+    counting = _CountingTokenizer(tok)
+    detok = IncrementalDetokenizer(counting)
+    for _ in range(4000):
+        detok.push(0xF0)
+    assert set(detok.text) == {"\ufffd"} and 4000 - 10 <= len(detok.text) <= 4000 - 4
+    assert counting.decoded < 40 * 4000
+    detok.flush()
+    assert detok.text == tok.decode([0xF0] * 4000)

@@ -5,12 +5,19 @@ trailing tokens (the vLLM scheme of a prefix offset and a read offset): the wind
 text of its already-read part is the new text. The window starts one step back so that tokenizers
 whose decoding of a token depends on its left neighbour (a leading space, a merged byte sequence) see
 that neighbour. Text that ends in an incomplete UTF-8 character (decoded as U+FFFD) is held back until a
-later token completes it.
+later token completes it; where a model keeps ending on one (a loop of lone lead bytes, say), the text
+before the last few tokens is let out after `HOLD_LIMIT` of them, since only a character in those can
+still change: so the window, and each token's decoding, stays short.
 """
 
 from __future__ import annotations
 
 REPLACEMENT = "\ufffd"  # what a byte-level tokenizer decodes an incomplete UTF-8 sequence to
+# Tokens held back before the text up to the last TAIL of them is let out. An incomplete character is at
+# most 3 bytes of a 4-byte one, so it lies within the last 3 tokens (each token is at least one byte); the
+# decoding of the bytes before it can no longer change. Without the limit a run of tokens that all end
+# mid-character would be decoded again whole at every token: quadratic in the run's length.
+HOLD_LIMIT, TAIL = 8, 4
 
 
 class IncrementalDetokenizer:
@@ -45,7 +52,7 @@ class IncrementalDetokenizer:
             return self.push(tokens[0])
         self.ids.extend(tokens)
         added, prefix, read = self._next(final=False)
-        if read == self._read:  # held back: nothing read
+        if read < len(self.ids):  # something held back: the complete characters before it come out
             del self.ids[len(self.ids) - len(tokens):]
             return "".join(self.push(token) for token in tokens)
         self._prefix, self._read, self._peeked = prefix, read, None
@@ -86,13 +93,25 @@ class IncrementalDetokenizer:
     def _next(self, final: bool) -> tuple[str, int, int]:
         """(new text, new prefix offset, new read offset) for the tokens in `self.ids`."""
         window = self._decode(self.ids[self._prefix:])
-        if window.endswith(REPLACEMENT) and not final:
-            return "", self._prefix, self._read  # the last character is not complete yet: wait
+        if window.endswith(REPLACEMENT) and not final:  # the last character is not complete yet: wait
+            if len(self.ids) - self._read > HOLD_LIMIT:
+                return self._release_before_tail(window)
+            return "", self._prefix, self._read
         done = self._decode(self.ids[self._prefix:self._read])
         # NOTE: assumes decoding a window extends the decoding of its prefix, true of byte-level BPE,
         # SentencePiece and character vocabularies; a tokenizer that rewrites earlier text on decode
         # (space clean-up across the window edge) would shift the cut by that rewrite.
         return window[len(done):], self._read, len(self.ids)
+
+    def _release_before_tail(self, window: str) -> tuple[str, int, int]:
+        """The text up to the last TAIL tokens, when it is final: the window's decoding extends it by more
+        than the incomplete last character (a character that straddles the cut is not final: wait)."""
+        cut = len(self.ids) - TAIL
+        done = self._decode(self.ids[self._prefix:self._read])
+        before = self._decode(self.ids[self._prefix:cut])
+        if len(window) > len(before) and window.startswith(before) and before.startswith(done):
+            return before[len(done):], self._read, cut
+        return "", self._prefix, self._read
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True) if ids else ""
