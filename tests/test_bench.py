@@ -384,6 +384,20 @@ def test_synthetic_run_times_every_combination_and_writes_json_and_plots(tmp_pat
     assert (tmp_path / "synthetic_tiny_rounds.png").is_file() and (tmp_path / "synthetic_tiny_stages.png").is_file()
 
 
+def test_synthetic_prompt_lookup_rounds_never_run_out_of_room(tmp_path, monkeypatch):
+    """A random model loops, so prompt lookup accepts its whole chain every round: the timed requests must
+    have room for that (they used to reach their length mid-timing and the row failed)."""
+    monkeypatch.setitem(SHAPES, "tiny", Shape("tiny", TINY, mask_token_id=5, drafter_layers=1, block_size=4))
+    out = tmp_path / "ngram.json"
+    assert bench("--synthetic", "tiny", "--context", "16", "--drafter-layers", "1", "--block-size", "4",
+                 "--batch-sizes", "1,2", "--methods", "none,none/ngram,ddtree:4/ngram", "--ngram-tokens", "6",
+                 "--rounds", "24", "--stage-rounds", "2", "--out", str(out)) == 0
+    result = json.loads(out.read_text())
+    assert not result["errors"] and [r["method"] for r in result["rows"]] == ["none", "none/ngram", "ddtree:4/ngram"] * 2
+    assert result["config"]["ngram_tokens"] == 6  # --ngram-tokens sizes the lookup here too
+    assert bench("--synthetic", "tiny", "--methods", "none/ngram", "--ngram-tokens", "0", "--out", str(out)) != 0
+
+
 def test_synthetic_variants_per_batch_methods_and_auto(tmp_path, monkeypatch):
     monkeypatch.setitem(SHAPES, "tiny", Shape("tiny", TINY, mask_token_id=5, drafter_layers=1, block_size=4))
     out = tmp_path / "v.json"

@@ -226,6 +226,8 @@ def _debug(args) -> bool:
 
 
 def _run(args, command: str, progress) -> dict:
+    from treeflash.bench.methods import NGRAM_TOKENS
+
     if args.synthetic:
         from treeflash.bench.synthetic import DEFAULT_VARIANT, SyntheticConfig, run_synthetic
 
@@ -237,10 +239,10 @@ def _run(args, command: str, progress) -> dict:
                               drafter_layers=args.drafter_layers, block_size=args.block_size, seed=args.seed,
                               max_logits_gib=args.max_logits_gib, variants=variants,
                               batch_methods=args.batch_methods,
-                              tensor_parallel_size=args.tensor_parallel_size)
+                              tensor_parallel_size=args.tensor_parallel_size,
+                              ngram_tokens=NGRAM_TOKENS if args.ngram_tokens is None else args.ngram_tokens)
         _check_out(Path(args.out))
         return run_synthetic(cfg, command, log=_log, progress=progress, debug=_debug(args))
-    from treeflash.bench.methods import NGRAM_TOKENS
     from treeflash.bench.run import BenchConfig, run_bench
 
     cfg = BenchConfig(model=args.model, draft_model=args.draft_model, random_drafter=args.random_drafter,

@@ -26,9 +26,9 @@ class Method:
             return depth
         return self.budget if isinstance(self.budget, int) else 0
 
-    def spec_config(self) -> SpecConfig:
+    def spec_config(self, ngram_tokens: int = NGRAM_TOKENS) -> SpecConfig:
         return SpecConfig(method=self.spec, tree_budget=self.budget if self.spec == "ddtree" else 64,
-                          ngram_tokens=NGRAM_TOKENS if self.ngram else 0)
+                          ngram_tokens=ngram_tokens if self.ngram else 0)
 
     def llm_kwargs(self, ngram_tokens: int = NGRAM_TOKENS) -> dict:
         """Keyword arguments for `LLM(...)`; tree_budget="auto" where the engine supports it; `ngram_tokens`

@@ -45,7 +45,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from treeflash.bench.methods import parse_methods
+from treeflash.bench.methods import NGRAM_TOKENS, parse_methods
 from treeflash.bench.shapes import (build_drafter, build_target, drafter_config, shape, target_config,
                                     weight_bytes)
 from treeflash.bench.report import environment
@@ -54,7 +54,7 @@ from treeflash.attention import BACKENDS, FLEX_DECODE_TOKENS
 from treeflash.config import ModelConfig
 from treeflash.engine import Engine
 from treeflash.models.dflash import DraftVocab, DrafterConfig
-from treeflash.round import TREE_BUILDERS
+from treeflash.round import MAX_NGRAM_TOKENS, TREE_BUILDERS
 from treeflash.sampling import SamplingParams
 
 KERNELS = ("compiled", "eager")
@@ -141,6 +141,7 @@ class SyntheticConfig:
     variants: tuple[str, ...] = (DEFAULT_VARIANT,)  # engine kernels to compare (Variant.parse)
     tensor_parallel_size: int = 1  # ranks the target is split over (one GPU each, or CPU processes)
     batch_methods: str | None = None  # "1=none,ddtree:64 8,32=none,ddtree:4": overrides batch_sizes x methods
+    ngram_tokens: int = NGRAM_TOKENS  # prompt-lookup tokens per round of the /ngram methods
 
     def combos(self) -> list[tuple[int, str]]:
         """(batch size, methods) in run order."""
@@ -158,6 +159,8 @@ class SyntheticConfig:
             raise ValueError(f"--rounds must be at least 1, got {self.rounds}")
         if self.stage_rounds < 0:
             raise ValueError(f"--stage-rounds must be at least 0, got {self.stage_rounds}")
+        if not 1 <= self.ngram_tokens <= MAX_NGRAM_TOKENS:
+            raise ValueError(f"--ngram-tokens must be in [1, {MAX_NGRAM_TOKENS}], got {self.ngram_tokens}")
         # None: the shape's; anything else is what runs and what the result records
         if self.drafter_layers is not None and self.drafter_layers < 1:
             raise ValueError(f"--drafter-layers must be at least 1, got {self.drafter_layers}")
@@ -405,7 +408,7 @@ def _time_one(target, drafter, method, batch, prompt, cfg: SyntheticConfig, stag
     params = SamplingParams(temperature=cfg.temperature, max_tokens=1 << 20, ignore_eos=True)
     if method.sync:
         options = {**options, "overlap": False}
-    return time_engine_rounds(target, drafter if method.spec != "none" else None, method.spec_config(), batch,
+    return time_engine_rounds(target, drafter if method.spec != "none" else None, method.spec_config(cfg.ngram_tokens), batch,
                               prompt, params, cfg.rounds, cfg.warmup, stage_rounds, seed=cfg.seed,
                               make_engine=make_engine, **options)
 

@@ -82,7 +82,9 @@ def time_engine_rounds(target, drafter, spec: SpecConfig, batch: int, prompt: li
     mean prefill seconds of a request (the forwards it took part in).
     """
     device = target.embed_tokens.weight.device
-    most_per_round = drafter.config.block_size if drafter is not None else 1  # accepted drafts + the bonus
+    # Accepted drafts + the bonus, at most: a tree path and, grafted below it, the prompt lookup's chain (a
+    # random model loops, and lookup then accepts all of it).
+    most_per_round = (drafter.config.block_size if drafter is not None else 1) + spec.ngram_tokens
     # Steps per engine: admission (first token + a round), warm-up, timed; never let a request finish.
     new_tokens = (4 + warmup + max(rounds, stage_rounds)) * most_per_round
     begin = time.perf_counter()
