@@ -360,7 +360,7 @@ def _run_rows(cfg, s, tcfg, dcfg, methods, target, drafter, make_engine, group, 
         finally:
             _free(device)
         rows.append({**where, "spec": method.spec, "budget": method.budget, "sync": method.sync,
-                     "nodes": nodes, "round_ms": timing.median_ms, "round_ms_p10": timing.quantile_ms(0.1),
+                     "ngram_tokens": cfg.ngram_tokens if method.ngram else 0, "nodes": nodes, "round_ms": timing.median_ms, "round_ms_p10": timing.quantile_ms(0.1),
                      "round_ms_p90": timing.quantile_ms(0.9), "round_ms_all": timing.round_ms,
                      "stage_ms": timing.stage_ms, "prefill_ms": 1e3 * prefill_s, "setup_s": timing.setup_s,
                      "auto_budget": timing.auto_budget})
@@ -444,7 +444,8 @@ def _goals(rows: list[dict], one_device_ar: list[dict]) -> list[dict]:
     single = {r["batch"]: r["round_ms"] for r in one_device_ar}
     out = []
     for batch in sorted({r["batch"] for r in rows}):
-        ar = next((r["round_ms"] for r in rows if r["batch"] == batch and r["spec"] == "none"), None)
+        ar = next((r["round_ms"] for r in rows if r["batch"] == batch and r["spec"] == "none"
+                   and not r.get("ngram_tokens")), None)
         tree = next((r["round_ms"] for r in rows if r["batch"] == batch and r["method"] == "ddtree:64"), None)
         one = single.get(batch)
         out.append({"batch": batch, "tp_ar_ms": ar, "one_device_ar_ms": one,
@@ -454,7 +455,9 @@ def _goals(rows: list[dict], one_device_ar: list[dict]) -> list[dict]:
 
 
 def _add_ratios(rows: list[dict], floor_ms: float) -> None:
-    ar = {(r["batch"], r.get("variant"), r.get("sync", False)): r["round_ms"] for r in rows if r["spec"] == "none"}
+    # Our AR step: `none` without prompt lookup (none/ngram is a speculative method like the others).
+    ar = {(r["batch"], r.get("variant"), r.get("sync", False)): r["round_ms"] for r in rows
+          if r["spec"] == "none" and not r.get("ngram_tokens")}
     for r in rows:
         key = (r["batch"], r.get("variant"), r.get("sync", False))  # (a /sync method against none/sync)
         r["x_floor"] = r["round_ms"] / floor_ms if floor_ms > 0 else None
