@@ -360,7 +360,8 @@ def _run_rows(cfg, s, tcfg, dcfg, methods, target, drafter, make_engine, group, 
         finally:
             _free(device)
         rows.append({**where, "spec": method.spec, "budget": method.budget, "sync": method.sync,
-                     "ngram_tokens": cfg.ngram_tokens if method.ngram else 0, "nodes": nodes, "round_ms": timing.median_ms, "round_ms_p10": timing.quantile_ms(0.1),
+                     "ngram_tokens": cfg.ngram_tokens if method.ngram else 0, "nodes": nodes,
+                     "round_ms": timing.median_ms, "round_ms_p10": timing.quantile_ms(0.1),
                      "round_ms_p90": timing.quantile_ms(0.9), "round_ms_all": timing.round_ms,
                      "stage_ms": timing.stage_ms, "prefill_ms": 1e3 * prefill_s, "setup_s": timing.setup_s,
                      "auto_budget": timing.auto_budget})
@@ -408,8 +409,8 @@ def _time_one(target, drafter, method, batch, prompt, cfg: SyntheticConfig, stag
     params = SamplingParams(temperature=cfg.temperature, max_tokens=1 << 20, ignore_eos=True)
     if method.sync:
         options = {**options, "overlap": False}
-    return time_engine_rounds(target, drafter if method.spec != "none" else None, method.spec_config(cfg.ngram_tokens), batch,
-                              prompt, params, cfg.rounds, cfg.warmup, stage_rounds, seed=cfg.seed,
+    return time_engine_rounds(target, drafter if method.spec != "none" else None, method.spec_config(cfg.ngram_tokens),
+                              batch, prompt, params, cfg.rounds, cfg.warmup, stage_rounds, seed=cfg.seed,
                               make_engine=make_engine, **options)
 
 
