@@ -1,5 +1,6 @@
 """What prompt lookup costs on a GPU, op by op: `lookup` and `graft` timed apart as CUDA graph replays, and
-the kernels of both by CUDA time (torch.profiler), at batch sizes and history widths of a real round.
+the kernels of both by CUDA time (torch.profiler), at batch sizes and history widths of a real round; and
+the one-kernel version a round runs on CUDA (treeflash/lookup_kernel.py) beside them, checked equal.
 
     python benchmarks/lookup_profile.py [--out FILE.json]
 
@@ -8,7 +9,7 @@ log-probabilities at block 16; 8 lookup tokens. Costs only: the tokens mean noth
 
 Written for the question `h100-lookup-synthetic/` left open (why lookup costs 0.51 ms of a batch-32 round's
 tree stage against 0.12 ms at batch 1); not yet run on a GPU (no machine came in time), only its tree and
-lookup calls on the CPU."""
+lookup calls on the CPU. The kernel was added after it, for the same question."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from treeflash.lookup import graft, lookup  # noqa: E402
+from treeflash.lookup import graft, graft_lookup, lookup  # noqa: E402
 from treeflash.tree import build_tree  # noqa: E402
 
 
@@ -64,7 +65,13 @@ def main() -> None:
             row = {"slots": slots, "width": width,
                    "lookup_ms": graphed_ms(lambda: lookup(history, seq_lens, bonus, args.tokens)),
                    "graft_ms": graphed_ms(lambda: graft(tree, chain, ok)),
-                   "both_ms": graphed_ms(lambda: graft(tree, *lookup(history, seq_lens, bonus, args.tokens)))}
+                   "both_ms": graphed_ms(lambda: graft(tree, *lookup(history, seq_lens, bonus, args.tokens))),
+                   "kernel_ms": graphed_ms(lambda: graft_lookup(tree, history, seq_lens, bonus, args.tokens,
+                                                                kernel=True))}
+            want = graft(tree, chain, ok)
+            got = graft_lookup(tree, history, seq_lens, bonus, args.tokens, kernel=True)
+            row["kernel_equal"] = all(torch.equal(getattr(got, f), getattr(want, f))
+                                      for f in ("tokens", "parents", "depths", "valid", "scores"))
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
                 for _ in range(20):
                     graft(tree, *lookup(history, seq_lens, bonus, args.tokens))
@@ -74,7 +81,8 @@ def main() -> None:
             row["kernels"] = [{"name": k[:90], "ms": round(ms, 4), "calls": n} for k, ms, n in kernels[:12]]
             rows.append(row)
             print(f"slots {slots:>2} width {width:>5}: lookup {row['lookup_ms']:.3f} ms, graft {row['graft_ms']:.3f} ms, "
-                  f"both {row['both_ms']:.3f} ms", flush=True)
+                  f"both {row['both_ms']:.3f} ms, one kernel {row['kernel_ms']:.3f} ms (equal: {row['kernel_equal']})",
+                  flush=True)
             for k in row["kernels"][:6]:
                 print(f"    {k['ms']:.4f} ms x{k['calls']}  {k['name']}")
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "command": " ".join(sys.argv),

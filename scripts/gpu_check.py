@@ -23,7 +23,8 @@ P. graphs sharing one memory pool: rounds hop between graphs (buckets, budgets 0
    stream) and equal the same rounds run eagerly; a round's read-back survives other graphs' replays.
 T. the Triton tree builder (treeflash/tree_kernel.py) builds field for field the tree `build_tree` builds,
    on random log-probs at drafter shapes (15 depths, vocabularies of 16,384 and 49,152, budgets 1-512,
-   1 and 8 slots, with and without ties).
+   1 and 8 slots, with and without ties); prompt lookup's kernel (treeflash/lookup_kernel.py) grafts
+   field for field what `graft(tree, *lookup(...))` does (histories of 7-8,192 tokens, 1-32 slots).
 G. with --timings: per-round milliseconds, eager vs graphed, at the SmolLM2-135M and Qwen3-8B shapes
    (random bf16 weights, context 1024, batch 1 and 8; AR step, dflash, ddtree 64/256), the stage
    split of graphed rounds, and the weight-read floor (weight bytes / 4.3 TB/s).
@@ -194,6 +195,33 @@ def check_tree_kernel() -> dict:
             scores, tokens = method(x, k)
             results[f"{method.__name__} slots {slots} vocab {vocab} k {k}{label}: a stable top-k"] = (
                 torch.equal(tokens, order) and torch.equal(scores, x.float().gather(-1, order)))
+    results.update(check_lookup_kernel())
+    return results
+
+
+def check_lookup_kernel() -> dict:
+    """Prompt lookup + graft as one kernel (treeflash/lookup_kernel.py) == the torch ops, field for field."""
+    from treeflash.lookup import graft, graft_lookup, lookup
+    from treeflash.tree import build_chain, build_tree, root_only
+
+    results = {}
+    gen = torch.Generator(device=DEVICE).manual_seed(1)
+    fields = ("tokens", "parents", "depths", "valid", "scores", "ranked_scores")
+    for slots, capacity, vocab in [(1, 1024, 8), (8, 1024, 50), (32, 8192, 20), (3, 8192, 49152), (4, 7, 3)]:
+        history = torch.randint(0, vocab, (slots + 2, capacity), device=DEVICE, generator=gen)[:slots]
+        seq_lens = torch.randint(0, capacity + 1, (slots,), device=DEVICE, generator=gen)
+        seq_lens[0] = capacity  # a full history: the root in lookup's extra column
+        bonus = torch.randint(0, vocab, (slots,), device=DEVICE, generator=gen)
+        lp = torch.randn(slots, 15, vocab, device=DEVICE, generator=gen).log_softmax(-1)
+        for name, tree in [("root", root_only(bonus)), ("chain", build_chain(bonus, lp)),
+                           ("ddtree-64", build_tree(bonus, lp, 64))]:
+            for tokens in (1, 8, 64):
+                want = graft(tree, *lookup(history, seq_lens, bonus, tokens))
+                got = graft_lookup(tree, history, seq_lens, bonus, tokens)
+                same = all((getattr(got, f) is None and getattr(want, f) is None)
+                           or torch.equal(getattr(got, f), getattr(want, f)) for f in fields)
+                results[f"lookup kernel slots {slots} capacity {capacity} vocab {vocab} {name} tokens {tokens}: "
+                        f"== graft(lookup)"] = same and got.max_depth == want.max_depth
     return results
 
 

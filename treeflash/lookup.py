@@ -8,6 +8,9 @@ that followed them then are a guess at what follows now, at no model cost (vLLM'
 chain below the deepest node whose path they already spell, so a tree path and a copied continuation
 extend each other and siblings stay distinct (what `tree.walk` relies on).
 
+`graft_lookup` is what a round calls: on CUDA one Triton kernel does both (treeflash/lookup_kernel.py,
+the same tree field for field), elsewhere these torch ops, which stay the reference.
+
 Verification does not care where a node came from, so this is exactly as lossless as the tree it joins:
 greedy output is plain decoding's, sampled output the target's distribution. Everything is fixed-shape
 tensor work over the slot's token history (no host synchronisation, capturable in CUDA graphs).
@@ -83,3 +86,17 @@ def graft(tree: DraftTree, chain: torch.Tensor, ok: torch.Tensor) -> DraftTree:
                      depths=torch.cat([tree.depths, (i + 1).expand(slots, length)], 1),
                      valid=torch.cat([tree.valid, valid], 1), scores=torch.nn.functional.pad(tree.scores, (0, length)),
                      max_depth=max(tree.max_depth, length), ranked_scores=tree.ranked_scores)
+
+
+def graft_lookup(tree: DraftTree, history: torch.Tensor, seq_lens: torch.Tensor, bonus: torch.Tensor, tokens: int,
+                 kernel: bool | None = None) -> DraftTree:
+    """`graft(tree, *lookup(history, seq_lens, bonus, tokens))`: on CUDA as one Triton kernel
+    (treeflash/lookup_kernel.py), else as the torch ops above. kernel: force it on (also under Triton's
+    interpreter, for tests) or off; None picks it on CUDA."""
+    if kernel is None:
+        kernel = history.device.type == "cuda"
+    if kernel:
+        from treeflash.lookup_kernel import lookup_graft_kernel
+
+        return lookup_graft_kernel(tree, history, seq_lens, bonus, tokens)
+    return graft(tree, *lookup(history, seq_lens, bonus, tokens))
