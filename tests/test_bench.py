@@ -396,6 +396,7 @@ def test_synthetic_prompt_lookup_rounds_never_run_out_of_room(tmp_path, monkeypa
     assert not result["errors"] and [r["method"] for r in result["rows"]] == ["none", "none/ngram", "ddtree:4/ngram"] * 2
     assert result["config"]["ngram_tokens"] == 6  # --ngram-tokens sizes the lookup here too
     assert [r["ngram_tokens"] for r in result["rows"][:3]] == [0, 6, 6]
+    assert [r["nodes"] for r in result["rows"][:3]] == [1, 7, 11]  # rows verified: root + draft + lookup
     # The AR step each row is measured against is plain `none`, not none/ngram (which came last, and won).
     for r in result["rows"]:
         ar = next(a for a in result["rows"] if a["batch"] == r["batch"] and a["method"] == "none")

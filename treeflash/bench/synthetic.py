@@ -211,6 +211,11 @@ class SyntheticTarget:
         return build_drafter(self.drafter_config, device, dtype, seed=self.seed + 1)
 
 
+def _verified(method, depth: int, cfg: SyntheticConfig) -> int:
+    """Rows a round of `method` verifies per slot: the root, its draft nodes and a /ngram method's lookup."""
+    return 1 + method.nodes(depth) + (cfg.ngram_tokens if method.ngram else 0)
+
+
 def _logits_gib(batch: int, nodes: int, vocab: int) -> float:
     return batch * nodes * vocab * 4 / 2 ** 30
 
@@ -232,7 +237,7 @@ def run_synthetic(cfg: SyntheticConfig, command: str | None = None, log=print, p
                           s.block_size if cfg.block_size is None else cfg.block_size, s.mask_token_id)
     combos = [(b, m) for b, methods in cfg.combos() for m in parse_methods(methods)]
     methods = [m for _, m in combos]
-    longest = cfg.context + 1 + max(max(1 + m.nodes(dcfg.depth), dcfg.block_size) for m in methods)
+    longest = cfg.context + 1 + max(max(_verified(m, dcfg.depth, cfg), dcfg.block_size) for m in methods)
     if longest > tcfg.max_position_embeddings:
         raise ValueError(f"--context {cfg.context} plus a round exceeds the shape's "
                          f"{tcfg.max_position_embeddings} positions")
@@ -334,7 +339,7 @@ def _run_rows(cfg, s, tcfg, dcfg, methods, target, drafter, make_engine, group, 
             continue
         if progress is not None:
             progress(snapshot(complete=False))  # what is measured so far survives a run cut short
-        nodes = 1 + method.nodes(dcfg.depth)
+        nodes = _verified(method, dcfg.depth, cfg)
         need = _logits_gib(batch, nodes if method.spec == "none" else max(nodes, dcfg.block_size), tcfg.vocab_size)
         if need > cfg.max_logits_gib:
             skipped.append({**where, "reason": f"full-vocabulary logits need {need:.1f} GiB > --max-logits-gib "
