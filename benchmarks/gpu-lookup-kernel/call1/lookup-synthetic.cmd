@@ -1,0 +1,1 @@
+python3 -m treeflash.cli bench --synthetic smollm2-135m --context 512 --rounds 40 --stage-rounds 10 --no-plots --batch-sizes 1,32 --methods none,none/ngram,ddtree:64,ddtree:64/ngram --out lookup-synthetic.json
