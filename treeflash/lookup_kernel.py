@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from treeflash.lookup import NGRAM_MAX, NGRAM_MIN
 from treeflash.tree import DraftTree
 
 SCAN_BLOCK = 1024  # history tokens compared per step of a program's scan
@@ -120,6 +121,8 @@ def lookup_graft_kernel(tree: DraftTree, history: torch.Tensor, seq_lens: torch.
                         tokens: int) -> DraftTree:
     """`graft(tree, *lookup(history, seq_lens, bonus, tokens))` in one launch. history: [S, C] token ids
     (rows past a slot's length ignored); seq_lens, bonus: [S]; tree: S slots of N nodes."""
+    if (NGRAM_MIN, NGRAM_MAX) != (1, 3):  # the kernel compares exactly the last 1-3 tokens
+        raise NotImplementedError(f"lookup_graft_kernel matches suffixes of 1-3 tokens, not {NGRAM_MIN}-{NGRAM_MAX}")
     slots, size = tree.tokens.shape
     history = history if history.stride(1) == 1 else history.contiguous()
     fields = [f.contiguous() for f in (tree.tokens, tree.parents, tree.depths, tree.valid.view(torch.uint8),
