@@ -8,8 +8,9 @@ Random histories (a small vocabulary, so suffixes recur) and a DDTree-64 tree bu
 log-probabilities at block 16; 8 lookup tokens. Costs only: the tokens mean nothing.
 
 Written for the question `h100-lookup-synthetic/` left open (why lookup costs 0.51 ms of a batch-32 round's
-tree stage against 0.12 ms at batch 1); not yet run on a GPU (no machine came in time), only its tree and
-lookup calls on the CPU. The kernel was added after it, for the same question."""
+tree stage against 0.12 ms at batch 1); run on an H100 with the kernel beside the ops in
+`benchmarks/gpu-lookup-kernel/call1/` (the ops' cost there is one `cumprod` scan).
+"""
 
 from __future__ import annotations
 
