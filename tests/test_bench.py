@@ -250,7 +250,7 @@ def test_methods_parse_and_refuse_nonsense():
     assert [m.label for m in sync] == ["none/sync", "ddtree:64/sync", "ddtree:auto/sync"]
     assert [(m.spec, m.budget, m.sync) for m in sync] == [("none", None, True), ("ddtree", 64, True),
                                                           ("ddtree", "auto", True)]
-    assert sync[1].llm_kwargs() == {"spec": "ddtree", "tree_budget": 64, "overlap": False}
+    assert sync[1].llm_kwargs() == {"spec": "ddtree", "tree_budget": 64, "overlap": False, "ngram_tokens": 0}
     assert "overlap" not in parse_methods("ddtree:64")[0].llm_kwargs()
     # /ngram: prompt lookup grafted on (the bench's --ngram-tokens), before /sync in the label whatever the order
     ngram = parse_methods("ddtree:8/sync/ngram,none/ngram")

@@ -130,6 +130,23 @@ def test_prompt_lookup_settings_are_checked():
         SpecConfig("ddtree", ngram_tokens=True)
 
 
+def test_prompt_lookup_is_on_by_default_only_on_cuda_with_a_drafter(pair, tmp_path, monkeypatch):
+    from treeflash.engine import default_budget_profile
+    from treeflash.lookup import DEFAULT_TOKENS, default_tokens
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert default_tokens(cuda, "ddtree") == default_tokens(cuda, "dflash") == DEFAULT_TOKENS == 8
+    assert default_tokens(cuda, "none") == default_tokens(cpu, "ddtree") == default_tokens(cpu, "dflash") == 0
+    llm = LLM(str(pair[0]), device="cpu", draft_model=str(pair[1]))
+    assert llm.spec.ngram_tokens == 0  # (the CPU: every verified row costs its share of a round)
+    # An explicit setting wins on every device; a cost profile measured with lookup is not one without.
+    looked = LLM(str(pair[0]), device="cpu", draft_model=str(pair[1]), ngram_tokens=8)
+    assert looked.spec.ngram_tokens == 8
+    monkeypatch.setenv("TREEFLASH_CACHE", str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    assert default_budget_profile(llm.engine) != default_budget_profile(looked.engine)
+
+
 def reference_lookup(seq: list[int], tokens: int) -> list[int] | None:
     """The docstring's rule in plain Python: the continuation of the latest earlier occurrence of the
     sequence's last k tokens, for the largest k in [NGRAM_MIN, NGRAM_MAX] that has one."""

@@ -98,9 +98,10 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tree-budget", type=_budget, default="auto",
                    help="draft tree nodes per round, ddtree only: a number (at most 4096), or auto (default): chosen each round "
                         "from the device's measured round cost and the drafter's recent acceptance")
-    p.add_argument("--ngram-tokens", type=int, default=0,
+    p.add_argument("--ngram-tokens", type=int, default=None,
                    help="graft up to N tokens of prompt lookup (the continuation of the latest earlier occurrence of "
-                        "the last 1-3 tokens) onto every round's tree, with any --spec; 0 (default): off")
+                        "the last 1-3 tokens) onto every round's tree, with any --spec; 0: off; default 8 on CUDA "
+                        "with a drafter, 0 on the CPU and with --spec none")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:

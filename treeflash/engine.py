@@ -688,14 +688,15 @@ class Engine:
 def default_budget_profile(engine: Engine) -> Path:
     """Where `tree_budget="auto"` keeps its measured round costs unless told otherwise: the treeflash cache's
     budget_profiles/ (`$TREEFLASH_CACHE`, else ~/.cache/treeflash), a file per device, torch version, treeflash
-    sources and engine shape (the models' configurations, dtype, slots, graph sizes, attention and kernels),
-    which decide what a round costs. Another engine of the same kind finds the costs there and skips the
+    sources and engine shape (the models' configurations, dtype, prompt-lookup tokens, slots, graph sizes,
+    attention and kernels), which decide what a round costs. Another engine of the same kind finds the costs there and skips the
     measurement (tens of seconds on an H200, minutes where kernels compile for the first time)."""
     sp, c = engine.speculator, engine.config
     what = {"device": torch.cuda.get_device_name(sp.device), "torch": torch.__version__, "sources": source_digest(),
             "target": repr(sp.target.config), "drafter": repr(sp.drafter.config) if sp.drafter else None,
             "draft_vocab": None if sp.draft_tokens is None else sp.draft_tokens.numel(),
-            "dtype": str(sp.target.embed_tokens.weight.dtype), "spec": sp.spec.method, "slots": c.max_num_seqs,
+            "dtype": str(sp.target.embed_tokens.weight.dtype), "spec": sp.spec.method,
+            "ngram_tokens": sp.spec.ngram_tokens, "slots": c.max_num_seqs,
             "buckets": engine.runner.buckets, "attention": c.attention, "compile_kernels": c.compile_kernels,
             "tree_kernel": c.tree_kernel, "flex_decode_tokens": c.flex_decode_tokens}
     key = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]

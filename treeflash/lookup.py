@@ -24,6 +24,17 @@ from treeflash.tree import DraftTree, _doubling_passes
 
 NGRAM_MAX = 3  # the longest suffix matched (then shorter ones)
 NGRAM_MIN = 1
+# Lookup tokens a round grafts by default where the lookup is one kernel (CUDA) and a drafter drafts: with
+# the shipped pair on an H100 DDTree-64 with 8 of them ran 1.10x / 1.06x / 1.01x its tokens/s alone at batch 1
+# (HumanEval, MT-Bench, MT-Bench at T=1) and 1.00x / 1.03x at batch 32 (benchmarks/gpu-lookup-kernel/). Not
+# on the CPU, where every verified row costs its share of a round (MT-Bench -13%: benchmarks/cpu-prompt-lookup/),
+# nor for spec="none", which stays plain decoding.
+DEFAULT_TOKENS = 8
+
+
+def default_tokens(device: torch.device, method: str) -> int:
+    """Prompt-lookup tokens a round grafts when the caller leaves it unsaid (`LLM(ngram_tokens=None)`)."""
+    return DEFAULT_TOKENS if device.type == "cuda" and method != "none" else 0
 
 
 def lookup(history: torch.Tensor, seq_lens: torch.Tensor, bonus: torch.Tensor, tokens: int

@@ -1,15 +1,18 @@
 """The methods a benchmark compares, written `none`, `dflash`, `ddtree:64`, `ddtree:auto`; `/sync` after any
 of them (`ddtree:64/sync`) runs it with every round read back before the next is launched
 (`LLM(overlap=False)`), to compare with the engine's default in one run; `/ngram` grafts prompt lookup
-onto its rounds (`LLM(ngram_tokens=...)`, the bench's --ngram-tokens), and both may follow (`none/ngram/sync`)."""
+onto its rounds (`LLM(ngram_tokens=...)`, the bench's --ngram-tokens), and both may follow (`none/ngram/sync`).
+A method without /ngram runs without lookup on every device, so a label means the same rounds everywhere; on
+CUDA the engine's default with a drafter is the /ngram one (`ddtree:auto/ngram`: `lookup.default_tokens`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from treeflash.lookup import DEFAULT_TOKENS
 from treeflash.round import SpecConfig
 
-NGRAM_TOKENS = 8  # prompt-lookup tokens a round of a /ngram method, unless the bench says otherwise
+NGRAM_TOKENS = DEFAULT_TOKENS  # prompt-lookup tokens a round of a /ngram method, unless the bench says otherwise
 
 
 @dataclass(frozen=True)
@@ -32,10 +35,8 @@ class Method:
 
     def llm_kwargs(self, ngram_tokens: int = NGRAM_TOKENS) -> dict:
         """Keyword arguments for `LLM(...)`; tree_budget="auto" where the engine supports it; `ngram_tokens`
-        for a /ngram method."""
-        kwargs = {"spec": self.spec}
-        if self.ngram:
-            kwargs["ngram_tokens"] = ngram_tokens
+        always (0 unless /ngram), as the engine's default depends on the device."""
+        kwargs = {"spec": self.spec, "ngram_tokens": ngram_tokens if self.ngram else 0}
         if self.spec == "ddtree":
             kwargs["tree_budget"] = self.budget
         if self.sync:

@@ -25,8 +25,9 @@ class AcceptanceProbe:
         self.prompt_ids, self.max_new_tokens, self.budget = prompt_ids, max_new_tokens, budget
         # Every prompt is admitted in the first steps and all run to the end together: one graph size, and
         # prompts prefilled in a few batched forwards rather than one chunk per step.
+        # No prompt lookup (on by default on CUDA): this measures the drafter, not what copying adds to it.
         common = dict(device=device, dtype=dtype, draft_model=str(drafter_dir), max_num_seqs=max_num_seqs,
-                      cuda_graph_sizes=[max_num_seqs], prefill_tokens_per_step=32768)
+                      cuda_graph_sizes=[max_num_seqs], prefill_tokens_per_step=32768, ngram_tokens=0)
         self.llms = {"dflash": LLM(model, spec="dflash", **common),
                      "ddtree": LLM(model, spec="ddtree", tree_budget=budget, **common)}
 
