@@ -1,0 +1,1 @@
+python3 -m treeflash.cli bench --model ~/smollm2.gguf --draft-model ~/drafter0 --max-tokens 128 --no-plots --dataset mtbench --num-prompts 0 --methods none,none/ngram,ddtree:64,ddtree:64/ngram --out speed-mtbench-t0.json

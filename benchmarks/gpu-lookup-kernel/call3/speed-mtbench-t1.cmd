@@ -1,0 +1,1 @@
+python3 -m treeflash.cli bench --model ~/smollm2.gguf --draft-model ~/drafter0 --max-tokens 128 --no-plots --dataset mtbench --temperature 1 --num-prompts 0 --methods none,ddtree:64,ddtree:64/ngram --out speed-mtbench-t1.json

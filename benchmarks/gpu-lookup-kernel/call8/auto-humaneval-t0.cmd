@@ -1,0 +1,1 @@
+python3 -m treeflash.cli bench --model ~/smollm2.gguf --draft-model ~/drafter0 --max-tokens 128 --no-plots --dataset humaneval --num-prompts 0 --methods none,ddtree:auto,ddtree:auto/ngram --out auto-humaneval-t0.json
