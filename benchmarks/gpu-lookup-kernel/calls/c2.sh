@@ -1,5 +1,5 @@
 #!/bin/bash
-# Call 2 (staged, not run: call 1's machine was gone before the next call): stage the GGUF's first part and the shipped
+# Call 2 (ran in the next session with SECTIONS=CF LIMIT=150): stage the GGUF's first part and the shipped
 # drafter (a copy in .stage/d13: the package's own folder stayed behind so that both calls fit 64 MiB) for
 # call 3, then gpu_check C E F (no host sync in an eager round or a replay; graphed == eager) with the kernel
 # in the rounds: call 1's T took 235 s on the H100 and its 260 s limit cut C.

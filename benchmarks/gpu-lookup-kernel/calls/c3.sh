@@ -1,5 +1,5 @@
 #!/bin/bash
-# Staged, not run (no machine started after call 1).
+# Not needed in the end: calls 2 and 4 ran C, E and F (see ../README.md).
 # Call 3 (fresh machine; too little device time was left for the two calls the real-model speed run needs):
 # gpu_check C E F with the kernel in the rounds (no host sync in an eager round or a replay; graphed ==
 # eager, greedy == plain decoding, with prompt lookup on `none` and DDTree-64).

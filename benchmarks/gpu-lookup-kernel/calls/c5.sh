@@ -1,8 +1,8 @@
 #!/bin/bash
-# Call 5, after prompt lookup became the default on CUDA with a drafter (8 tokens): the engine's default
+# Ran as call 8 of ../README.md, after prompt lookup became the default on CUDA with a drafter (8 tokens): the engine's default
 # (DDTree at the automatic budget, with lookup) against the same without lookup and plain decoding, batch 1,
 # every prompt of both sets; then gpu_check E on that code (graphed == eager, greedy == plain decoding;
-# its "sdpa ddtree-auto" check now runs with the default lookup). Needs call 4's staging (~/stage/part00,
+# its "sdpa ddtree-auto" check now runs with the default lookup). Needs c4.sh's staging (~/stage/part00,
 # ~/drafter0) on the same warm machine; carry .stage/b and .whl.
 END=$((SECONDS + ${LIMIT:-560}))
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1

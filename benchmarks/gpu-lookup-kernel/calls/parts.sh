@@ -1,5 +1,5 @@
 #!/bin/bash
-# Staged, not run (no machine started after call 1).
+# Ran in calls 3, 4 and 6 (see ../README.md).
 # Runs the named parts (bench runs, gpu_check) until the call's deadline ($LIMIT s from the start), skipping
 # a part already done or one whose own limit no longer fits; results and logs accumulate in ~/b and are
 # archived to $OUT/b.tgz after each part. Needs the GGUF at ~/smollm2.gguf (assembled here if only the
