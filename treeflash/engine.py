@@ -689,8 +689,9 @@ def default_budget_profile(engine: Engine) -> Path:
     """Where `tree_budget="auto"` keeps its measured round costs unless told otherwise: the treeflash cache's
     budget_profiles/ (`$TREEFLASH_CACHE`, else ~/.cache/treeflash), a file per device, torch version, treeflash
     sources and engine shape (the models' configurations, dtype, prompt-lookup tokens, slots, graph sizes,
-    attention and kernels), which decide what a round costs. Another engine of the same kind finds the costs there and skips the
-    measurement (tens of seconds on an H200, minutes where kernels compile for the first time)."""
+    attention and kernels), which decide what a round costs. Another engine of the same kind finds the costs
+    there and skips the measurement (tens of seconds on an H200, minutes where kernels compile for the first
+    time)."""
     sp, c = engine.speculator, engine.config
     what = {"device": torch.cuda.get_device_name(sp.device), "torch": torch.__version__, "sources": source_digest(),
             "target": repr(sp.target.config), "drafter": repr(sp.drafter.config) if sp.drafter else None,

@@ -10,9 +10,9 @@ from typing import Iterable, Iterator, Sequence
 
 import torch
 
+from treeflash import lookup
 from treeflash.checkpoint import load_drafter, load_target, load_tokenizer, resolve_model_dir
 from treeflash.config import ModelConfig, config_int_list, read_json_object
-from treeflash import lookup
 from treeflash.default_model import default_draft_model
 from treeflash.engine import Engine, EngineConfig, Request
 from treeflash.models.parallel import check_shardable
