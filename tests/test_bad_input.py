@@ -403,6 +403,10 @@ def test_cli_summary_counts_tokens_and_rounds_in_english(capsys, small_vocab_pai
     assert "mean acceptance length 1.00; auto budgets: 0 x1, 8 x1" in summary_line("ddtree", out, 1.0)
     out.metrics.num_generated_tokens = 1
     assert summary_line("none", out, 1.0).startswith("[none] 1 token in 1.00 s (1.0 tokens/s)")
+    assert "round" not in summary_line("none", out, 1.0)
+    # Prompt lookup (the CUDA default with a drafter) is named, and makes plain decoding's rounds worth counting.
+    assert summary_line("ddtree", out, 1.0, 8).startswith("[ddtree + lookup 8] 1 token")
+    assert "; 2 rounds, mean acceptance length 1.00" in summary_line("none", out, 1.0, 4)
 
 
 def test_default_threads_is_bounded_and_follows_omp(monkeypatch):

@@ -448,24 +448,28 @@ def _generate(args) -> int:
             print(f"\nno draft tree: plain decoding (spec none) drafts nothing{hint}", file=sys.stderr)
         elif out.last_tree:
             print("\nlast round's draft tree:\n" + out.last_tree)
-    print(summary_line(llm.spec.method, out, elapsed), file=sys.stderr)
+    print(summary_line(llm.spec.method, out, elapsed, llm.spec.ngram_tokens), file=sys.stderr)
     return 0
 
 
-def summary_line(method: str, out, elapsed: float) -> str:
-    """What one generation did, in terms that mean something for its method (rounds only when drafting)."""
+def summary_line(method: str, out, elapsed: float, lookup_tokens: int = 0) -> str:
+    """What one generation did, in terms that mean something for its method (rounds only when drafting:
+    with the drafter, or with prompt lookup, which `lookup_tokens` names in the label: it is on by default
+    on CUDA, so a reader of the line should see it)."""
     from treeflash.outputs import plural
 
     m = out.metrics
     rate = m.num_generated_tokens / elapsed if elapsed > 0 else 0.0
-    line = (f"[{method}] {plural(m.num_generated_tokens, 'token')} in {elapsed:.2f} s ({rate:.1f} tokens/s), "
+    label = method + (f" + lookup {lookup_tokens}" if lookup_tokens else "")
+    line = (f"[{label}] {plural(m.num_generated_tokens, 'token')} in {elapsed:.2f} s ({rate:.1f} tokens/s), "
             f"finish reason: {out.finish_reason}")
-    if method != "none" and m.rounds:
+    if (method != "none" or lookup_tokens) and m.rounds:
         line += f"; {plural(m.rounds, 'round')}, mean acceptance length {m.mean_acceptance_length:.2f}"
     if m.round_budgets:
         line += f"; {m.budget_counts()}"
-    # Plain decoding has no draft and no tree to time.
-    stages = {k: v for k, v in m.stage_seconds.items() if method != "none" or k not in ("draft", "tree")}
+    # Plain decoding has no draft to time, and no tree either unless lookup grafts one.
+    skip = ("draft",) if lookup_tokens else ("draft", "tree")
+    stages = {k: v for k, v in m.stage_seconds.items() if method != "none" or k not in skip}
     if stages:
         total = sum(stages.values()) or 1.0
         line += "\n  stages: " + ", ".join(f"{k} {1e3 * v:.0f} ms ({100 * v / total:.0f}%)" for k, v in stages.items())
