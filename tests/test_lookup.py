@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from treeflash import LLM, SamplingParams
-from treeflash.lookup import graft, lookup
+from treeflash.lookup import compact, graft, lookup
 from treeflash.round import SpecConfig
 from treeflash.tree import build_tree, root_only, walk
 from spec_helpers import make_drafter, make_target
@@ -94,6 +94,58 @@ def test_graft_onto_a_root_alone_is_a_chain_from_the_root():
     merged = graft(root_only(torch.tensor([7])), torch.tensor([[1, 2, 3]]), torch.tensor([[True, True, False]]))
     assert merged.tokens.tolist() == [[7, 1, 2, 3]] and merged.parents.tolist() == [[0, 0, 1, 2]]
     assert merged.depths.tolist() == [[0, 1, 2, 3]] and merged.valid.tolist() == [[True, True, True, False]]
+
+
+def path_of(tree, s: int, n: int) -> tuple[int, ...]:
+    """The tokens from below the root down to node n of slot s."""
+    tokens = []
+    while n:
+        tokens.append(int(tree.tokens[s, n]))
+        n = int(tree.parents[s, n])
+    return tuple(reversed(tokens))
+
+
+def test_compact_keeps_the_tree_node_for_node_in_fewer_rows():
+    # Random trees and histories (a small vocabulary, so chains often overlap tree paths and often match
+    # nothing): the compacted tree spells the same valid paths at the same depths, walks to the same tokens
+    # for any target, and ends at the most valid lookup rows any slot has.
+    gen = torch.Generator().manual_seed(5)
+    vocab, shrunk = 4, 0
+    for trial in range(150):
+        slots, budget, tokens = 3, int(torch.randint(0, 9, (1,), generator=gen)), int(torch.randint(1, 7, (1,), generator=gen))
+        bonus = torch.randint(0, vocab, (slots,), generator=gen)
+        tree = root_only(bonus) if budget == 0 else \
+            build_tree(bonus, torch.randn(slots, 4, vocab, generator=gen).log_softmax(-1), budget=budget)
+        history = torch.randint(0, vocab, (slots, 12), generator=gen)
+        seq_lens = torch.randint(0, 13, (slots,), generator=gen)
+        merged = graft(tree, *lookup(history, seq_lens, bonus, tokens))
+        small = compact(merged, tree.size)
+        kept = merged.valid[:, tree.size:].sum(1)
+        assert small.size == tree.size + int(kept.max()) and torch.equal(small.valid[:, tree.size:].sum(1), kept)
+        shrunk += small.size < merged.size
+        for s in range(slots):
+            paths = {n: path_of(merged, s, n) for n in range(merged.size) if merged.valid[s, n]}
+            again = {n: path_of(small, s, n) for n in range(small.size) if small.valid[s, n]}
+            assert sorted(paths.values()) == sorted(again.values())
+            assert all(small.depths[s, n] == len(p) and small.parents[s, n] < n for n, p in again.items() if n)
+        truth = torch.randint(0, vocab, (slots, 12), generator=gen)
+        if trial % 2:  # targets that follow the copied chain as far as it goes
+            chain, ok = lookup(history, seq_lens, bonus, tokens)
+            truth[:, :tokens] = torch.where(ok, chain, truth[:, :tokens])
+
+        def target(t):
+            on = [[path_of(t, s, n) == tuple(truth[s, :int(t.depths[s, n])].tolist()) for n in range(t.size)]
+                  for s in range(slots)]
+            follow = truth.gather(1, t.depths.clamp_max(11))
+            return torch.where(torch.tensor(on), follow, (t.tokens * 3 + 1) % vocab)
+
+        a, b = walk(merged, target(merged)), walk(small, target(small))
+        assert torch.equal(a.accepted, b.accepted)
+        for s in range(slots):
+            depth = int(a.accepted[s])
+            assert merged.tokens[s, a.path[s, :depth]].tolist() == small.tokens[s, b.path[s, :depth]].tolist()
+            assert a.emitted[s, :depth].tolist() == b.emitted[s, :depth].tolist()
+    assert shrunk > 50  # (and some trials keep every row: compact returns the tree as it was)
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from treeflash.attention import FLEX_BLOCK, FLEX_DECODE_TOKENS, SDPA_KV_BLOCK, S
     default_backend, round_layout
 from treeflash.budget import AUTO_BUDGETS, NO_DRAFT, expected_drafts
 from treeflash.kv_cache import KVCache, append_layout
-from treeflash.lookup import graft_lookup
+from treeflash.lookup import compact as compact_lookup, graft_lookup
 from treeflash.models.dflash import DFlashDrafter
 from treeflash.models.kernels import COMPILED, EAGER, pin_triton_cache_dir, prepack_cpu, projection_weights, \
     use_fast_path
@@ -478,7 +478,10 @@ class Speculator:
         lap("draft")
         tree = self.build(state.bonus, logprobs, budget)
         if self.history is not None:
+            drafted = tree.size
             tree = graft_lookup(tree, self.history[:num_slots], state.seq_lens, state.bonus, self.spec.ngram_tokens)
+            if self.device.type == "cpu":  # (eager: rows the lookup left invalid are not worth verifying)
+                tree = compact_lookup(tree, drafted)
         predicted = expected_drafts(tree, self.auto_budgets) if self.spec.auto else None
         lap("tree")
         positions = state.seq_lens[:, None] + tree.depths
