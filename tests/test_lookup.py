@@ -112,7 +112,8 @@ def test_compact_keeps_the_tree_node_for_node_in_fewer_rows():
     gen = torch.Generator().manual_seed(5)
     vocab, shrunk = 4, 0
     for trial in range(150):
-        slots, budget, tokens = 3, int(torch.randint(0, 9, (1,), generator=gen)), int(torch.randint(1, 7, (1,), generator=gen))
+        slots = 3
+        budget, tokens = (int(torch.randint(low, high, (1,), generator=gen)) for low, high in ((0, 9), (1, 7)))
         bonus = torch.randint(0, vocab, (slots,), generator=gen)
         tree = root_only(bonus) if budget == 0 else \
             build_tree(bonus, torch.randn(slots, 4, vocab, generator=gen).log_softmax(-1), budget=budget)
