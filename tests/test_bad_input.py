@@ -388,7 +388,7 @@ def test_cli_summary_counts_tokens_and_rounds_in_english(capsys, small_vocab_pai
                        "--temperature", "0", "--max-tokens", "5", "--ignore-eos", "--tree-budget", "4")
     assert code == 0, err
     summary = err.splitlines()[-2]
-    assert summary.startswith("[ddtree] 5 tokens in ") and "finish reason: length; " in summary
+    assert summary.startswith("[ddtree + lookup 8] 5 tokens in ") and "finish reason: length; " in summary
     assert " round, mean acceptance length " in summary or " rounds, mean acceptance length " in summary
     assert "draft" in err.splitlines()[-1]  # the stages line times the draft
     from treeflash.cli import summary_line
@@ -404,7 +404,7 @@ def test_cli_summary_counts_tokens_and_rounds_in_english(capsys, small_vocab_pai
     out.metrics.num_generated_tokens = 1
     assert summary_line("none", out, 1.0).startswith("[none] 1 token in 1.00 s (1.0 tokens/s)")
     assert "round" not in summary_line("none", out, 1.0)
-    # Prompt lookup (the CUDA default with a drafter) is named, and makes plain decoding's rounds worth counting.
+    # Prompt lookup (the default with a drafter) is named, and makes plain decoding's rounds worth counting.
     assert summary_line("ddtree", out, 1.0, 8).startswith("[ddtree + lookup 8] 1 token")
     assert "; 2 rounds, mean acceptance length 1.00" in summary_line("none", out, 1.0, 4)
 

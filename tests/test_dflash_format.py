@@ -234,7 +234,7 @@ def test_matching_drafter_is_accepted(target_dir, tmp_path):
     the output is still the target's greedy continuation."""
     path = make_drafter(tmp_path / "drafter", target_dir, block_size=4, target_layer_ids=[2])
     llm = LLM(str(target_dir), device="cpu", dtype="float32", draft_model=str(path), spec="dflash",
-              record_trees=True)
+              record_trees=True, ngram_tokens=0)
     assert llm.drafter is not None and llm.drafter.config.target_layer_ids == (2,)
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     out = llm.generate(prompt_token_ids=[CONTEXT], sampling_params=params, use_tqdm=False)[0]

@@ -149,6 +149,22 @@ def test_compact_keeps_the_tree_node_for_node_in_fewer_rows():
     assert shrunk > 50  # (and some trials keep every row: compact returns the tree as it was)
 
 
+def test_compact_drops_the_lookup_rows_of_slots_not_kept():
+    gen = torch.Generator().manual_seed(7)
+    keep = torch.tensor([True, False, True])
+    for _ in range(40):
+        bonus = torch.randint(0, 4, (3,), generator=gen)
+        tree = build_tree(bonus, torch.randn(3, 4, 4, generator=gen).log_softmax(-1), budget=5)
+        history = torch.randint(0, 4, (3, 12), generator=gen)
+        merged = graft(tree, *lookup(history, torch.randint(0, 13, (3,), generator=gen), bonus, 6))
+        every, some = compact(merged, tree.size), compact(merged, tree.size, keep)
+        assert not some.valid[1, tree.size:].any()
+        assert torch.equal(some.tokens[:, :tree.size], tree.tokens) and torch.equal(some.valid[:, :tree.size], tree.valid)
+        for s in (0, 2):
+            assert sorted(path_of(some, s, n) for n in range(some.size) if some.valid[s, n]) == \
+                sorted(path_of(every, s, n) for n in range(every.size) if every.valid[s, n])
+
+
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     root = tmp_path_factory.mktemp("lookup")
@@ -174,6 +190,38 @@ def test_greedy_with_prompt_lookup_is_plain_decoding_and_accepts_more_where_text
         assert max(o.metrics.mean_acceptance_length for o in outs) > 1.5
 
 
+def test_on_the_cpu_lookup_drafts_for_greedy_requests_only(pair):
+    """Eager rounds drop a sampled slot's lookup rows: its seeded tokens are those of the same run without
+    lookup, round for round, while a greedy request beside it still gets lookup's tokens."""
+    sampled = [SamplingParams(temperature=1.0, max_tokens=30, seed=s, ignore_eos=True) for s in (1, 2)]
+    greedy = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    kw = dict(device="cpu", draft_model=str(pair[1]), tree_budget=8, max_num_seqs=3)
+    prompts = REPEATING
+    runs = [LLM(str(pair[0]), ngram_tokens=n, **kw).generate(prompt_token_ids=prompts,
+                                                                sampling_params=[greedy, *sampled])
+            for n in (0, 6)]
+    for without, with_ in zip(runs[0][1:], runs[1][1:]):
+        assert with_.token_ids == without.token_ids
+        assert with_.metrics.acceptance_lengths == without.metrics.acceptance_lengths
+    assert runs[1][0].token_ids == runs[0][0].token_ids  # (greedy: plain decoding's either way)
+    assert runs[1][0].metrics.mean_acceptance_length > runs[0][0].metrics.mean_acceptance_length
+
+
+def test_the_drawn_tree_names_lookups_nodes():
+    from treeflash.tree_view import render_tree
+
+    logprobs = torch.full((1, 3, 8), -9.0)
+    logprobs[:, :, 0], logprobs[:, :, 1] = -0.1, -3.0  # a tree of 0s and 1s: the chain 5, 6 is all lookup's
+    tree = build_tree(torch.tensor([1]), logprobs, budget=3)
+    merged = graft(tree, torch.tensor([[5, 6]]), torch.tensor([[True, True]]))
+    derived = torch.tensor([[5, 6, 6, 6, 6, 7]])[:, :merged.size]  # the target follows the copied chain
+    drawn = render_tree(merged, walk(merged, derived), 0, str, drafted=tree.size)
+    assert drawn.startswith("root 1  (3 draft nodes + 2 from prompt lookup, 2 accepted, bonus 7)")
+    assert drawn.count("(lookup)") == 2 and "lookup = copied from earlier in the text" in drawn
+    plain = render_tree(tree, walk(tree, derived[:, :tree.size]), 0, str)
+    assert "(3 draft nodes," in plain and "lookup" not in plain
+
+
 def test_prompt_lookup_settings_are_checked():
     with pytest.raises(ValueError, match=r"ngram_tokens must be an integer in \[0, 64\]"):
         SpecConfig("none", ngram_tokens=-1)
@@ -181,20 +229,22 @@ def test_prompt_lookup_settings_are_checked():
         SpecConfig("ddtree", ngram_tokens=65)
     with pytest.raises(ValueError, match="ngram_tokens"):
         SpecConfig("ddtree", ngram_tokens=True)
+    with pytest.raises(ValueError, match="ngram_sampled must be True, False or None"):
+        SpecConfig("ddtree", ngram_tokens=8, ngram_sampled="yes")
 
 
-def test_prompt_lookup_is_on_by_default_only_on_cuda_with_a_drafter(pair, tmp_path, monkeypatch):
+def test_prompt_lookup_is_on_by_default_with_a_drafter(pair, tmp_path, monkeypatch):
     from treeflash.engine import default_budget_profile
     from treeflash.lookup import DEFAULT_TOKENS, default_tokens
 
-    cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert default_tokens(cuda, "ddtree") == default_tokens(cuda, "dflash") == DEFAULT_TOKENS == 8
-    assert default_tokens(cuda, "none") == default_tokens(cpu, "ddtree") == default_tokens(cpu, "dflash") == 0
-    llm = LLM(str(pair[0]), device="cpu", draft_model=str(pair[1]))
-    assert llm.spec.ngram_tokens == 0  # (the CPU: every verified row costs its share of a round)
-    # An explicit setting wins on every device; a cost profile measured with lookup is not one without.
+    assert default_tokens("ddtree") == default_tokens("dflash") == DEFAULT_TOKENS == 8
+    assert default_tokens("none") == 0
+    assert LLM(str(pair[0]), device="cpu", draft_model=str(pair[1])).spec.ngram_tokens == 8
+    assert LLM(str(pair[0]), device="cpu").spec.ngram_tokens == 0  # (plain decoding stays plain)
+    # An explicit setting wins; a cost profile measured with lookup is not one without.
+    llm = LLM(str(pair[0]), device="cpu", draft_model=str(pair[1]), ngram_tokens=0)
     looked = LLM(str(pair[0]), device="cpu", draft_model=str(pair[1]), ngram_tokens=8)
-    assert looked.spec.ngram_tokens == 8
+    assert llm.spec.ngram_tokens == 0
     monkeypatch.setenv("TREEFLASH_CACHE", str(tmp_path))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
     assert default_budget_profile(llm.engine) != default_budget_profile(looked.engine)

@@ -168,5 +168,7 @@ def test_cli_show_tree_draws_the_draft_tree(random_smollm2_drafter) -> None:
                      "--draft-model", str(random_smollm2_drafter), "--tree-budget", "8", "--show-tree")
     assert result.returncode == 0, result.stderr
     tree = result.stdout.split("last round's draft tree:")[1]
-    assert "8 draft nodes" in tree and "log q=" in tree and "accepted path" in tree
-    assert "[ddtree]" in result.stderr and "mean acceptance length" in result.stderr
+    assert "(8 draft nodes" in tree and "log q=" in tree and "accepted path" in tree
+    # (prompt lookup, the default with a drafter, adds its nodes, named as such where it found any)
+    assert ("from prompt lookup" in tree) == ("(lookup)" in tree)
+    assert "[ddtree + lookup 8]" in result.stderr and "mean acceptance length" in result.stderr

@@ -425,9 +425,11 @@ def test_sampling_joint_autoregressive(sampling_setup, filters):
 @pytest.mark.parametrize("spec,budget", [("none", 0), ("ddtree", 8)])
 def test_sampling_joint_is_exact_with_prompt_lookup(sampling_setup, spec, budget):
     # Copied continuations depend on the tokens sampled so far (the context holds none of the root's):
-    # drafts that adapt to the sample must not bend its law either.
+    # drafts that adapt to the sample must not bend its law either. (ngram_sampled: CPU rounds verify lookup's
+    # rows for sampled requests too, as CUDA rounds do by default.)
     params = SamplingParams(temperature=1.0)
-    stat, df, threshold, tau = sampling_setup.chi2(SpecConfig(spec, budget or 64, ngram_tokens=4), params)
+    stat, df, threshold, tau = sampling_setup.chi2(SpecConfig(spec, budget or 64, ngram_tokens=4, ngram_sampled=True),
+                                                   params)
     print(f"{spec} + lookup: chi2 {stat:.1f} df {df} threshold {threshold:.1f} tau {tau:.2f}")
     assert tau > (1.05 if spec == "none" else 1.5), "copied tokens should be accepted in some rounds"
     assert stat < threshold

@@ -100,8 +100,8 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
                         "from the device's measured round cost and the drafter's recent acceptance")
     p.add_argument("--ngram-tokens", type=int, default=None,
                    help="graft up to N tokens of prompt lookup (the continuation of the latest earlier occurrence of "
-                        "the last 1-3 tokens) onto every round's tree, with any --spec; 0: off; default 8 on CUDA "
-                        "with a drafter, 0 on the CPU and with --spec none")
+                        "the last 1-3 tokens) onto every round's tree, with any --spec; 0: off; default 8 with a "
+                        "drafter, 0 with --spec none (on the CPU only greedy requests verify lookup's rows)")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:

@@ -493,7 +493,7 @@ class Engine:
             for stage, seconds in stage_seconds.items():
                 m.stage_seconds[stage] = m.stage_seconds.get(stage, 0.0) + seconds
             if self.record_trees:
-                request.last_tree = render_tree(result.tree, result.walk, i, self._token_text)
+                request.last_tree = render_tree(result.tree, result.walk, i, self._token_text, drafted=result.drafted)
             updates.append(StepUpdate(request, kept))
             self._retire_if_done(request)
 

@@ -11,7 +11,7 @@ extend each other and siblings stay distinct (what `tree.walk` relies on).
 `graft_lookup` is what a round calls: on CUDA one Triton kernel does both (treeflash/lookup_kernel.py,
 the same tree field for field), elsewhere these torch ops, which stay the reference. A CPU round then
 `compact`s the result: the lookup rows left invalid (no earlier occurrence, or the part a tree path already
-spells) are dropped before the verify, where each row costs its share.
+spells) and those of sampled requests are dropped before the verify, where each row costs its share.
 
 Verification does not care where a node came from, so this is exactly as lossless as the tree it joins:
 greedy output is plain decoding's, sampled output the target's distribution. Everything but `compact`
@@ -21,23 +21,27 @@ synchronisation, capturable in CUDA graphs).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from treeflash.tree import DraftTree, _doubling_passes
 
 NGRAM_MAX = 3  # the longest suffix matched (then shorter ones)
 NGRAM_MIN = 1
-# Lookup tokens a round grafts by default where the lookup is one kernel (CUDA) and a drafter drafts: with
-# the shipped pair on an H100 DDTree-64 with 8 of them ran 1.10x / 1.06x / 1.01x its tokens/s alone at batch 1
-# (HumanEval, MT-Bench, MT-Bench at T=1) and 1.00x / 1.03x at batch 32 (benchmarks/gpu-lookup-kernel/). Not
-# on the CPU, where every verified row costs its share of a round (MT-Bench -13%: benchmarks/cpu-prompt-lookup/),
-# nor for spec="none", which stays plain decoding.
+# Lookup tokens a round grafts by default where a drafter drafts. On CUDA (one kernel) with the shipped pair on
+# an H100, DDTree-64 with 8 of them ran 1.10x / 1.06x / 1.01x its tokens/s alone at batch 1 (HumanEval, MT-Bench,
+# MT-Bench at T=1) and 1.00x / 1.03x at batch 32 (benchmarks/gpu-lookup-kernel/). On the CPU, where a round
+# verifies only the valid lookup rows of greedy slots (`compact`), DDTree at the automatic budget ran 1.21x on
+# greedy HumanEval and 0.99-1.02x on greedy MT-Bench, and sampled requests are left as they were
+# (benchmarks/cpu-lookup-tokens/, benchmarks/cpu-lookup-greedy/). Not for spec="none", which stays plain decoding.
 DEFAULT_TOKENS = 8
 
 
-def default_tokens(device: torch.device, method: str) -> int:
-    """Prompt-lookup tokens a round grafts when the caller leaves it unsaid (`LLM(ngram_tokens=None)`)."""
-    return DEFAULT_TOKENS if device.type == "cuda" and method != "none" else 0
+def default_tokens(method: str) -> int:
+    """Prompt-lookup tokens a round grafts when the caller leaves it unsaid (`LLM(ngram_tokens=None)`): 8 where a
+    drafter drafts, on any device; 0 for plain decoding."""
+    return DEFAULT_TOKENS if method != "none" else 0
 
 
 def lookup(history: torch.Tensor, seq_lens: torch.Tensor, bonus: torch.Tensor, tokens: int
@@ -102,17 +106,20 @@ def graft(tree: DraftTree, chain: torch.Tensor, ok: torch.Tensor) -> DraftTree:
                      max_depth=max(tree.max_depth, length), ranked_scores=tree.ranked_scores)
 
 
-def compact(tree: DraftTree, size: int) -> DraftTree:
+def compact(tree: DraftTree, size: int, keep: torch.Tensor | None = None) -> DraftTree:
     """`tree` (a graft's output) with its lookup nodes, rows [size:], cut to the valid ones: each slot's
     valid lookup nodes (a contiguous run: `graft` leaves invalid the chain's part a tree path already
     spells and what is past the match) move to the front of those rows, and the rows end at the most
     any slot keeps. The same tree, node for node (parents renumbered, depths kept, so derive's draws,
-    keyed by position, are too); fewer rows to verify.
+    keyed by position, are too); fewer rows to verify. keep: [S] bool, the slots whose lookup nodes stay
+    (default all); the others' are dropped too.
 
     Reads that count on the host: for eager rounds on the CPU, where a verified row costs its share of
     the round (55% of MT-Bench rounds find no earlier occurrence at all). A CUDA round keeps its fixed
     shape (no host read inside a round; a graph's rows are fixed).
     """
+    if keep is not None:
+        tree = keep_slots(tree, size, keep)
     valid = tree.valid[:, size:]
     kept = valid.sum(1)
     width = int(kept.max())  # the host read
@@ -134,6 +141,12 @@ def compact(tree: DraftTree, size: int) -> DraftTree:
                      parents=torch.cat([tree.parents[:, :size], parents], 1),
                      valid=torch.cat([tree.valid[:, :size], keep], 1), max_depth=tree.max_depth,
                      ranked_scores=tree.ranked_scores)
+
+
+def keep_slots(tree: DraftTree, size: int, slots: torch.Tensor) -> DraftTree:
+    """`tree` with the lookup nodes (rows [size:]) of the slots not in `slots` ([S] bool) made invalid."""
+    valid = torch.cat([tree.valid[:, :size], tree.valid[:, size:] & slots[:, None]], 1)
+    return dataclasses.replace(tree, valid=valid)
 
 
 def graft_lookup(tree: DraftTree, history: torch.Tensor, seq_lens: torch.Tensor, bonus: torch.Tensor, tokens: int,

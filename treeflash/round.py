@@ -24,7 +24,7 @@ from treeflash.attention import FLEX_BLOCK, FLEX_DECODE_TOKENS, SDPA_KV_BLOCK, S
     default_backend, round_layout
 from treeflash.budget import AUTO_BUDGETS, NO_DRAFT, expected_drafts
 from treeflash.kv_cache import KVCache, append_layout
-from treeflash.lookup import compact as compact_lookup, graft_lookup
+from treeflash.lookup import compact as compact_lookup, graft_lookup, keep_slots
 from treeflash.models.dflash import DFlashDrafter
 from treeflash.models.kernels import COMPILED, EAGER, pin_triton_cache_dir, prepack_cpu, projection_weights, \
     use_fast_path
@@ -73,6 +73,10 @@ class SpecConfig:
     tree_budget: int | str = 64  # draft nodes per round (ddtree only), or "auto" (treeflash/budget.py)
     # Tokens of prompt lookup grafted onto every round's tree (treeflash/lookup.py), any method; 0: none.
     ngram_tokens: int = 0
+    # Whether sampled requests' rounds verify lookup's rows too (greedy ones always do). None: not on the CPU, where
+    # each verified row costs an eager round its share and sampled text repeats its context too little to repay
+    # it (benchmarks/cpu-lookup-greedy/); yes on CUDA, where a round's rows are fixed and lookup's cost ~1%.
+    ngram_sampled: bool | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -81,6 +85,8 @@ class SpecConfig:
                 or not 0 <= self.ngram_tokens <= MAX_NGRAM_TOKENS:
             raise ValueError(f"ngram_tokens must be an integer in [0, {MAX_NGRAM_TOKENS}] (0: no prompt lookup), "
                              f"got {self.ngram_tokens!r}")
+        if self.ngram_sampled not in (None, True, False):
+            raise ValueError(f"ngram_sampled must be True, False or None, got {self.ngram_sampled!r}")
         if self.tree_budget != "auto" and (isinstance(self.tree_budget, bool) or not isinstance(self.tree_budget, int)
                                            or self.tree_budget < 1):
             raise ValueError(f"tree_budget must be a positive integer or 'auto', got {self.tree_budget!r}")
@@ -126,6 +132,7 @@ class RoundResult:
     # [S, 1 + E (+ C)] int64: all the engine reads back after a round (`readback`), made inside the round
     # so that a CUDA graph writes it and the host's read is one copy, with no kernel launched for it.
     readback: torch.Tensor | None = None
+    drafted: int | None = None  # the tree's nodes before prompt lookup's (all of them without lookup)
 
     @property
     def stage_seconds(self) -> dict[str, float]:
@@ -477,11 +484,15 @@ class Speculator:
         logprobs = self.draft(state, sampling, self.draft_depths(budget), layout) if budget != NO_DRAFT else None
         lap("draft")
         tree = self.build(state.bonus, logprobs, budget)
+        drafted = tree.size  # (nodes past these are prompt lookup's)
         if self.history is not None:
-            drafted = tree.size
             tree = graft_lookup(tree, self.history[:num_slots], state.seq_lens, state.bonus, self.spec.ngram_tokens)
+            sampled = self.spec.ngram_sampled if self.spec.ngram_sampled is not None else self.device.type != "cpu"
+            keep = None if sampled or sampling.flags.all_greedy else sampling.greedy
             if self.device.type == "cpu":  # (eager: rows the lookup left invalid are not worth verifying)
-                tree = compact_lookup(tree, drafted)
+                tree = compact_lookup(tree, drafted, keep)
+            elif keep is not None:
+                tree = keep_slots(tree, drafted, keep)
         predicted = expected_drafts(tree, self.auto_budgets) if self.spec.auto else None
         lap("tree")
         positions = state.seq_lens[:, None] + tree.depths
@@ -494,7 +505,7 @@ class Speculator:
         # (before the last lap: a stage-split capture ends its graphs there)
         rows = readback(accepted, predicted, readback_out)
         lap("commit")
-        return RoundResult(tree, accepted, predicted, clock if isinstance(clock, StageClock) else None, rows)
+        return RoundResult(tree, accepted, predicted, clock if isinstance(clock, StageClock) else None, rows, drafted)
 
     def budget(self, budget: int | None) -> int:
         """The tree budget of a round: the one asked for, else the spec's fixed one."""

@@ -93,7 +93,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     r.add_argument("--methods", default=None,
                    help="comma-separated: none, dflash, ddtree:BUDGET, ddtree:auto, each optionally with /ngram "
                         "(prompt lookup grafted on: --ngram-tokens; without it, none on any device, so "
-                        "ddtree:auto/ngram is the engine's default on CUDA) and /sync "
+                        "ddtree:auto/ngram is the engine's default) and /sync "
                         "(every round read back before the next is launched: LLM(overlap=False)) (default with a "
                         "drafter: none,dflash,ddtree:16,ddtree:64,ddtree:256; synthetic: none,dflash + --budgets)")
     r.add_argument("--batch-size", type=int, default=1, help="requests running side by side (default 1)")

@@ -2,8 +2,8 @@
 of them (`ddtree:64/sync`) runs it with every round read back before the next is launched
 (`LLM(overlap=False)`), to compare with the engine's default in one run; `/ngram` grafts prompt lookup
 onto its rounds (`LLM(ngram_tokens=...)`, the bench's --ngram-tokens), and both may follow (`none/ngram/sync`).
-A method without /ngram runs without lookup on every device, so a label means the same rounds everywhere; on
-CUDA the engine's default with a drafter is the /ngram one (`ddtree:auto/ngram`: `lookup.default_tokens`)."""
+A method without /ngram runs without lookup on every device, so a label means the same rounds everywhere; the
+engine's default with a drafter is the /ngram one (`ddtree:auto/ngram`: `lookup.default_tokens`)."""
 
 from __future__ import annotations
 
