@@ -1,0 +1,28 @@
+#!/bin/bash
+# Call 4: three choosers of the automatic budget, the engine's CUDA default (DDTree-auto + 8 lookup tokens), interleaved
+# per set: "old" the commit before (.stage/old), "ovh" the same plus the host's time per round added to every
+# budget's cost (`BudgetChooser.charge`; .stage/ovh), "new" that and the counts of what each smaller budget
+# accepted (`accepted_within`; this tree). Batch 1, the real SmolLM2 GGUF and the shipped drafter, 128 new tokens,
+# the first 40 prompts of each set. Needs stage.sh's staging on the same warm machine; carry .stage/b,
+# .stage/old, .stage/ovh and .whl.
+END=$((SECONDS + ${LIMIT:-560}))
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export TREEFLASH_CACHE=$HOME/tfcache PYTHONUNBUFFERED=1
+if [ ! -f ~/smollm2.gguf ]; then
+  test -f ~/stage/part00 || { echo "part00 missing: not warm"; exit 3; }
+  cat ~/stage/part00 .stage/b/part01 .stage/b/part02 > ~/smollm2.gguf.xz && xz -d -T8 ~/smollm2.gguf.xz
+fi
+sha256sum ~/smollm2.gguf | grep -q ^b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 || { echo "bad gguf"; exit 4; }
+mkdir -p ~/b; ROOT=$PWD
+for run in "mtbench 1" "humaneval 0" "mtbench 0"; do
+  set -- $run
+  for code in new ovh old; do
+    name=$code-$1-t$2
+    if [ $code = new ]; then dir=$ROOT; else dir=$ROOT/.stage/$code; fi
+    left=$((END - SECONDS - 5)); [ $left -lt 40 ] && { echo "skip $name"; continue; }
+    A="--model $HOME/smollm2.gguf --draft-model $HOME/drafter0 --max-tokens 128 --no-plots --dataset $1 --temperature $2 --num-prompts 40 --methods none,ddtree:auto/ngram --ngram-tokens 8"
+    echo "python3 -m treeflash.cli bench $A --out $name.json" > ~/b/$name.cmd; echo "=== $name $(date +%T)"
+    (cd $dir && PYTHONPATH=$dir:/tmp/site timeout -k 5 $left python3 -m treeflash.cli bench $A --out ~/b/$name.json > ~/b/$name.log 2>&1)
+    echo "rc $? $(date +%T)"; grep -A6 -E "^$1 x" ~/b/$name.log | head -8; tar czf $OUT/b.tgz -C ~ b
+  done
+done
