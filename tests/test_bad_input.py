@@ -391,6 +391,10 @@ def test_cli_summary_counts_tokens_and_rounds_in_english(capsys, small_vocab_pai
     assert summary.startswith("[ddtree + lookup 8] 5 tokens in ") and "finish reason: length; " in summary
     assert " round, mean acceptance length " in summary or " rounds, mean acceptance length " in summary
     assert "draft" in err.splitlines()[-1]  # the stages line times the draft
+    # Sampled on the CPU, a round verifies no lookup row (SpecConfig.ngram_sampled): the summary does not name it.
+    code, _, err = cli(capsys, "generate", "abc", "--model", str(target), "--draft-model", str(drafter),
+                       "--temperature", "0.8", "--max-tokens", "3", "--ignore-eos", "--tree-budget", "4")
+    assert code == 0 and err.splitlines()[-2].startswith("[ddtree] 3 tokens in "), err
     from treeflash.cli import summary_line
     from treeflash.outputs import RequestMetrics, RequestOutput
 

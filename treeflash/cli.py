@@ -448,7 +448,9 @@ def _generate(args) -> int:
             print(f"\nno draft tree: plain decoding (spec none) drafts nothing{hint}", file=sys.stderr)
         elif out.last_tree:
             print("\nlast round's draft tree:\n" + out.last_tree)
-    print(summary_line(llm.spec.method, out, elapsed, llm.spec.ngram_tokens), file=sys.stderr)
+    # (a CPU round verifies lookup's rows for greedy requests only: SpecConfig.ngram_sampled)
+    looked = llm.spec.ngram_tokens if params.greedy or llm.device.type != "cpu" else 0
+    print(summary_line(llm.spec.method, out, elapsed, looked), file=sys.stderr)
     return 0
 
 
