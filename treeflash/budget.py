@@ -29,6 +29,10 @@ synchronisation already copied):
   it is weighed only after `NO_DRAFT_AFTER` drafted rounds, and after `EXPLORE_EVERY` rounds at 0 in a
   row the chooser drafts one round at the best budget, which refreshes m and r (and costs that one
   round's extra). cost(S, 0) is measured with the others.
+- On a GPU cost(S, B) is a replay's time, which leaves out the host's work between rounds (the same at every
+  budget), so small trees look cheaper per second than they are; r, one number for every budget, is what
+  tilts the rule back (with prompt lookup on, lookup's tokens count in it). Correcting r alone made auto
+  slower (benchmarks/lookup-chooser-apart/, benchmarks/lookup-chooser-seen/).
 - Eager rounds (the CPU) also refine cost(S, B) with the time of every round that ran at B (EMA): the
   first measurement is one round on a machine whose speed drifts, and such noise alone once decided
   between drafting and not.
