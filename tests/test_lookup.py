@@ -196,8 +196,7 @@ def test_on_the_cpu_lookup_drafts_for_greedy_requests_only(pair):
     sampled = [SamplingParams(temperature=1.0, max_tokens=30, seed=s, ignore_eos=True) for s in (1, 2)]
     greedy = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
     kw = dict(device="cpu", draft_model=str(pair[1]), tree_budget=8, max_num_seqs=3)
-    prompts = REPEATING
-    runs = [LLM(str(pair[0]), ngram_tokens=n, **kw).generate(prompt_token_ids=prompts,
+    runs = [LLM(str(pair[0]), ngram_tokens=n, **kw).generate(prompt_token_ids=REPEATING,
                                                                 sampling_params=[greedy, *sampled])
             for n in (0, 6)]
     for without, with_ in zip(runs[0][1:], runs[1][1:]):
