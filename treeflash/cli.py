@@ -448,8 +448,7 @@ def _generate(args) -> int:
             print(f"\nno draft tree: plain decoding (spec none) drafts nothing{hint}", file=sys.stderr)
         elif out.last_tree:
             print("\nlast round's draft tree:\n" + out.last_tree)
-    # (a CPU round verifies lookup's rows for greedy requests only: SpecConfig.ngram_sampled)
-    looked = llm.spec.ngram_tokens if params.greedy or llm.device.type != "cpu" else 0
+    looked = llm.spec.ngram_tokens if params.greedy or llm.spec.lookup_sampled(llm.device) else 0
     print(summary_line(llm.spec.method, out, elapsed, looked), file=sys.stderr)
     return 0
 
@@ -457,7 +456,7 @@ def _generate(args) -> int:
 def summary_line(method: str, out, elapsed: float, lookup_tokens: int = 0) -> str:
     """What one generation did, in terms that mean something for its method (rounds only when drafting:
     with the drafter, or with prompt lookup, which `lookup_tokens` names in the label: it is on by default
-    on CUDA, so a reader of the line should see it)."""
+    with a drafter, so a reader of the line should see it)."""
     from treeflash.outputs import plural
 
     m = out.metrics

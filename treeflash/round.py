@@ -94,6 +94,10 @@ class SpecConfig:
             raise ValueError(f"tree_budget must be at most {MAX_TREE_BUDGET}, got {self.tree_budget}: one round "
                              f"verifies every node in one pass and the caches grow by the budget")
 
+    def lookup_sampled(self, device: torch.device) -> bool:
+        """Whether a round on `device` verifies lookup's rows for sampled requests (`ngram_sampled`)."""
+        return self.ngram_sampled if self.ngram_sampled is not None else device.type != "cpu"
+
     @property
     def auto(self) -> bool:
         return self.method == "ddtree" and self.tree_budget == "auto"
@@ -487,8 +491,7 @@ class Speculator:
         drafted = tree.size  # (nodes past these are prompt lookup's)
         if self.history is not None:
             tree = graft_lookup(tree, self.history[:num_slots], state.seq_lens, state.bonus, self.spec.ngram_tokens)
-            sampled = self.spec.ngram_sampled if self.spec.ngram_sampled is not None else self.device.type != "cpu"
-            keep = None if sampled or sampling.flags.all_greedy else sampling.greedy
+            keep = None if self.spec.lookup_sampled(self.device) or sampling.flags.all_greedy else sampling.greedy
             if self.device.type == "cpu":  # (eager: rows the lookup left invalid are not worth verifying)
                 tree = compact_lookup(tree, drafted, keep)
             elif keep is not None:

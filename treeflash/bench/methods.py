@@ -35,7 +35,7 @@ class Method:
 
     def llm_kwargs(self, ngram_tokens: int = NGRAM_TOKENS) -> dict:
         """Keyword arguments for `LLM(...)`; tree_budget="auto" where the engine supports it; `ngram_tokens`
-        always (0 unless /ngram), as the engine's default depends on the device."""
+        always (0 unless /ngram), as the engine's default with a drafter has lookup on."""
         kwargs = {"spec": self.spec, "ngram_tokens": ngram_tokens if self.ngram else 0}
         if self.spec == "ddtree":
             kwargs["tree_budget"] = self.budget
