@@ -44,7 +44,7 @@ def default_threads() -> int:
     Why not every core: a decode step of a small model is many small matmuls, so extra threads add
     little, and when anything else runs on the machine they spin-wait for each other. On a 2-core
     machine, SmolLM2-135M plain decoding ran 15 tokens/s on 1 thread and 15 on 2 while the machine was
-    idle, but 14.7 on 1 thread against 3.3 on 2 once other work started (README, "Threads").
+    idle, but 14.7 on 1 thread against 3.3 on 2 once other work started (docs/usage.md, "Threads").
     """
     env = os.environ.get("OMP_NUM_THREADS", "")
     if env.isdigit() and int(env) > 0:

@@ -9,7 +9,7 @@ Megatron-style split over N ranks, one implementation of the decoder for every N
 - embedding, norms and the output head are replicated (the replicated drafter borrows both whole), but
   the target's logits are computed vocab-parallel: each rank multiplies by its rows of the head and one
   all-gather assembles them, so each rank reads 1/N of the head per forward (measured and argued in
-  the README's tensor-parallel section).
+  docs/tensor-parallel.md).
 
 A rank's decoder is the ordinary `Transformer` built from `Shard.config` (its own head counts and MLP
 width), with o_proj/down_proj swapped for `RowParallelLinear` before any weight is read, and every weight
