@@ -143,8 +143,9 @@ def test_first_round_budget_is_a_candidate():
 
 def test_no_draft_wins_where_no_tree_pays_and_a_drafted_round_keeps_measuring():
     # Every tree costs at least twice the AR step (a large batch of a large target) and the drafter
-    # expects little: plain decoding's step (NO_DRAFT) has the best rate, except one round in
-    # EXPLORE_EVERY + 1, which drafts at the best budget so that acceptance keeps being measured.
+    # expects little: plain decoding's step (NO_DRAFT) has the best rate, except one round after every
+    # EXPLORE_EVERY x cost(4) / cost(0) rounds at NO_DRAFT, which drafts at the best budget so that
+    # acceptance keeps being measured at about 1/EXPLORE_EVERY of the time.
     chooser = chooser_with(lambda b: 1.0 if b == NO_DRAFT else 2.0 + b / 64)
     assert chooser.choose(1) == 64  # nothing observed yet: the initial budget
     curve = [[0.1 * (i + 1) for i in range(len(AUTO_BUDGETS))]]
@@ -152,9 +153,10 @@ def test_no_draft_wins_where_no_tree_pays_and_a_drafted_round_keeps_measuring():
     for _ in range(NO_DRAFT_AFTER - 1):  # not before NO_DRAFT_AFTER drafted rounds: the cheapest tree
         assert chooser.choose(1) == 4
         chooser.observe(4, [1], curve)
-    picks = [chooser.choose(1) for _ in range(2 * (EXPLORE_EVERY + 1))]  # (no observations in between)
+    every = math.floor(EXPLORE_EVERY * (2.0 + 4 / 64))  # rounds at NO_DRAFT before the exploring one
+    picks = [chooser.choose(1) for _ in range(2 * (every + 1))]  # (no observations in between)
     drafted = [i for i, b in enumerate(picks) if b != NO_DRAFT]
-    assert drafted == [EXPLORE_EVERY, 2 * EXPLORE_EVERY + 1] and picks[EXPLORE_EVERY] == 4
+    assert drafted == [every, 2 * every + 1] and picks[every] == 4
     before = (chooser.curve, chooser.observed, chooser.predicted)
     chooser.observe(NO_DRAFT, [1], [[0.0] * len(AUTO_BUDGETS)])  # a round without a draft teaches nothing
     assert (chooser.curve, chooser.observed, chooser.predicted) == before

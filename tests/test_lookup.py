@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from treeflash import LLM, SamplingParams
+from treeflash.budget import NO_DRAFT
 from treeflash.lookup import compact, graft, lookup
 from treeflash.round import SpecConfig
 from treeflash.tree import build_tree, root_only, walk
@@ -204,6 +205,19 @@ def test_on_the_cpu_lookup_drafts_for_greedy_requests_only(pair):
         assert with_.metrics.acceptance_lengths == without.metrics.acceptance_lengths
     assert runs[1][0].token_ids == runs[0][0].token_ids  # (greedy: plain decoding's either way)
     assert runs[1][0].metrics.mean_acceptance_length > runs[0][0].metrics.mean_acceptance_length
+
+
+def test_a_round_without_a_draft_grafts_no_lookup(pair):
+    """The automatic budget's NO_DRAFT round is plain decoding's step, as the chooser weighs it: lookup's
+    rows there cost 2.6x the AR step at 8 slots on a 2-core CPU, where the chooser counted one token."""
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    plain = LLM(str(pair[0]), device="cpu").generate(prompt_token_ids=REPEATING, sampling_params=params)
+    llm = LLM(str(pair[0]), device="cpu", draft_model=str(pair[1]), ngram_tokens=6, max_num_seqs=3)
+    llm.engine.budget.choose = lambda bucket: NO_DRAFT
+    outs = llm.generate(prompt_token_ids=REPEATING, sampling_params=params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+    assert all(set(o.metrics.acceptance_lengths) == {1} for o in outs)
+    assert all(set(o.metrics.round_budgets) == {NO_DRAFT} for o in outs)
 
 
 def test_the_drawn_tree_names_lookups_nodes():

@@ -26,9 +26,12 @@ synchronisation already copied):
   wins where no tree pays for its draft and verify, e.g. large batches of a large target, where even
   budget 4 costs twice the AR step, and is chosen when its rate beats the best tree's by
   `NO_DRAFT_MARGIN`. A round at 0 drafts nothing, so it says nothing about acceptance:
-  it is weighed only after `NO_DRAFT_AFTER` drafted rounds, and after `EXPLORE_EVERY` rounds at 0 in a
-  row the chooser drafts one round at the best budget, which refreshes m and r (and costs that one
-  round's extra). cost(S, 0) is measured with the others.
+  it is weighed only after `NO_DRAFT_AFTER` drafted rounds, and after `EXPLORE_EVERY` x cost(S, B) /
+  cost(S, 0) rounds at 0 in a row (at least `EXPLORE_EVERY`) the chooser drafts one round at the best
+  budget B, which refreshes m and r: that round's extra cost then stays about 1/EXPLORE_EVERY of the time.
+  A round at 0 grafts no prompt lookup either: it is plain decoding's step, as weighed (with lookup's
+  rows it cost 2.6x the AR step at 8 slots on a 2-core CPU, and auto ran there at 0.57x plain decoding's
+  tokens/s). cost(S, 0) is measured with the others.
 - On a GPU cost(S, B) is a replay's time, which leaves out the host's work between rounds (the same at every
   budget), so small trees look cheaper per second than they are; r, one number for every budget, is what
   tilts the rule back (with prompt lookup on, lookup's tokens count in it). Correcting r alone made auto
@@ -65,7 +68,7 @@ import torch
 # stay near the AR step there.
 AUTO_BUDGETS = (4, 8, 16, 32, 64, 128, 256, 512)
 NO_DRAFT = 0  # the budget of a round without a draft (plain decoding's step)
-EXPLORE_EVERY = 8  # rounds at NO_DRAFT in a row before one drafted round measures acceptance again
+EXPLORE_EVERY = 8  # rounds at NO_DRAFT in a row (times the cost ratio) before one drafted round measures acceptance again
 # Drafted rounds observed before NO_DRAFT is weighed: one unlucky first round must not stop drafting
 # (at NO_DRAFT only the exploring rounds teach the averages anything, so they would recover slowly).
 NO_DRAFT_AFTER = 8
@@ -248,7 +251,11 @@ class BudgetChooser:
             self.undrafted = 0
             return budget
         self.undrafted += 1
-        if self.undrafted % (EXPLORE_EVERY + 1) == 0:  # one drafted round keeps m and r current
+        # One drafted round keeps m and r current. It costs cost(B) - cost(0) more than the round it replaces:
+        # spaced by the cost ratio, exploring takes at most about 1/EXPLORE_EVERY of the time (on a 2-core CPU
+        # at 8 slots a tree round cost ~4x the AR step, and one in nine cost a quarter of the time).
+        if self.undrafted > EXPLORE_EVERY * max(1.0, costs[budget] / costs[NO_DRAFT]):
+            self.undrafted = 0
             return budget
         return NO_DRAFT
 

@@ -489,7 +489,7 @@ class Speculator:
         lap("draft")
         tree = self.build(state.bonus, logprobs, budget)
         drafted = tree.size  # (nodes past these are prompt lookup's)
-        if self.history is not None:
+        if self.history is not None and budget != NO_DRAFT:  # (NO_DRAFT: plain decoding's step, as weighed)
             tree = graft_lookup(tree, self.history[:num_slots], state.seq_lens, state.bonus, self.spec.ngram_tokens)
             keep = None if self.spec.lookup_sampled(self.device) or sampling.flags.all_greedy else sampling.greedy
             if self.device.type == "cpu":  # (eager: rows the lookup left invalid are not worth verifying)
