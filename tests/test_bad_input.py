@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,8 @@ import torch
 from helpers import make_tiny_target, one_thread, write_char_tokenizer
 from spec_helpers import make_drafter, make_target
 from treeflash import LLM, SamplingParams
-from treeflash.cli import default_threads, main
+import treeflash.cli as cli_module
+from treeflash.cli import default_threads, generate_threads, main
 
 # A template in the usual shape (role, content, a generation prompt) that knows nothing of tools.
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }} {{ m['content'] }}. {% endfor %}"
@@ -418,6 +420,34 @@ def test_default_threads_is_bounded_and_follows_omp(monkeypatch):
     assert default_threads() == 3
     monkeypatch.delenv("OMP_NUM_THREADS")
     assert 1 <= default_threads() <= 4
+
+
+def test_generate_takes_the_cores_other_processes_leave_idle(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(cli_module, "_usable_cores", lambda: 6)
+    assert default_threads() == 3
+    assert generate_threads(0.0) == 4  # an idle machine: every core, up to 4
+    assert generate_threads(3.9) == 3  # 2.1 idle cores: never fewer than half the usable ones
+    assert generate_threads(1.9) == 4 and generate_threads(2.3) == 3
+    assert generate_threads(None) == 3  # nothing measured
+    monkeypatch.setattr(cli_module, "_usable_cores", lambda: 2)
+    assert generate_threads(0.1) == 2 and generate_threads(0.3) == 1 and generate_threads(1.0) == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")
+    assert generate_threads(0.0) == 5
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="measured from /proc/stat (Linux)")
+def test_other_cpu_use_counts_another_process_and_not_this_one():
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass"])
+    try:
+        time.sleep(0.3)  # (its interpreter started)
+        use = cli_module.OtherCpuUse()
+        end = time.monotonic() + 0.6
+        while time.monotonic() < end:  # this process busy too: not counted
+            pass
+        assert use.cores() >= 0.3
+    finally:
+        busy.wait()
 
 
 def run_python(*args: str) -> subprocess.CompletedProcess:

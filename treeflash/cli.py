@@ -38,19 +38,63 @@ examples:
 
 
 def default_threads() -> int:
-    """Intra-op CPU threads when --threads is not given: $OMP_NUM_THREADS if set, else half the usable
-    cores, between 1 and 4.
+    """Intra-op CPU threads when --threads is not given (serve, and generate before it has measured the
+    machine): $OMP_NUM_THREADS if set, else half the usable cores, between 1 and 4.
 
-    Why not every core: a decode step of a small model is many small matmuls, so extra threads add
-    little, and when anything else runs on the machine they spin-wait for each other. On a 2-core
-    machine, SmolLM2-135M plain decoding ran 15 tokens/s on 1 thread and 15 on 2 while the machine was
-    idle, but 14.7 on 1 thread against 3.3 on 2 once other work started (docs/usage.md, "Threads").
+    Why not every core: when anything else runs on the machine, threads that share its cores spin-wait
+    for each other at every operation. On this 2-core VM, SmolLM2-135M plain decoding ran 14.9 tokens/s
+    on 1 thread and 3.0 on 2 while one other process kept a core busy (docs/usage.md, "Threads").
     """
     env = os.environ.get("OMP_NUM_THREADS", "")
     if env.isdigit() and int(env) > 0:
         return int(env)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(4, cores // 2))
+    return max(1, min(4, _usable_cores() // 2))
+
+
+def _usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+class OtherCpuUse:
+    """The cores other processes kept busy from construction to `cores()`: on Linux the machine's busy time
+    (/proc/stat) less this process's own CPU time over that window; elsewhere the 1-minute load average;
+    None where neither is known. (In a container /proc/stat counts the whole host: more busy, never less.)"""
+
+    def __init__(self) -> None:
+        self.start = self._sample()
+
+    @staticmethod
+    def _sample() -> tuple[float, float, float] | None:
+        try:
+            with open("/proc/stat") as f:
+                fields = [int(x) for x in f.readline().split()[1:9]]
+            busy = sum(fields) - fields[3] - fields[4]  # user nice system [idle iowait] irq softirq steal
+            return time.monotonic(), busy / os.sysconf("SC_CLK_TCK"), sum(os.times()[:2])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def cores(self, min_window: float = 0.2) -> float | None:
+        if self.start is None:
+            return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        elapsed = time.monotonic() - self.start[0]
+        if elapsed < min_window:  # (jiffies are 10 ms: a shorter window says little)
+            time.sleep(min_window - elapsed)
+        end = self._sample()
+        if end is None:
+            return None
+        return max(0.0, (end[1] - self.start[1]) - (end[2] - self.start[2])) / (end[0] - self.start[0])
+
+
+def generate_threads(others: float | None) -> int:
+    """`generate`'s threads when --threads is not given: every core the other processes left idle while the
+    model loaded (`others`: the cores they kept busy; idle = less than a quarter of one), up to 4, and never
+    fewer than `default_threads()`. One request runs for seconds, so what the machine does at its start
+    is a fair guess for its whole run: on this idle 2-core VM 2 threads decoded the main job 1.5x as fast
+    as 1 (docs/usage.md, "Threads"). A server keeps `default_threads()`: it runs for days."""
+    floor = default_threads()
+    if others is None or os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        return floor
+    return max(floor, min(4, int(_usable_cores() - others + 0.25)))
 
 
 def _positive_int(text: str) -> int:
@@ -74,8 +118,10 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bfloat16 on cuda, float32 on cpu)")
     p.add_argument("--max-model-len", type=int, default=None, help="context limit in tokens (default: the model's)")
     p.add_argument("--threads", type=_positive_int, default=None,
-                   help=f"intra-op CPU threads for torch (default here: {default_threads()}; $OMP_NUM_THREADS "
-                        f"if set, else half the usable cores, 1 to 4)")
+                   help=f"intra-op CPU threads for torch (default: $OMP_NUM_THREADS if set, else every core "
+                        f"that other processes leave idle while the model loads, up to 4 and at least half the "
+                        f"usable cores: here {generate_threads(0.0)} on an idle machine, {default_threads()} "
+                        f"on a busy one)")
     p.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
                    help="split the target over N GPUs (NCCL) or N CPU processes (gloo); default 1")
 
@@ -422,6 +468,7 @@ def _generate(args) -> int:
     from treeflash import LLM, SamplingParams
 
     torch.set_num_threads(args.threads or default_threads())
+    others = OtherCpuUse() if args.threads is None else None  # (measured while the model loads)
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                             max_tokens=args.max_tokens, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
@@ -429,6 +476,8 @@ def _generate(args) -> int:
               draft_model=args.draft_model, spec=args.spec, tree_budget=args.tree_budget, max_num_seqs=1,
               record_trees=args.show_tree, tensor_parallel_size=args.tensor_parallel_size,
               ngram_tokens=args.ngram_tokens)
+    if others is not None:
+        torch.set_num_threads(generate_threads(others.cores()))
     if args.chat or args.system is not None:  # a system message only means something in a chat
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
                    [{"role": "user", "content": prompt}]
