@@ -42,8 +42,8 @@ def default_threads() -> int:
     machine): $OMP_NUM_THREADS if set, else half the usable cores, between 1 and 4.
 
     Why not every core: when anything else runs on the machine, threads that share its cores spin-wait
-    for each other at every operation. On this 2-core VM, SmolLM2-135M plain decoding ran 14.9 tokens/s
-    on 1 thread and 3.0 on 2 while one other process kept a core busy (docs/usage.md, "Threads").
+    for each other at every operation. On this 2-core VM, SmolLM2-135M plain decoding ran 14.0-14.7
+    tokens/s on 1 thread and 1.4-2.0 on 2 while one other process kept a core busy (benchmarks/cpu-threads/).
     """
     env = os.environ.get("OMP_NUM_THREADS", "")
     if env.isdigit() and int(env) > 0:
@@ -89,8 +89,8 @@ def generate_threads(others: float | None) -> int:
     """`generate`'s threads when --threads is not given: every core the other processes left idle while the
     model loaded (`others`: the cores they kept busy; idle = less than a quarter of one), up to 4, and never
     fewer than `default_threads()`. One request runs for seconds, so what the machine does at its start
-    is a fair guess for its whole run: on this idle 2-core VM 2 threads decoded the main job 1.5x as fast
-    as 1 (docs/usage.md, "Threads"). A server keeps `default_threads()`: it runs for days."""
+    is a fair guess for its whole run: on this idle 2-core VM 2 threads decoded the main job 1.45-1.55x
+    as fast as 1 (benchmarks/cpu-threads/). A server keeps `default_threads()`: it runs for days."""
     floor = default_threads()
     if others is None or os.environ.get("OMP_NUM_THREADS", "").isdigit():
         return floor
