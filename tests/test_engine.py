@@ -3,6 +3,8 @@ and able to abort a request (waiting or running) so its slot is free at once."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from treeflash import LLM, SamplingParams
@@ -214,9 +216,36 @@ def test_the_tree_builder_setting_reaches_the_round(pair):
         assert llm.engine.speculator.tree_kernel is setting
 
 
+def test_eager_caches_grow_as_requests_get_long_not_to_their_max_tokens(tmp_path):
+    # On the CPU a request asking for up to 1,500 tokens takes no rows for them until it writes them (a chat
+    # request without max_tokens would otherwise take every slot's caches to the whole context); the caches
+    # grow between rounds as it goes, and its tokens are those of caches that held everything from the start.
+    target = make_target(tmp_path / "target", vocab=64)
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 4096}))
+    drafter = make_drafter(tmp_path / "drafter", target, 4)
+    params = SamplingParams(temperature=0, max_tokens=1500, ignore_eos=True)
+    llm = LLM(str(target), device="cpu", draft_model=str(drafter), max_model_len=2048)
+    sp = llm.engine.speculator
+    start = sp.capacity
+    request = llm._requests(None, params, [PROMPTS[0]])[0]
+    llm.engine.add(request)
+    for _ in range(4):  # admission (prefill) and three rounds
+        llm.engine.step()
+    assert len(request.output_ids) > 3 and sp.capacity == start < 1500
+    assert llm.engine.abort(request.id)
+    grown = llm.generate(prompt_token_ids=[PROMPTS[0]], sampling_params=SamplingParams(
+        temperature=0, max_tokens=700, ignore_eos=True))[0].token_ids
+    assert start < sp.capacity < llm.engine.max_capacity
+    held = LLM(str(target), device="cpu", draft_model=str(drafter), max_model_len=2048)
+    held.engine.reserve_all()
+    assert held.generate(prompt_token_ids=[PROMPTS[0]], sampling_params=SamplingParams(
+        temperature=0, max_tokens=700, ignore_eos=True))[0].token_ids == grown
+
+
 def test_reserve_all_grows_the_caches_to_the_longest_request_where_memory_allows(pair):
     target, drafter = pair
-    engine = LLM(str(target), device="cpu", draft_model=str(drafter), max_model_len=200).engine
+    engine = LLM(str(target), device="cpu", draft_model=str(drafter), max_model_len=500).engine
     sp = engine.speculator
     before = sp.capacity
     assert before < engine.max_capacity
@@ -229,9 +258,9 @@ def test_reserve_all_grows_the_caches_to_the_longest_request_where_memory_allows
     assert engine.reserve_all(free_bytes=0)  # (already there)
     # A request of the longest kind then needs no growth: the same tokens as an engine that grew on demand.
     params = SamplingParams(temperature=0, max_tokens=150, ignore_eos=True)
-    grown = LLM(str(target), device="cpu", draft_model=str(drafter), max_model_len=200)
+    grown = LLM(str(target), device="cpu", draft_model=str(drafter), max_model_len=500)
     want = grown.generate(prompt_token_ids=[PROMPTS[0]], sampling_params=params)[0].token_ids
-    llm = LLM(str(target), device="cpu", draft_model=str(drafter), max_model_len=200)
+    llm = LLM(str(target), device="cpu", draft_model=str(drafter), max_model_len=500)
     llm.engine.reserve_all()
     capacity = llm.engine.speculator.capacity
     assert llm.generate(prompt_token_ids=[PROMPTS[0]], sampling_params=params)[0].token_ids == want

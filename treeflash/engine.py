@@ -189,9 +189,10 @@ class Engine:
 
     def __init__(self, target, drafter, spec: SpecConfig, tokenizer, config: EngineConfig):
         self.config, self.tokenizer = config, tokenizer
-        # Rows a request can ever need: its whole context, plus what one round writes past it.
-        self.round_rows = rows_per_round(spec, drafter)
         graphs = config.cuda_graphs and target.embed_tokens.weight.device.type == "cuda"  # (GraphRunner.enabled)
+        # Rows a request can ever need: its whole context, plus what one round writes past it (eagerly the
+        # automatic budget weighs only EAGER_AUTO_BUDGETS: `_budget_chooser`).
+        self.round_rows = rows_per_round(spec, drafter, max(EAGER_AUTO_BUDGETS) if spec.auto and not graphs else None)
         self.overlap = (graphs and not config.time_stages and not config.record_trees) if config.overlap is None \
             else config.overlap
         # Rows a slot's caches need past its request's last token: one round's, and with overlap a second
@@ -444,6 +445,11 @@ class Engine:
         lag = self.round_rows if self.overlap else 0
         kv_rows = max(self.seq_lens[:num_slots]) + lag + rows_per_round(self.speculator.spec, self.speculator.drafter,
                                                                         budget) + 1
+        if not self.runner.enabled:
+            # Eager rounds grow the caches as requests get long, not to what max_tokens allows at admission: a
+            # chat request without max_tokens would take every slot's caches to the whole context (3 GB for
+            # SmolLM2 at 8 slots in float32) for an answer of a few hundred tokens.
+            self._grow_to(kv_rows)
         result = self.runner.round(num_slots, budget, kv_rows)
         rows, ready = result.readback, None
         if rows.is_cuda and self.overlap:
@@ -561,17 +567,22 @@ class Engine:
         return pieces
 
     def _take_slot(self) -> Request | None:
-        """Give the first waiting request a free slot, with caches long enough for all it may need."""
+        """Give the first waiting request a free slot, with caches long enough for its prompt and a round; with
+        CUDA graphs, for all it may need (a growth there recaptures every graph: seconds)."""
         if not self.waiting or not self.free:
             return None
         request = self.waiting.popleft()
         slot = heapq.heappop(self.free)
-        need = len(request.prompt_ids) + request.max_new_tokens + self.spare_rows + 1
-        if need > self.speculator.capacity:  # doubling keeps regrowth (a copy of the caches) rare
-            self.speculator.reserve(min(max(need, 2 * self.speculator.capacity), self.max_capacity))
+        generated = request.max_new_tokens if self.runner.enabled else 0  # (eager: `_launch` grows them on)
+        self._grow_to(len(request.prompt_ids) + generated + self.spare_rows + 1)
         request.slot, self.slots[slot] = slot, request
         self.started.append(request)
         return request
+
+    def _grow_to(self, rows: int) -> None:
+        """Caches of at least `rows` rows per slot; doubling keeps regrowth (a copy of the caches) rare."""
+        if rows > self.speculator.capacity:
+            self.speculator.reserve(min(max(rows, 2 * self.speculator.capacity), self.max_capacity))
 
     def _retire_if_done(self, request: Request) -> None:
         """Free a finished request's slot here; its device state is released by `_release`, which the
