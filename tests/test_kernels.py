@@ -198,6 +198,13 @@ def test_stacked_cache_compacts_every_layer_like_per_layer_tensors(dtype):
     grown = stacked.grown(32)
     assert grown.stacked is not None and grown.capacity == 32
     assert all(torch.equal(g[:, :, :16], k) for g, k in zip(grown.keys, stacked.keys))
+    for cache in (stacked, plain):  # in place, keys first (the engine's growth): the same rows, new tensors
+        before = [t.clone() for t in cache.keys + cache.values]
+        cache.grow_(32)
+        assert cache.capacity == 32 and (cache.stacked is not None) == (cache is stacked)
+        assert all(torch.equal(g[:, :, :16], b) and not g[:, :, 16:].any()
+                   for g, b in zip(cache.keys + cache.values, before))
+    assert all(k.data_ptr() == s.data_ptr() for k, s in zip(stacked.keys, stacked.stacked[0]))  # views of the stack
 
 
 def test_default_backend_follows_the_measured_rule():

@@ -25,6 +25,13 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def _grown(t: torch.Tensor, capacity: int) -> torch.Tensor:
+    """t [..., rows, head_dim] in a zeroed tensor of `capacity` rows."""
+    new = t.new_zeros(*t.shape[:-2], capacity, t.shape[-1])
+    new[..., :t.shape[-2], :] = t
+    return new
+
+
 @dataclass
 class KVCache:
     keys: list[torch.Tensor]  # per layer: [slots, kv_heads, capacity, head_dim]
@@ -55,14 +62,22 @@ class KVCache:
 
     def grown(self, capacity: int) -> "KVCache":
         """A copy with room for `capacity` rows per slot; the rows written so far come along."""
-        def grow(t: torch.Tensor) -> torch.Tensor:  # [..., rows, head_dim]
-            new = t.new_zeros(*t.shape[:-2], capacity, t.shape[-1])
-            new[..., :t.shape[-2], :] = t
-            return new
-
         if self.stacked is not None:
-            return KVCache._of(*(grow(t) for t in self.stacked))
-        return KVCache([grow(k) for k in self.keys], [grow(v) for v in self.values])
+            return KVCache._of(*(_grown(t, capacity) for t in self.stacked))
+        return KVCache([_grown(k, capacity) for k in self.keys], [_grown(v, capacity) for v in self.values])
+
+    def grow_(self, capacity: int) -> None:
+        """`grown`, in place and keys first: the old keys are freed before the new values are made, so a
+        doubling holds 2.5x the old caches at its peak instead of 3x (no one else may hold these tensors)."""
+        if self.stacked is None:
+            self.keys = [_grown(k, capacity) for k in self.keys]
+            self.values = [_grown(v, capacity) for v in self.values]
+            return
+        keys, values = self.stacked
+        self.keys, self.values, self.stacked = [], [], None  # (drops the old per-layer views)
+        keys = _grown(keys, capacity)
+        values = _grown(values, capacity)
+        self.keys, self.values, self.stacked = list(keys.unbind(0)), list(values.unbind(0)), (keys, values)
 
     def slots(self, start: int, stop: int) -> "KVCache":
         """A view of slots [start, stop) that writes through to this cache."""

@@ -437,9 +437,9 @@ class Speculator:
         capacity = self.rounded(capacity)
         if capacity <= self.capacity:
             return
-        self.cache = self.cache.grown(capacity)
+        self.cache.grow_(capacity)
         if self.draft_cache is not None:
-            self.draft_cache = self.draft_cache.grown(capacity)
+            self.draft_cache.grow_(capacity)
         if self.history is not None:
             self.history = torch.cat([self.history, self.history.new_zeros(self.slots, capacity - self.capacity)], 1)
         self.capacity = capacity
