@@ -195,9 +195,6 @@ def test_stacked_cache_compacts_every_layer_like_per_layer_tensors(dtype):
     narrow.write(1, k, v, rows)
     wide.write(1, k.float(), v.float(), rows)
     assert torch.equal(narrow.keys[1].float(), wide.keys[1]) and torch.equal(narrow.values[1].float(), wide.values[1])
-    grown = stacked.grown(32)
-    assert grown.stacked is not None and grown.capacity == 32
-    assert all(torch.equal(g[:, :, :16], k) for g, k in zip(grown.keys, stacked.keys))
     for cache in (stacked, plain):  # in place, keys first (the engine's growth): the same rows, new tensors
         before = [t.clone() for t in cache.keys + cache.values]
         cache.grow_(32)

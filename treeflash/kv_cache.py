@@ -60,15 +60,10 @@ class KVCache:
         """Bytes of every layer's keys and values."""
         return sum(t.numel() * t.element_size() for t in (self.stacked or (*self.keys, *self.values)))
 
-    def grown(self, capacity: int) -> "KVCache":
-        """A copy with room for `capacity` rows per slot; the rows written so far come along."""
-        if self.stacked is not None:
-            return KVCache._of(*(_grown(t, capacity) for t in self.stacked))
-        return KVCache([_grown(k, capacity) for k in self.keys], [_grown(v, capacity) for v in self.values])
-
     def grow_(self, capacity: int) -> None:
-        """`grown`, in place and keys first: the old keys are freed before the new values are made, so a
-        doubling holds 2.5x the old caches at its peak instead of 3x (no one else may hold these tensors)."""
+        """Room for `capacity` rows per slot, in place; the rows written so far come along. Keys first: the old
+        keys are freed before the new values are made, so a doubling holds 2.5x the old caches at its peak
+        instead of 3x (no one else may hold these tensors)."""
         if self.stacked is None:
             self.keys = [_grown(k, capacity) for k in self.keys]
             self.values = [_grown(v, capacity) for v in self.values]
