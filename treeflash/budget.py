@@ -35,7 +35,9 @@ synchronisation already copied):
 - On a GPU cost(S, B) is a replay's time, which leaves out the host's work between rounds (the same at every
   budget), so small trees look cheaper per second than they are; r, one number for every budget, is what
   tilts the rule back (with prompt lookup on, lookup's tokens count in it). Correcting r alone made auto
-  slower (benchmarks/lookup-chooser-apart/, benchmarks/lookup-chooser-seen/).
+  slower (benchmarks/lookup-chooser-apart/, benchmarks/lookup-chooser-seen/); adding the host's measured time
+  per round to every budget's cost changed tokens/s by -0.4% to +1.5% (benchmarks/gpu-chooser-overhead/), so
+  the costs stay replay times.
 - Eager rounds (the CPU) also refine cost(S, B) with the time of every round that ran at B (EMA): the
   first measurement is one round on a machine whose speed drifts, and such noise alone once decided
   between drafting and not.
