@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     s = shape(a.shape)
     tcfg = target_config(s)
-    dcfg = drafter_config(tcfg, s.drafter_layers, s.block_size, s.mask_token_id)
+    dcfg = drafter_config(tcfg, s.drafter_layers, s.block_size, s.mask_token_id, s.target_layer_ids)
     target = build_target(tcfg, device, dtype, seed=0)
     drafter = build_drafter(dcfg, device, dtype, seed=1)
     prompt = torch.randint(0, tcfg.vocab_size, (a.context,), generator=torch.Generator().manual_seed(0)).tolist()

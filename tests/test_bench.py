@@ -353,6 +353,23 @@ def test_qwen3_8b_shape_is_the_model_card():
     assert drafter_config(c).target_layer_ids == (1, 9, 17, 25, 33)
 
 
+def test_smollm2_synthetic_drafter_is_the_shipped_drafters_shape():
+    # Its rounds are launch-bound, so the drafter's layer count moves the round's time: the synthetic shape times
+    # the drafter SmolLM2 actually runs with (treeflash/default_drafter/), not z-lab's five layers.
+    import json
+
+    from treeflash.bench.synthetic import SyntheticConfig
+    from treeflash.default_model import DEFAULT_DRAFTER_DIR
+    from treeflash.models.dflash import DrafterConfig
+
+    s = shape("smollm2-135m")
+    assert SyntheticConfig("smollm2-135m").drafter_layers is None  # the shape's unless --drafter-layers
+    made = drafter_config(target_config(s), s.drafter_layers, s.block_size, s.mask_token_id, s.target_layer_ids)
+    shipped = DrafterConfig.from_hf(json.loads((DEFAULT_DRAFTER_DIR / "config.json").read_text()))
+    assert made == shipped
+    assert drafter_params(made) == 12_280_704
+
+
 def test_smollm2_shape_builds_with_random_weights_on_the_cpu():
     with one_thread():
         model = build_target(target_config(shape("smollm2-135m")), "cpu", torch.float32)

@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> dict:
     s = shape(args.shape)
     tcfg = target_config(s)
     method = parse_methods(args.spec)[0]
-    dcfg = drafter_config(tcfg, s.drafter_layers, s.block_size, s.mask_token_id)
+    dcfg = drafter_config(tcfg, s.drafter_layers, s.block_size, s.mask_token_id, s.target_layer_ids)
     target = build_target(tcfg, device, dtype, seed=0)
     drafter = build_drafter(dcfg, device, dtype, seed=1) if method.spec != "none" else None
     try:

@@ -72,7 +72,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "when --model is not given, as `treeflash generate` does; none with a --model)")
     m.add_argument("--random-drafter", action="store_true",
                    help="build a random drafter of the target's width instead (timing only: acceptance ~1)")
-    m.add_argument("--drafter-layers", type=int, default=5, help="random / synthetic drafter layers (default 5)")
+    m.add_argument("--drafter-layers", type=int, default=None,
+                   help="random / synthetic drafter layers (default: the synthetic shape's, 3 for smollm2-135m and "
+                        "5 for the others; 5 for --random-drafter)")
     m.add_argument("--block-size", type=int, default=16, help="random / synthetic drafter block size (default 16)")
     m.add_argument("--mask-token-id", type=int, default=None, help="random drafter MASK id (default: last vocabulary id)")
     m.add_argument("--no-draft-vocab", action="store_true",
@@ -247,7 +249,8 @@ def _run(args, command: str, progress) -> dict:
     from treeflash.bench.run import BenchConfig, run_bench
 
     cfg = BenchConfig(model=args.model, draft_model=args.draft_model, random_drafter=args.random_drafter,
-                      drafter_layers=args.drafter_layers, block_size=args.block_size, mask_token_id=args.mask_token_id,
+                      drafter_layers=5 if args.drafter_layers is None else args.drafter_layers,
+                      block_size=args.block_size, mask_token_id=args.mask_token_id,
                       dataset=args.dataset, num_prompts=args.num_prompts or None, max_tokens=args.max_tokens,
                       temperature=args.temperature, methods=args.methods, batch_size=args.batch_size,
                       device=args.device, dtype=args.dtype, max_model_len=args.max_model_len, seed=args.seed,

@@ -4,7 +4,9 @@ Per-round cost depends on shapes, not on weight values, so a random model at a r
 times a round as the trained one would (acceptance aside). Target shapes are those of the public model
 cards' config.json. No public drafter exists for every target; the drafters here follow the public
 z-lab / SpecForge recipe for 4B-8B targets: 5 Qwen3-style layers at the target's hidden size, heads
-and MLP width, block size 16, context features from 5 target layers spread over [1, N-3].
+and MLP width, block size 16, context features from 5 target layers spread over [1, N-3]. SmolLM2-135M's
+drafter is the shape of the one this package ships for it (treeflash/default_drafter/: 3 layers reading
+5 target layers), since that is the drafter its rounds run with.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class Shape:
     mask_token_id: int  # a row of the target's embedding the drafter uses as MASK
     drafter_layers: int = 5
     block_size: int = 16
+    target_layer_ids: tuple[int, ...] | None = None  # the drafter's context layers (None: spread, as z-lab's)
 
 
 def _qwen3(layers, hidden, heads, kv_heads, intermediate, tie) -> dict[str, Any]:
@@ -51,8 +54,11 @@ SHAPES: dict[str, Shape] = {
     "qwen3-4b": Shape("qwen3-4b", _qwen3(36, 2560, 32, 8, 9728, tie=True), mask_token_id=151669),
     "llama3-8b": Shape("llama3-8b", _llama(32, 4096, 32, 8, 14336, 128256, tie=False, theta=500000.0,
                                            max_pos=8192), mask_token_id=128002),
+    # The shipped drafter's shape (treeflash/default_drafter/config.json), not z-lab's five layers: rounds at this
+    # size are launch-bound, so the drafter's layer count shows in a round's time.
     "smollm2-135m": Shape("smollm2-135m", _llama(30, 576, 9, 3, 1536, 49152, tie=True, theta=100000.0,
-                                                 max_pos=8192), mask_token_id=3),
+                                                 max_pos=8192), mask_token_id=16, drafter_layers=3,
+                          target_layer_ids=(1, 8, 14, 21, 27)),
 }
 
 
@@ -66,11 +72,16 @@ def target_config(s: Shape) -> ModelConfig:
     return ModelConfig.from_hf(s.target)
 
 
-def drafter_hf_config(target: ModelConfig, layers: int, block_size: int, mask_token_id: int) -> dict[str, Any]:
-    """A z-lab style drafter config.json: Qwen3 layers at the target's width; target layer ids by default."""
+def drafter_hf_config(target: ModelConfig, layers: int, block_size: int, mask_token_id: int,
+                      target_layer_ids: tuple[int, ...] | None = None) -> dict[str, Any]:
+    """A z-lab style drafter config.json: Qwen3 layers at the target's width; target layer ids spread over
+    the target unless given."""
+    dflash: dict[str, Any] = {"mask_token_id": mask_token_id}
+    if target_layer_ids is not None:
+        dflash["target_layer_ids"] = list(target_layer_ids)
     return {
         "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": block_size,
-        "dflash_config": {"mask_token_id": mask_token_id}, "num_target_layers": target.num_layers,
+        "dflash_config": dflash, "num_target_layers": target.num_layers,
         "vocab_size": target.vocab_size, "hidden_size": target.hidden_size,
         "intermediate_size": target.intermediate_size, "num_hidden_layers": layers,
         "num_attention_heads": target.num_heads, "num_key_value_heads": target.num_kv_heads,
@@ -79,10 +90,10 @@ def drafter_hf_config(target: ModelConfig, layers: int, block_size: int, mask_to
     }
 
 
-def drafter_config(target: ModelConfig, layers: int = 5, block_size: int = 16, mask_token_id: int | None = None
-                   ) -> DrafterConfig:
+def drafter_config(target: ModelConfig, layers: int = 5, block_size: int = 16, mask_token_id: int | None = None,
+                   target_layer_ids: tuple[int, ...] | None = None) -> DrafterConfig:
     mask = target.vocab_size - 1 if mask_token_id is None else mask_token_id
-    return DrafterConfig.from_hf(drafter_hf_config(target, layers, block_size, mask))
+    return DrafterConfig.from_hf(drafter_hf_config(target, layers, block_size, mask, target_layer_ids))
 
 
 # --- parameter arithmetic (no allocation) ------------------------------------------------------------

@@ -234,7 +234,8 @@ def run_synthetic(cfg: SyntheticConfig, command: str | None = None, log=print, p
     s = shape(cfg.shape)
     tcfg = target_config(s)
     dcfg = drafter_config(tcfg, s.drafter_layers if cfg.drafter_layers is None else cfg.drafter_layers,
-                          s.block_size if cfg.block_size is None else cfg.block_size, s.mask_token_id)
+                          s.block_size if cfg.block_size is None else cfg.block_size, s.mask_token_id,
+                          s.target_layer_ids)
     combos = [(b, m) for b, methods in cfg.combos() for m in parse_methods(methods)]
     methods = [m for _, m in combos]
     longest = cfg.context + 1 + max(max(_verified(m, dcfg.depth, cfg), dcfg.block_size) for m in methods)
