@@ -35,14 +35,26 @@ def test_one_engine_serves_every_call_with_the_same_tokens(pair, spec):
     assert not engine.has_work() and all(s is None for s in engine.slots)
 
 
+def capacities_reserved(sp) -> list[int]:
+    """The capacity after every `reserve` call from now on (an idle engine's caches shrink back after)."""
+    seen, reserve = [], sp.reserve
+
+    def recorded(capacity):
+        reserve(capacity)
+        seen.append(sp.capacity)
+
+    sp.reserve = recorded
+    return seen
+
+
 def test_caches_grow_for_a_long_request_and_keep_running_slots(pair):
     target, drafter = pair
     llm = LLM(str(target), device="cpu", draft_model=str(drafter), tree_budget=8, max_num_seqs=2)
     short = llm.generate(prompt_token_ids=[PROMPTS[0]], sampling_params=GREEDY)[0].token_ids
-    start = llm.engine.speculator.capacity
+    start, grown = llm.engine.speculator.capacity, capacities_reserved(llm.engine.speculator)
     long = SamplingParams(temperature=0, max_tokens=700, ignore_eos=True)
     outs = llm.generate(prompt_token_ids=[PROMPTS[0], PROMPTS[1]], sampling_params=[GREEDY, long])
-    assert llm.engine.speculator.capacity > start
+    assert max(grown) > start  # (and back to `start` once idle)
     assert outs[0].token_ids == short
     plain = LLM(str(target), device="cpu", max_num_seqs=1).generate(prompt_token_ids=[PROMPTS[1]],
                                                                       sampling_params=long)[0].token_ids
@@ -234,13 +246,45 @@ def test_eager_caches_grow_as_requests_get_long_not_to_their_max_tokens(tmp_path
         llm.engine.step()
     assert len(request.output_ids) > 3 and sp.capacity == start < 1500
     assert llm.engine.abort(request.id)
+    reserved = capacities_reserved(sp)
     grown = llm.generate(prompt_token_ids=[PROMPTS[0]], sampling_params=SamplingParams(
         temperature=0, max_tokens=700, ignore_eos=True))[0].token_ids
-    assert start < sp.capacity < llm.engine.max_capacity
+    assert start < max(reserved) < llm.engine.max_capacity and sp.capacity == start
     held = LLM(str(target), device="cpu", draft_model=str(drafter), max_model_len=2048)
     held.engine.reserve_all()
     assert held.generate(prompt_token_ids=[PROMPTS[0]], sampling_params=SamplingParams(
         temperature=0, max_tokens=700, ignore_eos=True))[0].token_ids == grown
+
+
+def test_idle_eager_caches_shrink_back_to_their_first_size(tmp_path):
+    # A long request grows the caches (GBs on the CPU for one that ran to the context); once nothing runs they
+    # shrink, and later requests decode as on caches that never grew. reserve_all's size, asked for, stays.
+    target = make_target(tmp_path / "target", vocab=64)
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 2048}))
+    drafter = make_drafter(tmp_path / "drafter", target, 4)
+    llm = LLM(str(target), device="cpu", draft_model=str(drafter), max_model_len=1200)
+    engine, sp = llm.engine, llm.engine.speculator
+    start = sp.capacity
+
+    def tokens(prompts, max_tokens):
+        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+        return [o.token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=params)]
+
+    short = tokens(PROMPTS[:2], 8)
+    long_request = llm._requests(None, SamplingParams(temperature=0, max_tokens=1000, ignore_eos=True),
+                                 [PROMPTS[0]])[0]
+    engine.add(long_request)
+    while len(long_request.output_ids) < 700:
+        engine.step()
+    assert sp.capacity > start and sp.draft_cache.capacity == sp.capacity
+    assert engine.abort(long_request.id)  # the last request: the caches shrink at once
+    assert sp.capacity == sp.cache.capacity == sp.draft_cache.capacity == start
+    assert tokens(PROMPTS[:2], 8) == short
+    grown = tokens([PROMPTS[1]], 600)
+    assert sp.capacity == start  # (grew while it ran, shrank after)
+    assert engine.reserve_all() and sp.capacity == engine.max_capacity
+    assert tokens([PROMPTS[1]], 600) == grown and sp.capacity == engine.max_capacity
 
 
 def test_reserve_all_grows_the_caches_to_the_longest_request_where_memory_allows(pair):

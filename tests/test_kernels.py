@@ -197,10 +197,13 @@ def test_stacked_cache_compacts_every_layer_like_per_layer_tensors(dtype):
     assert torch.equal(narrow.keys[1].float(), wide.keys[1]) and torch.equal(narrow.values[1].float(), wide.values[1])
     for cache in (stacked, plain):  # in place, keys first (the engine's growth): the same rows, new tensors
         before = [t.clone() for t in cache.keys + cache.values]
-        cache.grow_(32)
+        cache.resize_(32)
         assert cache.capacity == 32 and (cache.stacked is not None) == (cache is stacked)
         assert all(torch.equal(g[:, :, :16], b) and not g[:, :, 16:].any()
                    for g, b in zip(cache.keys + cache.values, before))
+        cache.resize_(8)  # (an idle engine's shrink): the first rows
+        assert cache.capacity == 8 and (cache.stacked is not None) == (cache is stacked)
+        assert all(torch.equal(g, b[:, :, :8]) for g, b in zip(cache.keys + cache.values, before))
     assert all(k.data_ptr() == s.data_ptr() for k, s in zip(stacked.keys, stacked.stacked[0]))  # views of the stack
 
 

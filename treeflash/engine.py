@@ -206,6 +206,7 @@ class Engine:
                                      compile_kernels=config.compile_kernels, draft_vocab=config.draft_vocab,
                                      cpu_prepack=config.cpu_prepack)
         self.max_capacity = self.speculator.rounded(self.max_capacity)  # (whole attention blocks, as it grows)
+        self.floor_capacity = self.speculator.capacity  # what idle eager caches shrink back to (`reserve_all`: all)
         sizes = tuple(sorted(set(config.cuda_graph_sizes))) if config.cuda_graph_sizes else None
         self.runner = GraphRunner(self.speculator, enabled=config.cuda_graphs, time_stages=config.time_stages,
                                   buckets=sizes)
@@ -293,6 +294,7 @@ class Engine:
         first: a chat request without max_tokens asks for the whole context at once."""
         sp = self.speculator
         if sp.capacity >= self.max_capacity:
+            self.floor_capacity = self.max_capacity
             return True
         if free_bytes is None and sp.device.type == "cuda":
             free_bytes = torch.cuda.mem_get_info(sp.device)[0]
@@ -301,6 +303,7 @@ class Engine:
         if free_bytes is not None and extra > memory_fraction * free_bytes:
             return False
         sp.reserve(self.max_capacity)
+        self.floor_capacity = self.max_capacity  # (asked for: kept while idle too)
         return True
 
     def capture_graphs(self, max_batch: int, params: SamplingParams, budget: int | None = None) -> int:
@@ -367,6 +370,7 @@ class Engine:
                 request.finish_reason = "abort"
                 self._retire_if_done(request)
                 self._release()
+                self._shrink_if_idle()
                 return True
         return False
 
@@ -386,6 +390,7 @@ class Engine:
             read = self._rounds(updates)
         finally:
             self._release()
+            self._shrink_if_idle()
         if read:
             stats.rounds += read
             stats.round_seconds += time.perf_counter() - clock
@@ -583,6 +588,13 @@ class Engine:
         """Caches of at least `rows` rows per slot; doubling keeps regrowth (a copy of the caches) rare."""
         if rows > self.speculator.capacity:
             self.speculator.reserve(min(max(rows, 2 * self.speculator.capacity), self.max_capacity))
+
+    def _shrink_if_idle(self) -> None:
+        """With no request left, eager caches go back to their first size: a long request's rows (GBs on the CPU
+        for one that ran to the context) are not held while the engine waits. Graphed rounds keep theirs: the
+        graphs are captured over the caches' capacity, and shrinking would mean capturing them again."""
+        if not self.runner.enabled and not self.has_work() and self.speculator.capacity > self.floor_capacity:
+            self.speculator.shrink(self.floor_capacity)
 
     def _retire_if_done(self, request: Request) -> None:
         """Free a finished request's slot here; its device state is released by `_release`, which the

@@ -25,10 +25,11 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _grown(t: torch.Tensor, capacity: int) -> torch.Tensor:
-    """t [..., rows, head_dim] in a zeroed tensor of `capacity` rows."""
+def _resized(t: torch.Tensor, capacity: int) -> torch.Tensor:
+    """t [..., rows, head_dim] in a zeroed tensor of `capacity` rows (its first `capacity` rows, if fewer)."""
     new = t.new_zeros(*t.shape[:-2], capacity, t.shape[-1])
-    new[..., :t.shape[-2], :] = t
+    kept = min(capacity, t.shape[-2])
+    new[..., :kept, :] = t[..., :kept, :]
     return new
 
 
@@ -60,18 +61,18 @@ class KVCache:
         """Bytes of every layer's keys and values."""
         return sum(t.numel() * t.element_size() for t in (self.stacked or (*self.keys, *self.values)))
 
-    def grow_(self, capacity: int) -> None:
-        """Room for `capacity` rows per slot, in place; the rows written so far come along. Keys first: the old
-        keys are freed before the new values are made, so a doubling holds 2.5x the old caches at its peak
-        instead of 3x (no one else may hold these tensors)."""
+    def resize_(self, capacity: int) -> None:
+        """`capacity` rows per slot, in place: the rows written so far come along (the first `capacity` of them
+        when it shrinks). Keys first: the old keys are freed before the new values are made, so a doubling holds
+        2.5x the old caches at its peak instead of 3x (no one else may hold these tensors)."""
         if self.stacked is None:
-            self.keys = [_grown(k, capacity) for k in self.keys]
-            self.values = [_grown(v, capacity) for v in self.values]
+            self.keys = [_resized(k, capacity) for k in self.keys]
+            self.values = [_resized(v, capacity) for v in self.values]
             return
         keys, values = self.stacked
         self.keys, self.values, self.stacked = [], [], None  # (drops the old per-layer views)
-        keys = _grown(keys, capacity)
-        values = _grown(values, capacity)
+        keys = _resized(keys, capacity)
+        values = _resized(values, capacity)
         self.keys, self.values, self.stacked = list(keys.unbind(0)), list(values.unbind(0)), (keys, values)
 
     def slots(self, start: int, stop: int) -> "KVCache":

@@ -435,13 +435,26 @@ class Speculator:
         The caches are new tensors afterwards: captured CUDA graphs of the old ones are stale (the
         runner notices the new capacity and captures again)."""
         capacity = self.rounded(capacity)
-        if capacity <= self.capacity:
-            return
-        self.cache.grow_(capacity)
+        if capacity > self.capacity:
+            self._resize(capacity)
+
+    def shrink(self, capacity: int) -> None:
+        """Caches of `capacity` rows per slot again, where they are longer: memory back once no slot holds a
+        row past it (the caller's word: rows past it are dropped). Graphs of the old caches are stale, as after
+        `reserve`."""
+        capacity = self.rounded(capacity)
+        if capacity < self.capacity:
+            self._resize(capacity)
+
+    def _resize(self, capacity: int) -> None:
+        self.cache.resize_(capacity)
         if self.draft_cache is not None:
-            self.draft_cache.grow_(capacity)
+            self.draft_cache.resize_(capacity)
         if self.history is not None:
-            self.history = torch.cat([self.history, self.history.new_zeros(self.slots, capacity - self.capacity)], 1)
+            history = self.history.new_zeros(self.slots, capacity)
+            kept = min(capacity, self.capacity)
+            history[:, :kept] = self.history[:, :kept]
+            self.history = history
         self.capacity = capacity
 
     def release(self, slot: int) -> None:
