@@ -293,16 +293,14 @@ class Engine:
         drops every captured graph (they point at the old caches), so a warm-up that should last calls this
         first: a chat request without max_tokens asks for the whole context at once."""
         sp = self.speculator
-        if sp.capacity >= self.max_capacity:
-            self.floor_capacity = self.max_capacity
-            return True
-        if free_bytes is None and sp.device.type == "cuda":
-            free_bytes = torch.cuda.mem_get_info(sp.device)[0]
-        caches = [sp.cache] + ([sp.draft_cache] if sp.draft_cache is not None else [])
-        extra = sum(c.nbytes for c in caches) * (self.max_capacity - sp.capacity) / sp.capacity
-        if free_bytes is not None and extra > memory_fraction * free_bytes:
-            return False
-        sp.reserve(self.max_capacity)
+        if sp.capacity < self.max_capacity:
+            if free_bytes is None and sp.device.type == "cuda":
+                free_bytes = torch.cuda.mem_get_info(sp.device)[0]
+            caches = [sp.cache] + ([sp.draft_cache] if sp.draft_cache is not None else [])
+            extra = sum(c.nbytes for c in caches) * (self.max_capacity - sp.capacity) / sp.capacity
+            if free_bytes is not None and extra > memory_fraction * free_bytes:
+                return False
+            sp.reserve(self.max_capacity)
         self.floor_capacity = self.max_capacity  # (asked for: kept while idle too)
         return True
 
