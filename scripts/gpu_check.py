@@ -24,7 +24,8 @@ P. graphs sharing one memory pool: rounds hop between graphs (buckets, budgets 0
 T. the Triton tree builder (treeflash/tree_kernel.py) builds field for field the tree `build_tree` builds,
    on random log-probs at drafter shapes (15 depths, vocabularies of 16,384 and 49,152, budgets 1-512,
    1 and 8 slots, with and without ties); prompt lookup's kernel (treeflash/lookup_kernel.py) grafts
-   field for field what `graft(tree, *lookup(...))` does (histories of 7-8,192 tokens, 1-32 slots).
+   field for field what `graft(tree, *lookup(...))` does (histories of 7-8,192 tokens, 1-32 slots); the walk
+   and verify mask kernels (treeflash/walk_kernel.py) give what `walk` and `ancestor_mask` give (budgets 16-4,096).
 G. with --timings: per-round milliseconds, eager vs graphed, at the SmolLM2-135M and Qwen3-8B shapes
    (random bf16 weights, context 1024, batch 1 and 8; AR step, dflash, ddtree 64/256), the stage
    split of graphed rounds, and the weight-read floor (weight bytes / 4.3 TB/s).
@@ -196,6 +197,34 @@ def check_tree_kernel() -> dict:
             results[f"{method.__name__} slots {slots} vocab {vocab} k {k}{label}: a stable top-k"] = (
                 torch.equal(tokens, order) and torch.equal(scores, x.float().gather(-1, order)))
     results.update(check_lookup_kernel())
+    results.update(check_walk_kernel())
+    return results
+
+
+def check_walk_kernel() -> dict:
+    """The walk and the verify mask as one kernel each (treeflash/walk_kernel.py) == `walk` / `ancestor_mask`."""
+    from treeflash.lookup import graft_lookup
+    from treeflash.tree import ancestor_mask, build_chain, build_tree, root_only, walk
+    from treeflash.walk_kernel import ancestor_mask_kernel, walk_kernel
+
+    results = {}
+    gen = torch.Generator(device=DEVICE).manual_seed(2)
+    for slots, budget in [(1, 64), (8, 64), (32, 16), (1, 256), (2, 512), (3, 4096)]:
+        lp = torch.randn(slots, 15, 64, device=DEVICE, generator=gen).log_softmax(-1)
+        bonus = torch.randint(0, 64, (slots,), device=DEVICE, generator=gen)
+        history = torch.randint(0, 4, (slots, 512), device=DEVICE, generator=gen)
+        seq_lens = torch.full((slots,), 400, device=DEVICE)
+        tree = build_tree(bonus, lp, budget)
+        for name, t in [("root", root_only(bonus)), ("chain", build_chain(bonus, lp)), (f"ddtree-{budget}", tree),
+                        (f"ddtree-{budget} + lookup 8", graft_lookup(tree, history, seq_lens, bonus, 8))]:
+            derived = torch.randint(0, 64, t.tokens.shape, device=DEVICE, generator=gen)
+            # Deep paths: each node's derived token is one of its children's (the last child written wins).
+            derived.scatter_(1, t.parents[:, 1:], t.tokens[:, 1:])
+            want, got = walk(t, derived), walk_kernel(t, derived)
+            results[f"walk kernel slots {slots} {name}: == walk (accepted up to {int(want.accepted.max())})"] = all(
+                torch.equal(getattr(got, f), getattr(want, f)) for f in ("path", "accepted", "emitted"))
+            results[f"mask kernel slots {slots} {name}: == ancestor_mask"] = torch.equal(
+                ancestor_mask_kernel(t), ancestor_mask(t))
     return results
 
 

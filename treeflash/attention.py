@@ -168,7 +168,9 @@ def round_layout(seq_lens: torch.Tensor, new_mask: torch.Tensor, kv_len: int, ba
     t = new_mask.shape[1]
     rows = seq_lens[:, None] + torch.arange(t, device=new_mask.device)
     if backend in ("splitkv", "hybrid"):
-        splitkv = SplitKVMask(seq_lens.to(torch.int32), new_mask.to(torch.uint8), kv_len)
+        # (a bool mask's bytes are 0 / 1 already: viewed as uint8, not copied by another kernel)
+        visible = new_mask.view(torch.uint8) if new_mask.dtype == torch.bool else new_mask.to(torch.uint8)
+        splitkv = SplitKVMask(seq_lens.to(torch.int32), visible, kv_len)
         if backend == "splitkv":
             return rows, splitkv
     flex = FlexMask(block_mask(seq_lens, new_mask, kv_len), decode_kernel=t <= flex_decode_tokens)

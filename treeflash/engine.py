@@ -146,6 +146,7 @@ class EngineConfig:
     flex_decode_tokens: int = FLEX_DECODE_TOKENS  # FlexAttention's decoding kernel up to this many new tokens
     # CUDA: DDTree's builder as one Triton kernel (treeflash/tree_kernel.py) instead of torch ops; same trees.
     # None: where it measured faster (round.use_tree_kernel: budget <= 256 at 15 depths); True/False: always/never.
+    # The walk and the verify mask likewise (treeflash/walk_kernel.py), unless False.
     tree_kernel: bool | None = None
     # Newcomers are admitted only once this many slots are free (or all waiting requests fit, or no
     # slot is busy). Every admission costs an eager prefill forward and a first-token draw; with

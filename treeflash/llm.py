@@ -208,7 +208,8 @@ class LLM:
     tree_kernel: on CUDA, build DDTree's tree with one Triton kernel (treeflash/tree_kernel.py) instead of
     ~85 torch ops; same trees. None (default): where it measured faster, trees of at most 4096
     candidates (depths x budget, rounded up to a power of two: budget 256 at block size 16;
-    round.use_tree_kernel); True / False: always / never. Ignored on the CPU.
+    round.use_tree_kernel); True / False: always / never. The walk and the verify mask run as one Triton
+    kernel each (treeflash/walk_kernel.py) unless it is False. Ignored on the CPU.
     cpu_prepack: on the CPU (default True; ignored on CUDA), multiply float32 projections, and bfloat16 ones
     where the CPU multiplies bfloat16 natively (kernels.bf16_products), by oneDNN prepacked copies of their
     weights (treeflash/models/kernels.py: linear), which costs a second copy of the weights in memory; False

@@ -56,6 +56,13 @@ TREE_KERNEL_MAX_CANDIDATES = 4096
 TREE_BUILDERS = {"auto": None, "kernel": True, "ops": False}
 
 
+def use_path_kernels(setting: bool | None, device: torch.device) -> bool:
+    """Whether a round walks its tree and makes its verify mask with the Triton kernels
+    (treeflash/walk_kernel.py: one launch each) rather than `walk` / `ancestor_mask`'s torch ops. On CUDA
+    unless `setting` (the tree builder's, `use_tree_kernel`) is False; never off CUDA (Triton)."""
+    return device.type == "cuda" and setting is not False
+
+
 def use_tree_kernel(setting: bool | None, device: torch.device, depths: int, budget: int) -> bool:
     """Whether a round builds DDTree's tree with the Triton kernel (treeflash/tree_kernel.py) rather than
     `build_tree`'s torch ops. setting: True/False force it on CUDA; None picks it for trees small enough
@@ -515,7 +522,7 @@ class Speculator:
         logits, features = self.verify(tree, positions, state, cache, layout)
         lap("verify")
         derived = derive(logits, sampling, positions + 1)
-        accepted = walk(tree, derived)
+        accepted = self.walk(tree, derived)
         lap("derive_walk")
         self.commit(accepted, features, state, cache, num_slots)
         # (before the last lap: a stage-split capture ends its graphs there)
@@ -583,9 +590,25 @@ class Speculator:
 
         Returns the logits at every node [S, N, V] and the drafter's features at every node (or None).
         """
-        rows, mask = (layout or self.layout)(state.seq_lens, ancestor_mask(tree))
+        rows, mask = (layout or self.layout)(state.seq_lens, self.ancestor_mask(tree))
         hidden, features = self.target(tree.tokens, positions, cache, rows, mask, self.capture)
         return self.target.logits(hidden), self.drafter.context_features(self.target, features) if features else None
+
+    def ancestor_mask(self, tree: DraftTree) -> torch.Tensor:
+        """The verify mask: `tree.ancestor_mask`, or on CUDA the same in one Triton launch."""
+        if use_path_kernels(self.tree_kernel, self.device):
+            from treeflash.walk_kernel import ancestor_mask_kernel  # Triton: imported on CUDA only
+
+            return ancestor_mask_kernel(tree)
+        return ancestor_mask(tree)
+
+    def walk(self, tree: DraftTree, derived: torch.Tensor) -> Walk:
+        """The accepted path: `tree.walk`, or on CUDA the same in one Triton launch."""
+        if use_path_kernels(self.tree_kernel, self.device):
+            from treeflash.walk_kernel import walk_kernel
+
+            return walk_kernel(tree, derived)
+        return walk(tree, derived)
 
     def commit(self, accepted: Walk, features: torch.Tensor | None, state: SlotState, cache: KVCache,
                num_slots: int) -> None:

@@ -107,7 +107,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "measured choice; treeflash/attention.py)")
     r.add_argument("--tree-builder", default="auto", choices=("auto", "kernel", "ops"),
                    help="DDTree's tree builder on CUDA: one Triton kernel, torch ops, or auto (the kernel up to "
-                        "4096 candidates, depths x budget: budget 256 at block 16; default). Ignored on the CPU")
+                        "4096 candidates, depths x budget: budget 256 at block 16; default); ops also walks the "
+                        "tree and makes the verify mask with torch ops. Ignored on the CPU")
     r.add_argument("--ngram-tokens", type=int, default=None,
                    help="prompt-lookup tokens per round of the methods written with /ngram (ddtree:64/ngram); "
                         "default 8 (bench.methods.NGRAM_TOKENS)")
@@ -153,7 +154,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "pieces, the CUDA default) or 'eager' (compile_kernels=False); N: new tokens up to which "
                         "FlexAttention's decoding kernel runs (flex_decode_tokens); ATTENTION: sdpa, flex, "
                         "splitkv or hybrid (default: the device's); treekernel / treeops: DDTree's builder forced to one "
-                        "Triton kernel / torch ops (neither: the engine's choice per budget); dvM: the "
+                        "Triton kernel / torch ops (treeops: the walk and verify mask's torch ops too; neither: the "
+                        "engine's choice per budget); dvM: the "
                         "drafter drafts over a draft vocabulary of M tokens (train-drafter --draft-vocab-size). "
                         "Default: the engine's defaults only (e.g. compiled/1,compiled/16/splitkv,"
                         "compiled/16/treeops,compiled/16/dv32768)")

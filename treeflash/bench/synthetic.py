@@ -11,8 +11,8 @@ other engine kernels on the same weights, in one run: KERNELS "compiled" (fused 
 pieces, the CUDA default) or "eager" (compile_kernels=False), N the new tokens up to which
 FlexAttention's decoding kernel runs (flex_decode_tokens), ATTENTION an attention backend
 (treeflash/attention.py; default: the device's), "treekernel" / "treeops" DDTree's builder as one
-Triton kernel (treeflash/tree_kernel.py) / as torch ops at every budget (neither: the engine's choice
-per budget). Each (batch, method) runs every variant in turn, so a run cut short still has whole
+Triton kernel (treeflash/tree_kernel.py) / as torch ops at every budget, the walk and the verify mask
+too (treeflash/walk_kernel.py; neither: the engine's choice per budget). Each (batch, method) runs every variant in turn, so a run cut short still has whole
 comparisons. `ddtree:auto` runs the engine's budget chooser on a cost profile made of the fixed
 budgets measured before it (same variant and batch), so it probes only the round without a draft
 (budget 0, which the profile lacks). With random weights the drafter is never confident: auto drafts
