@@ -1,0 +1,1 @@
+python3 -m treeflash.cli bench --model ~/smollm2.gguf --draft-model ~/drafter0 --max-tokens 128 --no-plots --dataset mtbench --temperature 0 --num-prompts 40 --methods none,ddtree:64/ngram,ddtree:auto/ngram --ngram-tokens 8 --out old-mtbench-t0.json
