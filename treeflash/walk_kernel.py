@@ -3,11 +3,11 @@
 Both follow each node's parents up to the root. The torch functions do it by pointer doubling over the
 whole batch, a gather and a logical op per pass and a few more for the path: on a GPU each op is a
 kernel that costs more than its work, and a small model's round is made of such launches (SmolLM2-135M,
-DDTree-64, batch 1, on an H100: the walk's ~24 kernels and the mask's ~14 took ~70 us of the round's 1.35 ms
-of kernels; with these kernels an H200's round took 1.388 ms instead of 1.458, the AR step 0.944-0.949
-instead of 0.968: benchmarks/h200-walk-kernel/). Here one program per slot walks (the tree's nodes in registers, pointer
-doubling by register gathers), and one program per (slot, block of rows) writes the mask (each row's
-ancestors, one parent step at a time, from the slot's parents held in registers).
+DDTree-64, batch 1, on an H100: the walk's ~24 kernels and the mask's ~14 took ~70 us of the round's
+1.35 ms of kernels; with these kernels an H200's round took 1.388 ms instead of 1.458, the AR step
+0.944-0.949 instead of 0.968: benchmarks/h200-walk-kernel/). Here one program per slot walks (the tree's
+nodes in registers, pointer doubling by register gathers), and one program per (slot, block of rows)
+writes the mask (each row's ancestors, one parent step at a time, from the slot's parents in registers).
 
 The outputs are the torch functions', element for element (tests: through Triton's interpreter on the
 CPU; scripts/gpu_check.py section T on the GPU). The torch functions stay the reference and the CPU's

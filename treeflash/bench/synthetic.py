@@ -8,17 +8,17 @@ step cannot beat reading every weight once.
 
 Variants (`--variants KERNELS/N[/ATTENTION][/treekernel|/treeops],...`) time the same combinations with
 other engine kernels on the same weights, in one run: KERNELS "compiled" (fused projections + compiled
-pieces, the CUDA default) or "eager" (compile_kernels=False), N the new tokens up to which
-FlexAttention's decoding kernel runs (flex_decode_tokens), ATTENTION an attention backend
-(treeflash/attention.py; default: the device's), "treekernel" / "treeops" DDTree's builder as one
-Triton kernel (treeflash/tree_kernel.py) / as torch ops at every budget, the walk and the verify mask
-too (treeflash/walk_kernel.py; neither: the engine's choice per budget). Each (batch, method) runs every variant in turn, so a run cut short still has whole
-comparisons. `ddtree:auto` runs the engine's budget chooser on a cost profile made of the fixed
-budgets measured before it (same variant and batch), so it probes only the round without a draft
-(budget 0, which the profile lacks). With random weights the drafter is never confident: auto drafts
-at the cheapest budget for its first rounds (treeflash/budget.py: NO_DRAFT_AFTER), then mostly rounds
-without a draft (one in 9 still drafts). Its row is the median over the timed rounds (after the
-warm-up ones), whichever regime they fell in; auto=B names its choice after them.
+pieces, the CUDA default) or "eager" (compile_kernels=False), N the new tokens up to which FlexAttention's
+decoding kernel runs (flex_decode_tokens), ATTENTION an attention backend (treeflash/attention.py; default:
+the device's), "treekernel" / "treeops" DDTree's builder as one Triton kernel (treeflash/tree_kernel.py) /
+as torch ops at every budget, the walk and the verify mask too (treeflash/walk_kernel.py; neither: the
+engine's choice per budget). Each (batch, method) runs every variant in turn, so a run cut short still has
+whole comparisons. `ddtree:auto` runs the engine's budget chooser on a cost profile made of the fixed
+budgets measured before it (same variant and batch), so it probes only the round without a draft (budget 0,
+which the profile lacks). With random weights the drafter is never confident: auto drafts at the cheapest
+budget for its first rounds (treeflash/budget.py: NO_DRAFT_AFTER), then mostly rounds without a draft (one
+in 9 still drafts). Its row is the median over the timed rounds (after the warm-up ones), whichever regime
+they fell in; auto=B names its choice after them.
 The stage split (a separate pass) is timed for the first variant only.
 
 With `tensor_parallel_size` N > 1 the target is split over N ranks by the same machinery as
