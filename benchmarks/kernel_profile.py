@@ -51,6 +51,19 @@ def profile_method(target, drafter, method, batch, prompt, rounds, graphs, rows,
     return "\n".join(lines)
 
 
+def synthetic_pair(name: str, device: torch.device, context: int):
+    """The target and drafter of shape `name` with random weights (bf16 on CUDA, float32 elsewhere), and a random
+    prompt of `context` tokens."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    s = shape(name)
+    tcfg = target_config(s)
+    dcfg = drafter_config(tcfg, s.drafter_layers, s.block_size, s.mask_token_id, s.target_layer_ids)
+    target = build_target(tcfg, device, dtype, seed=0)
+    drafter = build_drafter(dcfg, device, dtype, seed=1)
+    prompt = torch.randint(0, tcfg.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
+    return target, drafter, prompt
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", default="smollm2-135m")
@@ -64,14 +77,7 @@ def main(argv=None) -> int:
     p.add_argument("--attention", default=None, help="sdpa, flex, splitkv or hybrid (default: the device's)")
     p.add_argument("--out")
     a = p.parse_args(argv)
-    device = torch.device(a.device)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    s = shape(a.shape)
-    tcfg = target_config(s)
-    dcfg = drafter_config(tcfg, s.drafter_layers, s.block_size, s.mask_token_id, s.target_layer_ids)
-    target = build_target(tcfg, device, dtype, seed=0)
-    drafter = build_drafter(dcfg, device, dtype, seed=1)
-    prompt = torch.randint(0, tcfg.vocab_size, (a.context,), generator=torch.Generator().manual_seed(0)).tolist()
+    target, drafter, prompt = synthetic_pair(a.shape, torch.device(a.device), a.context)
     out = []
     for method in parse_methods(a.methods):
         for mode in a.modes.split(","):

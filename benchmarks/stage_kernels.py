@@ -7,6 +7,7 @@ kernels apart); each stage is a `record_function` range opened and closed by the
 every profiled operator that launched kernels is put in the stage whose range holds it. Kernels that Triton
 launches from Python (the splitkv attention, the tree builder, the walk) belong to no operator and are not in
 these tables (on the H100 and H200 of benchmarks/h200-walk-kernel/); `kernel_profile.py` lists every kernel.
+With `--device cpu` (a check of the script) it counts the operators each stage calls directly instead.
 
     python3 benchmarks/stage_kernels.py --shape smollm2-135m --methods none,ddtree:64 --out stages.txt
 """
@@ -20,9 +21,9 @@ import sys
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from kernel_profile import synthetic_pair
 from treeflash import round as round_module
 from treeflash.bench.methods import parse_methods
-from treeflash.bench.shapes import build_drafter, build_target, drafter_config, shape, target_config
 from treeflash.bench.timing import _filled_engine, _step, sync
 from treeflash.engine import Engine
 from treeflash.round import STAGES
@@ -51,31 +52,56 @@ class AnnotatingClock:
         return {}
 
 
-def stage_table(prof, rounds: int, rows: int) -> list[str]:
+def stage_table(prof, rounds: int, rows: int, cuda: bool = True) -> list[str]:
+    """Per stage, the kernels (CUDA) or the operators called directly in the stage (elsewhere, to check the
+    script: no kernels there) and their time, per round."""
     events = list(prof.events())
     ranges = [(e.name.split(":", 1)[1], e.time_range.start, e.time_range.end)
               for e in events if e.name.startswith("stage:")]
     kernels: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     times: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     for e in events:
-        if not e.kernels:
+        if cuda:
+            launched = [(f"{e.name[:40]} > {k.name[:70]}", k.duration) for k in e.kernels]
+        else:
+            parent = e.cpu_parent
+            launched = [(e.name, e.cpu_time_total)] if parent is not None and parent.name.startswith("stage:") else []
+        if not launched:
             continue
         start = e.time_range.start
         stage = next((name for name, a, b in ranges if a <= start <= b), "outside")
-        for k in e.kernels:
-            label = f"{e.name[:40]} > {k.name[:70]}"
+        for label, duration in launched:
             kernels[stage][label] += 1
-            times[stage][label] += k.duration
+            times[stage][label] += duration
+    what = "kernels" if cuda else "operators"
     lines = []
     for stage in (*STAGES, "outside"):
         if stage not in kernels:
             continue
         count = sum(kernels[stage].values()) / rounds
         total = sum(times[stage].values()) / rounds
-        lines.append(f"-- {stage}: {count:.1f} kernels, {total:.1f} us of kernels per round")
+        lines.append(f"-- {stage}: {count:.1f} {what}, {total:.1f} us of {what} per round")
         for label, n in kernels[stage].most_common(rows):
             lines.append(f"   {n / rounds:6.1f}x {times[stage][label] / rounds:8.1f} us  {label}")
     return lines
+
+
+def stage_tables(method, a, target, drafter, prompt, device: torch.device) -> str:
+    """The stage table of `method`'s eager rounds (an engine with `a.batch` slots at `a.context` rows)."""
+    params = SamplingParams(temperature=0.0, max_tokens=1 << 20, ignore_eos=True)
+    new_tokens = (8 + a.rounds) * (drafter.config.block_size if method.spec != "none" else 1)
+    engine, _ = _filled_engine(Engine, target, drafter if method.spec != "none" else None, method.spec_config(),
+                               a.batch, prompt, params, new_tokens, 0, True, {"cuda_graphs": False})
+    for _ in range(3):
+        _step(engine, a.batch)
+    sync(device)
+    cuda = device.type == "cuda"
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        for _ in range(a.rounds):
+            _step(engine, a.batch)
+        sync(device)
+    return "\n".join([f"== {method.label} batch {a.batch} context {a.context} {a.shape} (eager rounds)",
+                      *stage_table(prof, a.rounds, a.rows, cuda)])
 
 
 def main(argv=None) -> int:
@@ -90,36 +116,18 @@ def main(argv=None) -> int:
     p.add_argument("--out")
     a = p.parse_args(argv)
     device = torch.device(a.device)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    s = shape(a.shape)
-    tcfg = target_config(s)
-    dcfg = drafter_config(tcfg, s.drafter_layers, s.block_size, s.mask_token_id, s.target_layer_ids)
-    target = build_target(tcfg, device, dtype, seed=0)
-    drafter = build_drafter(dcfg, device, dtype, seed=1)
-    prompt = torch.randint(0, tcfg.vocab_size, (a.context,), generator=torch.Generator().manual_seed(0)).tolist()
-    params = SamplingParams(temperature=0.0, max_tokens=1 << 20, ignore_eos=True)
-    round_module.StageClock = AnnotatingClock  # the round laps its stages through it (time_stages on)
-    out = []
-    for method in parse_methods(a.methods):
-        new_tokens = (8 + a.rounds) * (dcfg.block_size if method.spec != "none" else 1)
-        engine, _ = _filled_engine(Engine, target, drafter if method.spec != "none" else None, method.spec_config(),
-                                   a.batch, prompt, params, new_tokens, 0, True, {"cuda_graphs": False})
-        for _ in range(3):
-            _step(engine, a.batch)
-        sync(device)
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        with profile(activities=activities) as prof:
-            for _ in range(a.rounds):
-                _step(engine, a.batch)
-            sync(device)
-        text = "\n".join([f"== {method.label} batch {a.batch} context {a.context} {a.shape} (eager rounds)",
-                          *stage_table(prof, a.rounds, a.rows)])
-        print(text, flush=True)
-        out.append(text)
-        del engine
+    target, drafter, prompt = synthetic_pair(a.shape, device, a.context)
+    clock, round_module.StageClock = round_module.StageClock, AnnotatingClock  # rounds lap their stages through it
+    try:
+        tables = []
+        for method in parse_methods(a.methods):
+            tables.append(stage_tables(method, a, target, drafter, prompt, device))
+            print(tables[-1], flush=True)
+    finally:
+        round_module.StageClock = clock
     if a.out:
         with open(a.out, "w") as f:
-            f.write("\n\n".join(out) + "\n")
+            f.write("\n\n".join(tables) + "\n")
     return 0
 
 

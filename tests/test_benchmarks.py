@@ -177,3 +177,25 @@ def test_capture_cost_runs_on_the_cpu(tmp_path):
     assert report["graphs"] == 0 and report["captures"] == [] and report["command"]
     assert set(report["profile"]) >= {"wall_s", "triton_ptxas", "capture", "budget_measure"}
     assert (tmp_path / "cost.txt").read_text().strip()
+
+
+def test_stage_kernels_puts_a_rounds_operators_in_its_stages(tmp_path, monkeypatch):
+    # On the CPU it counts the operators each stage calls (no kernels there): enough to check the script end to end.
+    import stage_kernels
+    from treeflash import round as round_module
+    from treeflash.bench.shapes import SHAPES, Shape
+
+    config = {"architectures": ["LlamaForCausalLM"], "vocab_size": 96, "hidden_size": 32, "intermediate_size": 64,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "rope_theta": 10000.0}
+    monkeypatch.setitem(SHAPES, "tiny", Shape("tiny", config, mask_token_id=5, drafter_layers=1, block_size=4))
+    clock = round_module.StageClock
+    out = tmp_path / "stages.txt"
+    with one_thread():
+        assert stage_kernels.main(["--device", "cpu", "--shape", "tiny", "--methods", "none,ddtree:4",
+                                   "--context", "8", "--rounds", "2", "--out", str(out)]) == 0
+    assert round_module.StageClock is clock  # put back
+    text = out.read_text()
+    assert "== ddtree:4 batch 1 context 8 tiny (eager rounds)" in text
+    for stage in ("draft", "tree", "verify", "derive_walk", "commit"):
+        assert f"-- {stage}: " in text.split("== ddtree:4")[1], stage
