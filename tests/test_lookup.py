@@ -16,24 +16,25 @@ from spec_helpers import make_drafter, make_target
 
 
 def one(history: list[int], bonus: int, tokens: int, pad: int = 4) -> tuple[list[int], list[bool]]:
-    h = torch.tensor([history + [99] * pad])  # rows past the length hold stale tokens: never read
+    h = torch.tensor([history + [99] * pad])  # rows past the length hold stale tokens: never read, never copied
     chain, ok = lookup(h, torch.tensor([len(history)]), torch.tensor([bonus]), tokens)
     return chain[0].tolist(), ok[0].tolist()
 
 
 def test_lookup_copies_what_followed_the_latest_earlier_occurrence_of_the_longest_suffix():
-    # Sequence 5 6 7 8 5 6 | 7: the 3-token suffix 5 6 7 occurred at 0; what followed runs into the root.
-    assert one([5, 6, 7, 8, 5, 6], 7, 6) == ([8, 5, 6, 7, 99, 99], [True] * 4 + [False] * 2)
+    # Sequence 5 6 7 8 5 6 | 7: the 3-token suffix 5 6 7 occurred at 0; what followed runs into the root
+    # (past the end the token is 0, not the stale rows', so a round's tree depends on its sequence alone).
+    assert one([5, 6, 7, 8, 5, 6], 7, 6) == ([8, 5, 6, 7, 0, 0], [True] * 4 + [False] * 2)
     # The longest suffix first: 2 3 4 occurred at 0 (then 9); the 1-token suffix 4 occurred later (then 5).
     chain, ok = one([2, 3, 4, 9, 4, 5, 2, 3], 4, 2)
     assert chain == [9, 4] and ok == [True, True]
     # The latest of several occurrences: 1 2 then 7 at 0, then 8 at 3.
     assert one([1, 2, 7, 1, 2, 8, 6, 1], 2, 1) == ([8], [True])
     # Nothing occurred before (stale rows past the length never match): nothing to copy.
-    assert one([1, 2, 3], 4, 3)[1] == [False] * 3
+    assert one([1, 2, 3], 4, 3) == ([0] * 3, [False] * 3)
     assert one([], 4, 2)[1] == [False, False]  # the root alone
     # A loop: the suffix 3 3 3 occurred one token earlier, and its continuation is the root.
-    assert one([3, 3, 3], 3, 3) == ([3, 99, 99], [True, False, False])
+    assert one([3, 3, 3], 3, 3) == ([3, 0, 0], [True, False, False])
 
 
 def test_lookup_runs_every_slot_at_its_own_length():

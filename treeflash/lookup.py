@@ -52,7 +52,7 @@ def lookup(history: torch.Tensor, seq_lens: torch.Tensor, bonus: torch.Tensor, t
     history: [S, C] token ids (rows past a slot's length are ignored); seq_lens, bonus: [S].
     Returns (tokens [S, L], ok [S, L] bool): the L = `tokens` tokens after the most recent earlier
     occurrence of the sequence's last n tokens, for the largest n in [NGRAM_MIN, NGRAM_MAX] that has one;
-    ok is False past the sequence's end and where nothing matched.
+    ok is False past the sequence's end and where nothing matched, and the token there is 0.
     """
     n = seq_lens + 1  # the sequence's length, root included
     seq = torch.cat([history, history[:, :1]], 1)  # one more row: the root of a full history goes there
@@ -73,7 +73,9 @@ def lookup(history: torch.Tensor, seq_lens: torch.Tensor, bonus: torch.Tensor, t
     found = best >= NGRAM_MIN * width
     at = (best % width + 1)[:, None] + torch.arange(tokens, device=history.device)
     ok = found[:, None] & (at < n[:, None])
-    return seq.gather(1, at.clamp_max(width - 1)), ok
+    # Token 0 where not ok: the rows past the sequence's end hold whatever earlier rounds (or a CUDA graph's
+    # warm-up) wrote there; never accepted, but a tree made of them would differ run to run.
+    return torch.where(ok, seq.gather(1, at.clamp_max(width - 1)), 0), ok
 
 
 def graft(tree: DraftTree, chain: torch.Tensor, ok: torch.Tensor) -> DraftTree:

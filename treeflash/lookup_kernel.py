@@ -75,8 +75,8 @@ def _lookup_graft(History, hist_stride, SeqLens, Bonus,
     a = tl.minimum(at, width - 1)
     in_chain = t < L
     stored = tl.load(hist + tl.where(a == C, 0, a), mask=in_chain, other=0).to(tl.int64)
-    chain = tl.where(a == seq_len, bonus, stored)
     ok = found & (at < seq_len + 1) & in_chain
+    chain = tl.where(ok, tl.where(a == seq_len, bonus, stored), 0)  # (0 where not ok, as `lookup`)
     spelled = tl.where(ok, chain, -1)
 
     # Down the tree along the chain: the deepest node whose path spells the chain's first `depth` tokens.
