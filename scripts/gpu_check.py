@@ -20,7 +20,8 @@ E. graphed == eager (float32): the same requests (greedy and seeded sampling, mi
    through two slots, so requests end and slots are reused while a round for them is in flight.
 F. no host synchronisation inside a replayed round (set_sync_debug_mode("error") around replays; the methods of C).
 P. graphs sharing one memory pool: rounds hop between graphs (buckets, budgets 0-256, one pool, one capture
-   stream) and equal the same rounds run eagerly; a round's read-back survives other graphs' replays.
+   stream) and equal the same rounds run eagerly; a round's read-back survives other graphs' replays; graphs
+   captured one per stage (time_stages) write no tensor made after them.
 T. the Triton tree builder (treeflash/tree_kernel.py) builds field for field the tree `build_tree` builds,
    on random log-probs at drafter shapes (15 depths, vocabularies of 16,384 and 49,152, budgets 1-512,
    1 and 8 slots, with and without ties); prompt lookup's kernel (treeflash/lookup_kernel.py) grafts
@@ -359,7 +360,25 @@ def check_shared_pool(target: Path, drafter: Path, attention: str | None = None)
     graphed.round = lambda *a, readback_out=None, **k: round_(*a, **k)
     _, kept = _hop(GraphRunner(graphed, log=None), graphed, eager)
     results["control, read-back inside the pool: kept (informational; False shows the hazard is real)"] = str(kept)
+    results.update(check_stage_graphs_write_only_their_own(llm, attention))
     return results
+
+
+def check_stage_graphs_write_only_their_own(llm: LLM, attention: str | None) -> dict:
+    """A round captured one graph per stage (time_stages) gives each stage one kernel of its own, on a tensor
+    made outside the pool: it must outlive the graphs, or its freed block goes to the next allocation and
+    every replay adds 1 there. Small tensors made after the captures stay 0 through replays."""
+    sp = mixed_speculator(llm, attention)
+    runner = GraphRunner(sp, time_stages=True, log=None)
+    for n, budget in ((4, 16), (2, 4), (1, 0)):
+        runner.round(n, budget)
+    probes = [torch.zeros(1, device=DEVICE) for _ in range(256)]  # small blocks, as a freed one-float tensor's
+    for _ in range(3):
+        for n, budget in ((4, 16), (2, 4), (1, 0)):
+            runner.round(n, budget)
+    untouched = all(int(p.item()) == 0 for p in probes)
+    return {"stage graphs' replays leave tensors made after their capture alone": untouched,
+            "stage graphs": sum(len(c.graphs) for c in runner.graphs.values())}
 
 
 def _hop(runner: GraphRunner, graphed: Speculator, eager: Speculator) -> tuple[bool, bool]:

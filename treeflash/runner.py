@@ -106,13 +106,13 @@ def _pow2(n: int) -> int:
 
 class _Capture:
     """Records the round on `stream` (the runner's one side stream: see the module's docstring on memory);
-    with `split`, one graph per stage (ends at each lap)."""
+    with `split`, one graph per stage (ends at each lap), each adding 1 to `touch`, which the caller keeps
+    alive as long as the graphs."""
 
-    def __init__(self, pool, split: bool, device: torch.device, stream: torch.cuda.Stream):
-        self.pool, self.split, self.stream = pool, split, stream
+    def __init__(self, pool, split: bool, stream: torch.cuda.Stream, touch: torch.Tensor | None = None):
+        self.pool, self.split, self.stream, self.touch = pool, split, stream, touch
         self.graphs: list = []
         self.stages: list[str] = []
-        self.touch = torch.zeros(1, device=device)
 
     def __enter__(self) -> "_Capture":
         torch.cuda.synchronize()
@@ -182,6 +182,10 @@ class GraphRunner:
         # (benchmarks/h200-serve); a new stream per capture kept each graph's intermediates to itself.
         self._side: torch.cuda.Stream | None = None
         self._cache_ptr = None
+        # What every stage graph's one kernel writes (see _Capture.lap). It lives as long as the graphs that
+        # write it: made outside the pool, a tensor freed after its capture gives its block to the next
+        # allocation, and each replay would add 1 to whatever tensor holds it then.
+        self._touch: torch.Tensor | None = None
 
     def bucket(self, num_slots: int) -> int:
         """The batch size a round over `num_slots` slots runs at (num_slots itself past the buckets)."""
@@ -314,7 +318,9 @@ class GraphRunner:
                 _restore(sp, saved)
             rows = torch.empty_like(warm.readback)  # outside the pool: no other graph's replay writes it
         torch.cuda.current_stream().wait_stream(side)
-        with _Capture(self.pool, self.time_stages, sp.device, side) as capture:
+        if self.time_stages and self._touch is None:
+            self._touch = torch.zeros(1, device=sp.device)
+        with _Capture(self.pool, self.time_stages, side, self._touch) as capture:
             result = sp.round(bucket, budget, clock=capture, readback_out=rows)
         torch.cuda.synchronize()
         if self.log:
@@ -341,7 +347,7 @@ class GraphRunner:
                 drawn = sp.prefill_and_start(inputs, kv_len)
             first = torch.empty_like(drawn)  # outside the pool, as a round's read-back
         torch.cuda.current_stream().wait_stream(side)
-        with _Capture(self.pool, False, sp.device, side) as capture:
+        with _Capture(self.pool, False, side) as capture:
             sp.prefill_and_start(inputs, kv_len, out=first)
         torch.cuda.synchronize()
         if self.log:
