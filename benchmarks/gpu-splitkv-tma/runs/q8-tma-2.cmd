@@ -1,0 +1,1 @@
+python3 benchmarks/h200-splitkv-tma/calls/bench_patched.py best.json bench --synthetic qwen3-8b --context 1024 --rounds 30 --stage-rounds 2 --no-plots --batch-sizes 1 --methods none,ddtree:64,ddtree:256 --out q8-tma-2.json
