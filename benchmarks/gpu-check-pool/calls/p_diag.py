@@ -2,7 +2,8 @@
 field compared on its own and per round, under five settings: as landed; the walk / verify-mask kernels off
 (torch ops); no prompt lookup; the lookup kernel off (torch ops); the Triton tree builder and path kernels
 off; each round's tree scores compared too, and the read-back's differing cells listed.
-`python3 p_diag.py OUT.json [repeat]` (repeat: the first two settings, three times each)."""
+`python3 p_diag.py OUT.json [repeat]` (repeat: as landed, the walk / mask kernels off and the lookup kernel off,
+three times each)."""
 import json
 import sys
 import tempfile
@@ -68,8 +69,8 @@ if __name__ == "__main__":
         cases = [("as landed", {}), ("walk and mask kernels off", {"path_kernels": False}),
                  ("no prompt lookup", {"ngram": 0}), ("lookup kernel off (torch ops)", {"lookup_kernel": False}),
                  ("tree builder and path kernels off", {"tree_kernel": False})]
-        if len(sys.argv) > 2:  # "repeat": the first two settings three times each
-            cases = [c for c in cases[:2] for _ in range(3)]
+        if len(sys.argv) > 2:  # "repeat": as landed, walk / mask kernels off, lookup kernel off, three times each
+            cases = [c for c in cases[:2] + cases[3:4] for _ in range(3)]
         for name, kw in cases:
             try:
                 out.append(case(name, targets["qwen3"], drafter, **kw))
