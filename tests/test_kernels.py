@@ -167,6 +167,42 @@ def test_compiled_pieces_match_eager_on_cuda():
                                        EAGER.qk_norm_rotary(heads, *weights, 1e-6, cos, sin, 3))
 
 
+def test_compiled_pieces_compile_one_graph_for_every_row_count(monkeypatch):
+    # Dynamo's graphs counted with its eager backend (no Inductor, so the CPU runs it). A graph specialised on
+    # the first call's row count, replaced by a dynamic one at the next count, ran the process's first prompt
+    # through kernels no later prompt of its length met: other float32 bits on an H100
+    # (benchmarks/gpu-check-pool). Wanted: one graph per piece for every N >= 2, and one for N = 1.
+    from torch._dynamo.testing import CompileCounter
+
+    import treeflash.models.kernels as kernels
+
+    counter, real_compile = CompileCounter(), torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, backend=counter, **kw))
+    kernels._compiled.cache_clear()
+    torch._dynamo.reset()
+    try:
+        torch.manual_seed(0)
+        inv_freq = 1.0 / (1e4 ** (torch.arange(0, 16, 2).float() / 16))
+        w, hw, kw = torch.randn(64), torch.randn(16), torch.randn(16)
+        graphs = []
+        for n in (6, 9, 6, 13, 1, 1, 7):
+            before = counter.frame_count
+            x, delta = torch.randn(1, n, 64), torch.randn(1, n, 64)  # N = n rows
+            COMPILED.rms_norm(x, w, 1e-6)
+            COMPILED.add_rms_norm(x, delta, w, 1e-6)
+            COMPILED.silu_mul(*torch.randn(1, n, 128).chunk(2, -1))
+            cos, sin = COMPILED.rotary_tables(torch.arange(n)[None], inv_freq, torch.float32)
+            heads = torch.randn(1, n, 4, 16)
+            COMPILED.norm_rotary(heads, hw, 1e-6, cos, sin)
+            COMPILED.qk_norm_rotary(heads, hw, kw, 1e-6, cos, sin, 3)
+            graphs.append(counter.frame_count - before)
+        # The first call compiles the six pieces, N = 1's first call their N = 1 graphs; nothing else compiles.
+        assert graphs == [6, 0, 0, 0, 6, 0, 0], graphs
+    finally:
+        kernels._compiled.cache_clear()
+        torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_stacked_cache_compacts_every_layer_like_per_layer_tensors(dtype):
     # (16-bit caches move their rows as int16 on the CPU, where PyTorch's scatter of them copied the whole cache)

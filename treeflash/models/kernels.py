@@ -119,10 +119,11 @@ def pin_triton_cache_dir() -> str:
 @functools.cache
 def _compiled(fn: Callable) -> Callable:
     # One compiled wrapper per piece and process, compiled at its first call. dynamic=None plus the
-    # row axis marked dynamic (`Kernels._call`): one graph for every token count N >= 2 (and one for
-    # N = 1, which dynamo always specialises), while the hidden and head widths stay constants, so
-    # the reductions over them are specialised. Each piece is its own code object, so the hidden-width
-    # norm and the head-width norm never make each other's widths dynamic.
+    # row axis of every argument that has one marked dynamic (`Kernels._call`), from the first call on:
+    # one graph for every token count N >= 2 (and one for N = 1, which dynamo always specialises), while
+    # the hidden and head widths stay constants, so the reductions over them are specialised. Each piece
+    # is its own code object, so the hidden-width norm and the head-width norm never make each other's
+    # widths dynamic.
     return torch.compile(fn, dynamic=None, fullgraph=True)
 
 
@@ -136,10 +137,16 @@ class Kernels:
 
     compiled: bool = False
 
-    def _call(self, fn: Callable, *args):
+    def _call(self, fn: Callable, *args, rows: tuple[int, ...] = (0,)):
+        # rows: the positions of the arguments whose first axis is the row count N.
         if not self.compiled:
             return fn(*args)
-        torch._dynamo.maybe_mark_dynamic(args[0], 0)
+        # Every one of them marked, not only the first: an unmarked one (delta, up, cos, sin) made dynamo
+        # specialise N at the first call and compile a second, dynamic graph at the next N, so the process's
+        # first prompt ran kernels no later prompt of the same length did, with other float32 bits in
+        # layer 0 (an H100, benchmarks/gpu-check-pool: the first request's tree scores 1-2 ulps off).
+        for i in rows:
+            torch._dynamo.maybe_mark_dynamic(args[i], 0)
         # A piece sees a few layouts (q and k heads, fused and drafter-context strides, N = 1): allow
         # their recompiles rather than fall back to eager after dynamo's default limit of 8.
         with torch._dynamo.config.patch(recompile_limit=64):
@@ -153,7 +160,7 @@ class Kernels:
                      ) -> tuple[torch.Tensor, torch.Tensor]:
         # x, delta: [..., D] -> (x + delta, its norm), both [..., D]
         d = x.shape[-1]
-        total, normed = self._call(add_rms_norm, x.reshape(-1, d), delta.reshape(-1, d), weight, eps)
+        total, normed = self._call(add_rms_norm, x.reshape(-1, d), delta.reshape(-1, d), weight, eps, rows=(0, 1))
         return total.view(x.shape), normed.view(x.shape)
 
     def _over_heads(self, fn: Callable, x: torch.Tensor, args: tuple, cos: torch.Tensor, sin: torch.Tensor
@@ -161,7 +168,8 @@ class Kernels:
         # fn(rows [B*T, H, D], *args, cos, sin) on x: [B, T, H, D]; cos, sin: [B, T, D] -> [B, H, T, D] (a view)
         b, t, h, d = x.shape
         cos, sin = (c.expand(b, t, d).reshape(b * t, 1, d) for c in (cos, sin))
-        return self._call(fn, x.reshape(b * t, h, d), *args, cos, sin).view(b, t, h, d).transpose(1, 2)
+        rows = (0, len(args) + 1, len(args) + 2)  # x, cos, sin
+        return self._call(fn, x.reshape(b * t, h, d), *args, cos, sin, rows=rows).view(b, t, h, d).transpose(1, 2)
 
     def norm_rotary(self, x: torch.Tensor, weight: torch.Tensor | None, eps: float, cos: torch.Tensor,
                     sin: torch.Tensor) -> torch.Tensor:
@@ -191,7 +199,7 @@ class Kernels:
     def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         # gate, up: [..., I] -> [..., I]
         width = gate.shape[-1]
-        return self._call(silu_mul, gate.reshape(-1, width), up.reshape(-1, width)).view(gate.shape)
+        return self._call(silu_mul, gate.reshape(-1, width), up.reshape(-1, width), rows=(0, 1)).view(gate.shape)
 
 
 EAGER = Kernels(compiled=False)
