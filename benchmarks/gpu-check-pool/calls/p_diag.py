@@ -2,8 +2,9 @@
 field compared on its own and per round, under five settings: as landed; the walk / verify-mask kernels off
 (torch ops); no prompt lookup; the lookup kernel off (torch ops); the Triton tree builder and path kernels
 off; each round's tree scores compared too, and the read-back's differing cells listed.
-`python3 p_diag.py OUT.json [repeat]` (repeat: as landed, the walk / mask kernels off and the lookup kernel off,
-three times each)."""
+`python3 p_diag.py OUT.json [repeat | first NAME]` (repeat: as landed, the walk / mask kernels off and the lookup
+kernel off, three times each; first NAME: the setting NAME first in a fresh process, then as landed; a sixth
+setting, "compiled pieces off", runs the decoder's norms and rotary eagerly: `compile_kernels=False`)."""
 import json
 import sys
 import tempfile
@@ -40,7 +41,8 @@ def hop(runner, graphed, eager):
     return rows
 
 
-def case(name, target, drafter, ngram=None, path_kernels=True, tree_kernel=None, lookup_kernel=True):
+def case(name, target, drafter, ngram=None, path_kernels=True, tree_kernel=None, lookup_kernel=True,
+         compile_kernels=True):
     original, original_graft = R.use_path_kernels, R.graft_lookup
     if not path_kernels:
         R.use_path_kernels = lambda setting, device: False
@@ -48,7 +50,7 @@ def case(name, target, drafter, ngram=None, path_kernels=True, tree_kernel=None,
         R.graft_lookup = lambda *a: original_graft(*a, kernel=False)
     try:
         llm = LLM(target, device=G.DEVICE, dtype="float32", draft_model=drafter, spec="ddtree", tree_budget="auto",
-                  time_stages=False, ngram_tokens=ngram)
+                  time_stages=False, ngram_tokens=ngram, compile_kernels=compile_kernels)
         graphed, eager = (G.mixed_speculator(llm, None, capacity=1024) for _ in range(2))
         for sp in (graphed, eager):
             sp.tree_kernel = tree_kernel
@@ -68,9 +70,12 @@ if __name__ == "__main__":
         drafter = G.tiny_drafter(Path(tmp))
         cases = [("as landed", {}), ("walk and mask kernels off", {"path_kernels": False}),
                  ("no prompt lookup", {"ngram": 0}), ("lookup kernel off (torch ops)", {"lookup_kernel": False}),
-                 ("tree builder and path kernels off", {"tree_kernel": False})]
-        if len(sys.argv) > 2:  # "repeat": as landed, walk / mask kernels off, lookup kernel off, three times each
+                 ("tree builder and path kernels off", {"tree_kernel": False}),
+                 ("compiled pieces off", {"compile_kernels": False})]
+        if len(sys.argv) > 2 and sys.argv[2] == "repeat":  # as landed, walk / mask off, lookup kernel off, 3x each
             cases = [c for c in cases[:2] + cases[3:4] for _ in range(3)]
+        elif len(sys.argv) > 2:  # "first NAME": that setting first in the process, then as landed
+            cases = [c for c in cases if c[0] == sys.argv[3]] + cases[:1]
         for name, kw in cases:
             try:
                 out.append(case(name, targets["qwen3"], drafter, **kw))
