@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from treeflash import LLM, SamplingParams
-from treeflash.budget import AUTO_BUDGETS, EXPLORE_EVERY, NO_DRAFT, NO_DRAFT_AFTER, BudgetChooser, CostProfile, best_budget, expected_drafts
+from treeflash.budget import (AUTO_BUDGETS, EXPLORE_BACKOFF, EXPLORE_EVERY, NO_DRAFT, NO_DRAFT_AFTER,
+                              NO_DRAFT_AFTER_ROUNDS, BudgetChooser, CostProfile, best_budget, expected_drafts)
 from treeflash.checkpoint import load_drafter, load_target
 from treeflash.round import SpecConfig, Speculator
 from treeflash.tree import build_tree
@@ -145,26 +146,49 @@ def test_no_draft_wins_where_no_tree_pays_and_a_drafted_round_keeps_measuring():
     # Every tree costs at least twice the AR step (a large batch of a large target) and the drafter
     # expects little: plain decoding's step (NO_DRAFT) has the best rate, except one round after every
     # EXPLORE_EVERY x cost(4) / cost(0) rounds at NO_DRAFT, which drafts at the best budget so that
-    # acceptance keeps being measured at about 1/EXPLORE_EVERY of the time.
+    # acceptance keeps being measured; each exploring round after which NO_DRAFT still wins doubles that
+    # spacing, up to EXPLORE_BACKOFF times.
     chooser = chooser_with(lambda b: 1.0 if b == NO_DRAFT else 2.0 + b / 64)
     assert chooser.choose(1) == 64  # nothing observed yet: the initial budget
     curve = [[0.1 * (i + 1) for i in range(len(AUTO_BUDGETS))]]
     chooser.observe(64, [1], curve)
-    for _ in range(NO_DRAFT_AFTER - 1):  # not before NO_DRAFT_AFTER drafted rounds: the cheapest tree
+    for _ in range(NO_DRAFT_AFTER - 1):  # not before NO_DRAFT_AFTER drafted slot-rounds: the cheapest tree
         assert chooser.choose(1) == 4
         chooser.observe(4, [1], curve)
-    every = math.floor(EXPLORE_EVERY * (2.0 + 4 / 64))  # rounds at NO_DRAFT before the exploring one
-    picks = [chooser.choose(1) for _ in range(2 * (every + 1))]  # (no observations in between)
+    spacing = EXPLORE_EVERY * (2.0 + 4 / 64)  # rounds at NO_DRAFT before an exploring one, unbacked
+    picks = [chooser.choose(1) for _ in range(400)]  # (no observations in between)
     drafted = [i for i, b in enumerate(picks) if b != NO_DRAFT]
-    assert drafted == [every, 2 * every + 1] and picks[every] == 4
+    want, at = [], -1
+    for factor in (1, 2, 4, 4, 4):
+        assert factor <= EXPLORE_BACKOFF
+        at += 1 + math.floor(factor * spacing)
+        want.append(at)
+    assert drafted[:5] == want and {picks[i] for i in drafted} == {4}
     before = (chooser.curve, chooser.observed, chooser.predicted)
     chooser.observe(NO_DRAFT, [1], [[0.0] * len(AUTO_BUDGETS)])  # a round without a draft teaches nothing
     assert (chooser.curve, chooser.observed, chooser.predicted) == before
-    # A drafter that pays wins back: drafting at some budget beats the AR step's rate again.
+    # A drafter that pays wins back: drafting at some budget beats the AR step's rate again, and the
+    # exploring rounds' spacing starts afresh.
     for _ in range(60):
         chooser.observe(4, [4], [[3.0 + i for i in range(len(AUTO_BUDGETS))]])
-    assert chooser.choose(1) != NO_DRAFT
+    assert chooser.choose(1) != NO_DRAFT and chooser.backoff == 1
     assert BudgetChooser(None, no_draft=False).probes == AUTO_BUDGETS
+
+
+def test_no_draft_is_weighed_after_enough_slot_rounds_and_a_new_bucket_resets_the_backoff():
+    # A round of 8 running slots averages 8 requests' acceptance: NO_DRAFT is weighed after NO_DRAFT_AFTER
+    # drafted slot-rounds, in NO_DRAFT_AFTER_ROUNDS rounds at least, not after NO_DRAFT_AFTER rounds.
+    chooser = chooser_with(lambda b: 1.0 if b == NO_DRAFT else 4.0 + b / 64)
+    curve = [[0.1 * (i + 1) for i in range(len(AUTO_BUDGETS))]] * 8
+    assert chooser.choose(8) == 64
+    chooser.observe(64, [1] * 8, curve)
+    assert chooser.choose(8) == 4  # one round of 8 slots: not yet
+    chooser.observe(4, [1] * 8, curve)
+    assert NO_DRAFT_AFTER_ROUNDS == 2 and chooser.choose(8) == NO_DRAFT
+    picks = [chooser.choose(8) for _ in range(200)]
+    assert chooser.backoff > 1 and any(b != NO_DRAFT for b in picks)
+    chooser.choose(4)  # fewer requests run: what the exploring rounds found may not hold for them
+    assert chooser.backoff == 1
 
 
 def test_a_stored_profile_without_no_draft_measures_it_once(tmp_path):

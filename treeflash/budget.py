@@ -26,9 +26,12 @@ synchronisation already copied):
   wins where no tree pays for its draft and verify, e.g. large batches of a large target, where even
   budget 4 costs twice the AR step, and is chosen when its rate beats the best tree's by
   `NO_DRAFT_MARGIN`. A round at 0 drafts nothing, so it says nothing about acceptance:
-  it is weighed only after `NO_DRAFT_AFTER` drafted rounds, and after `EXPLORE_EVERY` x cost(S, B) /
-  cost(S, 0) rounds at 0 in a row (at least `EXPLORE_EVERY`) the chooser drafts one round at the best
-  budget B, which refreshes m and r: that round's extra cost then stays about 1/EXPLORE_EVERY of the time.
+  it is weighed only after `NO_DRAFT_AFTER` drafted slot-rounds (in `NO_DRAFT_AFTER_ROUNDS` rounds at
+  least), and after `EXPLORE_EVERY` x cost(S, B) / cost(S, 0) rounds at 0 in a row (at least
+  `EXPLORE_EVERY`) the chooser drafts one round at the best budget B, which refreshes m and r: that round's
+  extra cost then stays about 1/EXPLORE_EVERY of the time. Each exploring round that leaves NO_DRAFT the
+  winner doubles that spacing, up to `EXPLORE_BACKOFF` times (a workload where no tree pays spends ~1/32 of
+  its time exploring, not 1/8); a drafted round chosen on its rate, or another batch bucket, resets it.
   A round at 0 grafts no prompt lookup either: it is plain decoding's step, as weighed (with lookup's
   rows it cost 2.6x the AR step at 8 slots on a 2-core CPU, and auto ran there at 0.57x plain decoding's
   tokens/s). cost(S, 0) is measured with the others.
@@ -71,9 +74,16 @@ import torch
 AUTO_BUDGETS = (4, 8, 16, 32, 64, 128, 256, 512)
 NO_DRAFT = 0  # the budget of a round without a draft (plain decoding's step)
 EXPLORE_EVERY = 8  # rounds at NO_DRAFT in a row (times the cost ratio) before one drafted round measures acceptance again
-# Drafted rounds observed before NO_DRAFT is weighed: one unlucky first round must not stop drafting
-# (at NO_DRAFT only the exploring rounds teach the averages anything, so they would recover slowly).
+# Drafted slot-rounds (a round of S running slots counts S), in at least NO_DRAFT_AFTER_ROUNDS rounds, observed
+# before NO_DRAFT is weighed: one unlucky first round must not stop drafting (at NO_DRAFT only the exploring
+# rounds teach the averages anything, so they would recover slowly). Counted in slot-rounds since a round of
+# 8 slots averages 8 requests' acceptance: waiting for 8 such rounds, each 3-5x the AR step on a 2-core CPU, took
+# ~3 s of a 30 s run at 8 slots where no tree paid.
 NO_DRAFT_AFTER = 8
+NO_DRAFT_AFTER_ROUNDS = 2
+# Each exploring round after which NO_DRAFT still wins doubles the spacing of the next, up to this factor;
+# a round the rule drafts on its own, or another batch bucket, resets it.
+EXPLORE_BACKOFF = 4
 # NO_DRAFT must beat the best tree's expected rate by this factor: acceptance comes in stretches, and
 # at NO_DRAFT the averages learn only from the exploring rounds, so a close call would stick.
 NO_DRAFT_MARGIN = 1.15
@@ -190,6 +200,10 @@ class BudgetChooser:
             self.probes = ((NO_DRAFT,) if no_draft and measure is not None else ()) + tuple(probes or budgets)
         self.undrafted = 0  # rounds at NO_DRAFT in a row
         self.drafted = 0  # drafted rounds observed
+        self.drafted_slots = 0  # drafted slot-rounds observed (a round of S running slots counts S)
+        self.backoff = 1  # the exploring rounds' spacing factor (1 .. EXPLORE_BACKOFF)
+        self._explored = False  # the last round chosen was an exploring one
+        self._bucket: int | None = None  # the bucket last asked about
         self.profile = profile or CostProfile(device="")
         self.curve: list[float] | None = None  # EMA of m(B) per candidate
         self.observed = 0.0  # EMA of accepted drafts per slot-round
@@ -247,17 +261,23 @@ class BudgetChooser:
         drafts = {b: r * m for b, m in zip(self.budgets, self.curve)}
         trees = {b: costs[b] for b in allowed}
         budget = best_budget(trees, drafts)
-        if NO_DRAFT not in costs or self.drafted < NO_DRAFT_AFTER:
+        explored, self._explored = self._explored, False
+        if bucket != self._bucket:  # other requests: what the last exploring rounds found may not hold
+            self._bucket, self.backoff = bucket, 1
+        if NO_DRAFT not in costs or self.drafted < NO_DRAFT_AFTER_ROUNDS or self.drafted_slots < NO_DRAFT_AFTER:
             return budget
         if (1.0 + drafts[budget]) / costs[budget] * NO_DRAFT_MARGIN >= 1.0 / costs[NO_DRAFT]:
-            self.undrafted = 0
+            self.undrafted, self.backoff = 0, 1
             return budget
+        if explored:  # it drafted, and NO_DRAFT still wins: look again later
+            self.backoff = min(2 * self.backoff, EXPLORE_BACKOFF)
         self.undrafted += 1
         # One drafted round keeps m and r current. It costs cost(B) - cost(0) more than the round it replaces:
         # spaced by the cost ratio, exploring takes at most about 1/EXPLORE_EVERY of the time (on a 2-core CPU
-        # at 8 slots a tree round cost ~4x the AR step, and one in nine cost a quarter of the time).
-        if self.undrafted > EXPLORE_EVERY * max(1.0, costs[budget] / costs[NO_DRAFT]):
-            self.undrafted = 0
+        # at 8 slots a tree round cost ~4x the AR step, and one in nine cost a quarter of the time), and
+        # 1/(EXPLORE_EVERY x EXPLORE_BACKOFF) once the exploring rounds keep confirming NO_DRAFT.
+        if self.undrafted > EXPLORE_EVERY * self.backoff * max(1.0, costs[budget] / costs[NO_DRAFT]):
+            self.undrafted, self._explored = 0, True
             return budget
         return NO_DRAFT
 
@@ -280,6 +300,7 @@ class BudgetChooser:
             return
         self.drafted += 1
         n = len(accepted)
+        self.drafted_slots += n
         column = self.budgets.index(budget)
         drafts = sum(a - 1 for a in accepted) / n
         at_budget = sum(row[column] for row in predicted) / n

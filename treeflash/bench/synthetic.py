@@ -16,8 +16,8 @@ engine's choice per budget). Each (batch, method) runs every variant in turn, so
 whole comparisons. `ddtree:auto` runs the engine's budget chooser on a cost profile made of the fixed
 budgets measured before it (same variant and batch), so it probes only the round without a draft (budget 0,
 which the profile lacks). With random weights the drafter is never confident: auto drafts at the cheapest
-budget for its first rounds (treeflash/budget.py: NO_DRAFT_AFTER), then mostly rounds without a draft (one
-in 9 still drafts). Its row is the median over the timed rounds (after the warm-up ones), whichever regime
+budget for its first rounds (treeflash/budget.py: NO_DRAFT_AFTER), then mostly rounds without a draft (an
+exploring round still drafts now and then, spaced by the cost ratio and backed off while none pays). Its row is the median over the timed rounds (after the warm-up ones), whichever regime
 they fell in; auto=B names its choice after them.
 The stage split (a separate pass) is timed for the first variant only.
 
