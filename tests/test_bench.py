@@ -433,7 +433,8 @@ def test_synthetic_variants_per_batch_methods_and_auto(tmp_path, monkeypatch):
     assert runs == [(b, m, v) for b, ms in ((1, ("none", "ddtree:4")), (2, ("none", "ddtree:4", "ddtree:8", "ddtree:auto")))
                     for m in ms for v in ("compiled/1", "eager/32")]
     auto = [r for r in result["rows"] if r["method"] == "ddtree:auto"]
-    assert all(r["auto_budget"] in (4, 8, 16, 32, 64) and r["x_ar"] > 0 for r in auto)
+    # (0: a round without a draft, which auto may weigh by now: the random drafter's drafts are not accepted)
+    assert all(r["auto_budget"] in (0, 4, 8, 16, 32, 64) and r["x_ar"] > 0 for r in auto)
     table = (tmp_path / "v.txt").read_text()
     assert "kernel variants side by side" in table and "eager/32" in table
     assert bench("--synthetic", "tiny", "--batch-methods", "2=none,ddtree:auto", "--out", str(out)) != 0

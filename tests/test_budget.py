@@ -175,7 +175,7 @@ def test_no_draft_wins_where_no_tree_pays_and_a_drafted_round_keeps_measuring():
     assert BudgetChooser(None, no_draft=False).probes == AUTO_BUDGETS
 
 
-def test_no_draft_is_weighed_after_enough_slot_rounds_and_a_new_bucket_resets_the_backoff():
+def test_no_draft_is_weighed_after_enough_slot_rounds():
     # A round of 8 running slots averages 8 requests' acceptance: NO_DRAFT is weighed after NO_DRAFT_AFTER
     # drafted slot-rounds, in NO_DRAFT_AFTER_ROUNDS rounds at least, not after NO_DRAFT_AFTER rounds.
     chooser = chooser_with(lambda b: 1.0 if b == NO_DRAFT else 4.0 + b / 64)
@@ -185,10 +185,6 @@ def test_no_draft_is_weighed_after_enough_slot_rounds_and_a_new_bucket_resets_th
     assert chooser.choose(8) == 4  # one round of 8 slots: not yet
     chooser.observe(4, [1] * 8, curve)
     assert NO_DRAFT_AFTER_ROUNDS == 2 and chooser.choose(8) == NO_DRAFT
-    picks = [chooser.choose(8) for _ in range(200)]
-    assert chooser.backoff > 1 and any(b != NO_DRAFT for b in picks)
-    chooser.choose(4)  # fewer requests run: what the exploring rounds found may not hold for them
-    assert chooser.backoff == 1
 
 
 def test_a_stored_profile_without_no_draft_measures_it_once(tmp_path):

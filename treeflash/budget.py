@@ -31,7 +31,9 @@ synchronisation already copied):
   `EXPLORE_EVERY`) the chooser drafts one round at the best budget B, which refreshes m and r: that round's
   extra cost then stays about 1/EXPLORE_EVERY of the time. Each exploring round that leaves NO_DRAFT the
   winner doubles that spacing, up to `EXPLORE_BACKOFF` times (a workload where no tree pays spends ~1/32 of
-  its time exploring, not 1/8); a drafted round chosen on its rate, or another batch bucket, resets it.
+  its time exploring, not 1/8); a drafted round chosen on its rate resets it. With overlapped rounds the
+  choice after an exploring round comes before that round is observed, so the spacing doubles there anyway,
+  and the next choice, which has seen it, resets it if drafting pays.
   A round at 0 grafts no prompt lookup either: it is plain decoding's step, as weighed (with lookup's
   rows it cost 2.6x the AR step at 8 slots on a 2-core CPU, and auto ran there at 0.57x plain decoding's
   tokens/s). cost(S, 0) is measured with the others.
@@ -82,7 +84,8 @@ EXPLORE_EVERY = 8  # rounds at NO_DRAFT in a row (times the cost ratio) before o
 NO_DRAFT_AFTER = 8
 NO_DRAFT_AFTER_ROUNDS = 2
 # Each exploring round after which NO_DRAFT still wins doubles the spacing of the next, up to this factor;
-# a round the rule drafts on its own, or another batch bucket, resets it.
+# a round the rule drafts on its rate resets it. (Not the batch bucket changing: it follows the highest
+# running slot, which at 2-4 requests flips with every request that ends, so it would keep the spacing at 1.)
 EXPLORE_BACKOFF = 4
 # NO_DRAFT must beat the best tree's expected rate by this factor: acceptance comes in stretches, and
 # at NO_DRAFT the averages learn only from the exploring rounds, so a close call would stick.
@@ -203,7 +206,6 @@ class BudgetChooser:
         self.drafted_slots = 0  # drafted slot-rounds observed (a round of S running slots counts S)
         self.backoff = 1  # the exploring rounds' spacing factor (1 .. EXPLORE_BACKOFF)
         self._explored = False  # the last round chosen was an exploring one
-        self._bucket: int | None = None  # the bucket last asked about
         self.profile = profile or CostProfile(device="")
         self.curve: list[float] | None = None  # EMA of m(B) per candidate
         self.observed = 0.0  # EMA of accepted drafts per slot-round
@@ -262,8 +264,6 @@ class BudgetChooser:
         trees = {b: costs[b] for b in allowed}
         budget = best_budget(trees, drafts)
         explored, self._explored = self._explored, False
-        if bucket != self._bucket:  # other requests: what the last exploring rounds found may not hold
-            self._bucket, self.backoff = bucket, 1
         if NO_DRAFT not in costs or self.drafted < NO_DRAFT_AFTER_ROUNDS or self.drafted_slots < NO_DRAFT_AFTER:
             return budget
         if (1.0 + drafts[budget]) / costs[budget] * NO_DRAFT_MARGIN >= 1.0 / costs[NO_DRAFT]:

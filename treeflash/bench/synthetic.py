@@ -371,7 +371,8 @@ def _run_rows(cfg, s, tcfg, dcfg, methods, target, drafter, make_engine, group, 
                      "round_ms_p90": timing.quantile_ms(0.9), "round_ms_all": timing.round_ms,
                      "stage_ms": timing.stage_ms, "prefill_ms": 1e3 * prefill_s, "setup_s": timing.setup_s,
                      "auto_budget": timing.auto_budget})
-        chosen = f", auto chose {timing.auto_budget}" if timing.auto_budget else ""
+        chosen = "" if timing.auto_budget is None else f", auto chose {timing.auto_budget}" + (
+            " (no draft)" if timing.auto_budget == 0 else "")
         log(f"  batch {batch} {method.label} [{variant.label}]: {timing.median_ms:.3f} ms per round "
             f"(setup incl. compile + capture {timing.setup_s:.1f} s{chosen})")
         _add_ratios(rows, floor_ms)
@@ -487,7 +488,7 @@ def format_synthetic(result: dict) -> str:
     rows = result["rows"]
     variants = list(dict.fromkeys(r.get("variant", DEFAULT_VARIANT) for r in rows))
     show_variant = len(variants) > 1 or any(r.get("variant", DEFAULT_VARIANT) != DEFAULT_VARIANT for r in rows)
-    names = [r["method"] + (f"={r['auto_budget']}" if r.get("auto_budget") else "") for r in rows]
+    names = [r["method"] + (f"={r['auto_budget']}" if r.get("auto_budget") is not None else "") for r in rows]
     w = max([14] + [len(n) for n in names])  # ("ddtree:auto/sync=64")
     header = f"{'batch':>5} {'method':<{w}} " + (f"{'kernels':<12} " if show_variant else "") + \
         f"{'round ms':>9} {'x AR':>6} {'x floor':>8}  " + \
@@ -520,7 +521,7 @@ def format_synthetic(result: dict) -> str:
                          f"{ms(g['one_device_ar_ms'])} ms -> ratio {x(g['ar_ratio'])}; ddtree:64 "
                          f"{ms(g['ddtree64_ms'])} ms = {x(g['ddtree64_x_tp_ar'])}x the TP AR step")
     lines.append("  (stage columns: ms per round, from a separate pass with a synchronised clock per stage;"
-                 " ddtree:auto=B: the budget auto chose)")
+                 " ddtree:auto=B: the budget auto chose, 0 a round without a draft)")
     return "\n".join(lines)
 
 
