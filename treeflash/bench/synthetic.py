@@ -17,8 +17,9 @@ whole comparisons. `ddtree:auto` runs the engine's budget chooser on a cost prof
 budgets measured before it (same variant and batch), so it probes only the round without a draft (budget 0,
 which the profile lacks). With random weights the drafter is never confident: auto drafts at the cheapest
 budget for its first rounds (treeflash/budget.py: NO_DRAFT_AFTER), then mostly rounds without a draft (an
-exploring round still drafts now and then, spaced by the cost ratio and backed off while none pays). Its row is the median over the timed rounds (after the warm-up ones), whichever regime
-they fell in; auto=B names its choice after them.
+exploring round still drafts now and then, spaced by the cost ratio and backed off while none pays). Its row
+is the median over the timed rounds (after the warm-up ones), whichever regime they fell in; auto=B names its
+choice after them (0: a round without a draft).
 The stage split (a separate pass) is timed for the first variant only.
 
 With `tensor_parallel_size` N > 1 the target is split over N ranks by the same machinery as
