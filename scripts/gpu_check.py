@@ -4,7 +4,7 @@ Checks that the CUDA path (CUDA graphs on, the default) is the same engine as th
 the round eagerly and graphed. Prints the results and writes a JSON file (updated after each section).
 
   python scripts/gpu_check.py --out results/gpu_check.json [--smollm2 /path/SmolLM2-135M-Instruct.Q4_1.gguf]
-                              [--sections TEFABC] [--timings qwen3-8b,smollm2-135m] [--budget-s SECONDS]
+                              [--sections TEFLABC] [--timings qwen3-8b,smollm2-135m] [--budget-s SECONDS]
 
 A. tiny random Llama / Qwen2 / Qwen3 (float32): greedy tokens identical to transformers on the GPU.
 B. tiny random DFlash drafter: dflash and ddtree greedy identical to plain decoding; seeded sampling
@@ -19,6 +19,11 @@ E. graphed == eager (float32): the same requests (greedy and seeded sampling, mi
    Graphed runs overlap their rounds (the engine's default there); one more run puts the four requests
    through two slots, so requests end and slots are reused while a round for them is in flight.
 F. no host synchronisation inside a replayed round (set_sync_debug_mode("error") around replays; the methods of C).
+L. log-probs (SamplingParams.logprobs): a batch mixing requests that ask for them and requests that do not gives
+   the tokens of the same batch asking for none, graphed and eager alike, and graphed log-probs equal eager ones
+   (float32, none / dflash / ddtree / ddtree + lookup); they match transformers' log_softmax over prompt + output;
+   replayed rounds with them run without host sync; with --logprobs-timings SHAPES, graphed rounds with and
+   without them (batch 1 and 8, AR step and DDTree-64, context 1024).
 P. graphs sharing one memory pool: rounds hop between graphs (buckets, budgets 0-256, one pool, one capture
    stream) and equal the same rounds run eagerly; a round's read-back survives other graphs' replays; graphs
    captured one per stage (time_stages) write no tensor made after them.
@@ -151,11 +156,13 @@ def check_no_sync(target: Path, drafter: Path, attention: str = "flex") -> dict:
     return results
 
 
-def mixed_speculator(llm: LLM, attention: str | None, capacity: int = 256) -> Speculator:
-    """Four slots of a fresh speculator: greedy, fully filtered sampling, plain sampling, greedy."""
+def mixed_speculator(llm: LLM, attention: str | None, capacity: int = 256, logprobs: int | None = None
+                     ) -> Speculator:
+    """Four slots of a fresh speculator: greedy, fully filtered sampling, plain sampling, greedy (the second
+    asking for `logprobs`)."""
     speculator = Speculator(llm.model, llm.drafter, llm.spec, slots=4, capacity=capacity, time_stages=False,
                             attention=attention)
-    params = [greedy(8), SamplingParams(temperature=0.7, top_k=20, top_p=0.9, min_p=0.05, seed=1),
+    params = [greedy(8), SamplingParams(temperature=0.7, top_k=20, top_p=0.9, min_p=0.05, seed=1, logprobs=logprobs),
               SamplingParams(temperature=1.0, seed=2), greedy(8)]
     for slot, (prompt, p) in enumerate(zip(PROMPTS + PROMPTS[:1], params)):
         speculator.admit(slot, prompt, p, seed=slot)
@@ -330,6 +337,79 @@ def check_no_sync_in_replay(target: Path, drafter: Path, attention: str = "flex"
                 torch.cuda.set_sync_debug_mode("default")
             label = "staged graphs" if time_stages else "one graph"
             results[f"{spec}{' + lookup' if ngram else ''}: 3 replays ({label}) without host sync"] = ok
+    return results
+
+
+# --- L: log-probs ------------------------------------------------------------------------------------
+def check_logprobs(target: Path, drafter: Path, attention: str | None, shapes: list[str]) -> dict:
+    results = {}
+    prompts = PROMPTS + [[11, 13, 17, 19, 23]]
+    plain = [SamplingParams(temperature=0.8, top_p=0.9, max_tokens=30, seed=1234, ignore_eos=True), greedy(40),
+             greedy(33), SamplingParams(temperature=1.0, min_p=0.05, max_tokens=25, seed=7, ignore_eos=True)]
+    asked = [SamplingParams(**{**plain[0].__dict__, "logprobs": 5}), plain[1],
+             SamplingParams(**{**plain[2].__dict__, "logprobs": 0}), plain[3]]
+    hf = None
+    for spec, budget, ngram in [("none", 64, 0), ("dflash", 64, 0), ("ddtree", 16, 0), ("ddtree", 64, 6)]:
+        outs = {}
+        for graphs, params in ((True, plain), (True, asked), (False, asked)):
+            llm = LLM(target, device=DEVICE, dtype="float32", draft_model=None if spec == "none" else drafter,
+                      spec=spec, max_num_seqs=4, cuda_graphs=graphs, attention=attention, ngram_tokens=ngram,
+                      **({"tree_budget": budget} if spec == "ddtree" else {}))
+            outs[graphs, params is asked] = llm.generate(prompt_token_ids=prompts, sampling_params=params,
+                                                         use_tqdm=False)
+        name = f"{spec}-{budget}" + (f" + lookup {ngram}" if ngram else "")
+        tokens = {k: [o.token_ids for o in v] for k, v in outs.items()}
+        results[f"{name}: asking for log-probs changes no token (graphed)"] = tokens[True, True] == tokens[True, False]
+        results[f"{name}: graphed == eager with log-probs"] = tokens[True, True] == tokens[False, True]
+        diff = max(abs(a[t].logprob - b[t].logprob) for i in (0, 2) for o, r in [(outs[True, True][i], outs[False, True][i])]
+                   for a, b, t in zip(o.logprobs, r.logprobs, o.token_ids))
+        results[f"{name}: graphed log-probs within 1e-5 of eager (max {diff:.1e})"] = diff <= 1e-5
+        results[f"{name}: log-probs only where asked, one per token"] = (
+            [o.logprobs is None for o in outs[True, True]] == [False, True, False, True]
+            and all(len(o.logprobs) == len(o.token_ids) for o in outs[True, True][::2]))
+        if hf is None:
+            from transformers import AutoModelForCausalLM
+
+            hf = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).to(DEVICE).eval()
+        worst = 0.0
+        for prompt, out in zip(prompts[::2], outs[True, True][::2]):
+            with torch.no_grad():
+                ref = torch.log_softmax(hf(torch.tensor([prompt + out.token_ids], device=DEVICE)).logits[0].float(), -1)
+            worst = max(worst, max(abs(e[t].logprob - ref[len(prompt) - 1 + j, t].item())
+                                   for j, (t, e) in enumerate(zip(out.token_ids, out.logprobs))))
+        results[f"{name}: log-probs within 1e-3 of transformers (max {worst:.1e})"] = worst <= 1e-3
+    if DEVICE == "cuda":
+        llm = LLM(target, device=DEVICE, dtype="float32", draft_model=drafter, spec="ddtree", tree_budget=16,
+                  time_stages=False)
+        speculator = mixed_speculator(llm, attention=attention, logprobs=3)
+        runner = GraphRunner(speculator, log=None)
+        runner.round(4)
+        torch.cuda.synchronize()
+        ok = True
+        try:
+            torch.cuda.set_sync_debug_mode("error")
+            for _ in range(3):
+                runner.round(4)
+        except RuntimeError as e:
+            ok = f"sync inside a round: {e}"
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        results["ddtree-16 with log-probs: 3 replays without host sync"] = ok
+    for name in shapes:  # graphed round times with and without log-probs (informational)
+        target_model, drafter_model = build_shape(name)
+        for batch in (1, 8):
+            for method, budget in (("none", 64), ("ddtree", 64)):
+                sp = filled_speculator(target_model, drafter_model, SpecConfig(method, budget), batch, 1024, attention)
+                row = {}
+                for logprobs in (None, 5):
+                    sp.set_sampling_many(list(range(batch)), [SamplingParams(temperature=0, logprobs=logprobs)] * batch,
+                                         [0] * batch)
+                    row["with" if logprobs else "without"] = round(1e3 * GraphRunner(sp, log=None).time_round(batch, 10), 3)
+                results[f"{name} batch {batch} {method}-{budget}: graphed ms without / with log-probs"] = str(row)
+                del sp
+                torch.cuda.empty_cache()
+        del target_model, drafter_model
+        torch.cuda.empty_cache()
     return results
 
 
@@ -557,11 +637,12 @@ def main() -> int:
     ap.add_argument("--smollm2", type=Path, default=None, help="path of the SmolLM2 GGUF on the GPU machine")
     ap.add_argument("--out", type=Path, default=Path("gpu_check.json"))
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--sections", default="ABCEFP", help="which of A B C E F P T to run (default all but T)")
+    ap.add_argument("--sections", default="ABCEFLP", help="which of A B C E F L P T to run (default all but T)")
     ap.add_argument("--attentions", default="flex,sdpa,splitkv,hybrid",
                     help="attention backends section E checks (C and F: the first)")
     ap.add_argument("--timings", default="", help="comma-separated shapes for G: smollm2-135m,qwen3-8b")
     ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--logprobs-timings", default="", help="comma-separated shapes for L's graphed round times")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--budget-s", type=float, default=1e9, help="skip G rows that would start after this many seconds")
     args = ap.parse_args()
@@ -591,13 +672,16 @@ def main() -> int:
         save(section, value)
 
     with tempfile.TemporaryDirectory() as tmp:
-        targets = tiny_targets(Path(tmp)) if set(args.sections) & set("ABCEFP") else {}
+        targets = tiny_targets(Path(tmp)) if set(args.sections) & set("ABCEFLP") else {}
         drafter = tiny_drafter(Path(tmp)) if targets else None
         if "T" in args.sections and cuda:
             run("T. tree kernel == build_tree", check_tree_kernel)
         if "E" in args.sections:
             run("E. CUDA graphs == eager", check_graphs_equal_eager, targets["qwen3"], drafter,
                 tuple(args.attentions.split(",")))
+        if "L" in args.sections:
+            run("L. log-probs", check_logprobs, targets["qwen3"], drafter, None,
+                [s for s in args.logprobs_timings.split(",") if s] if cuda else [])
         if "P" in args.sections:
             run("P. graphs sharing one memory pool", check_shared_pool, targets["qwen3"], drafter)
         if "F" in args.sections and cuda:

@@ -98,10 +98,10 @@ def test_prefill_and_start_draws_what_admission_drew_after_the_forward(paths):
                        [params[i] for i in done], [40 + i for i in done], logits[done])
     device_side.set_sampling_many([pieces[i].slot for i in done], [params[i] for i in done], [40 + i for i in done])
     # Padded as a graph would run them: 4 pieces of 16 tokens (the fourth repeats the first), rows up to 32.
-    out = torch.full((4,), -1, dtype=torch.long)  # the runner's buffer outside its graphs' pool
+    out = torch.full((4, 1), -1, dtype=torch.long)  # the runner's buffer outside its graphs' pool
     drawn = device_side.prefill_and_start(device_side.prefill_batch(pieces, 4, 16), 32, out=out)
     assert drawn.data_ptr() == out.data_ptr()
-    assert drawn[done].tolist() == want.tolist()
+    assert drawn[done, 0].tolist() == want.tolist()
     assert device_side.state.bonus.tolist() == reference.state.bonus.tolist()
     assert device_side.state.bonus[6].item() == -7  # the unfinished piece's slot keeps its bonus
     assert device_side.state.seq_lens.tolist() == reference.state.seq_lens.tolist()
@@ -257,12 +257,22 @@ def test_graph_prefill_shapes_give_the_tokens_of_exact_prefill(paths, spec):
     greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     seeded = [SamplingParams(temperature=1.0, top_k=20 if i % 2 else -1, max_tokens=10, seed=70 + i, ignore_eos=True)
               for i in range(len(PROMPTS))]
-    for params in (greedy, seeded):
-        reference = [o.token_ids for o in _llm(paths, spec, budget=64).generate(prompt_token_ids=PROMPTS,
-                                                                                sampling_params=params)]
+    # (and with log-probs: the first token's come out of the prefill graph, packed beside its draw)
+    with_logprobs = [dataclasses.replace(p, logprobs=3) for p in seeded]
+    for params in (greedy, seeded, with_logprobs):
+        def run(llm):
+            outs = llm.generate(prompt_token_ids=PROMPTS, sampling_params=params)
+            return [o.token_ids for o in outs], [o.logprobs for o in outs]
+
+        reference = run(_llm(paths, spec, budget=64))
         llm = _llm(paths, spec, budget=64)
         replays = _graph_prefill(llm)
-        assert [o.token_ids for o in llm.generate(prompt_token_ids=PROMPTS, sampling_params=params)] == reference
+        got = run(llm)
+        assert got[0] == reference[0]
+        if params is with_logprobs:
+            for a, b in zip(got[1], reference[1]):
+                assert len(a) == len(b) and all(x.keys() == y.keys() for x, y in zip(a, b))
+                assert all(abs(x[t].logprob - y[t].logprob) < 1e-5 for x, y in zip(a, b) for t in x)
         assert replays and all(t == 16 and k & (k - 1) == 0 and kv & (kv - 1) == 0 for k, t, kv in replays)
         assert any(kv > 16 for _, _, kv in replays)  # a later chunk of the long prompts (start > 0) went too
 

@@ -126,18 +126,22 @@ def test_uneven_splits_are_refused_before_any_weight_or_process(tmp_path, monkey
 
 # --- two processes --------------------------------------------------------------------------------
 def test_tp2_greedy_and_seeded_sample_equal_tp1(models):
-    """The quick representative: qwen3 + ddtree, greedy and a seeded sample, in one TP=2 LLM."""
+    """The quick representative: qwen3 + ddtree, greedy and a seeded sample (with log-probs), in one TP=2 LLM."""
     target, drafter = models["qwen3"]
-    sample = [SamplingParams(temperature=0.8, top_p=0.9, seed=7 + i, max_tokens=20, ignore_eos=True)
+    sample = [SamplingParams(temperature=0.8, top_p=0.9, seed=7 + i, max_tokens=20, ignore_eos=True, logprobs=2)
               for i in range(len(PROMPTS))]
     with one_thread():
         single = LLM(str(target), device="cpu", draft_model=str(drafter), tree_budget=6, max_num_seqs=2)
         want_greedy = [o.token_ids for o in single.generate(prompt_token_ids=PROMPTS, sampling_params=GREEDY)]
-        want_sample = [o.token_ids for o in single.generate(prompt_token_ids=PROMPTS, sampling_params=sample)]
+        want = single.generate(prompt_token_ids=PROMPTS, sampling_params=sample)
         with LLM(str(target), device="cpu", draft_model=str(drafter), tree_budget=6, max_num_seqs=2,
                  tensor_parallel_size=2) as llm:
             assert [o.token_ids for o in llm.generate(prompt_token_ids=PROMPTS, sampling_params=GREEDY)] == want_greedy
-            assert [o.token_ids for o in llm.generate(prompt_token_ids=PROMPTS, sampling_params=sample)] == want_sample
+            got = llm.generate(prompt_token_ids=PROMPTS, sampling_params=sample)
+            assert [o.token_ids for o in got] == [o.token_ids for o in want]
+            for a, b in zip(got, want):  # (float32 sums in another order: log-probs agree to rounding)
+                assert [e.keys() for e in a.logprobs] == [e.keys() for e in b.logprobs]
+                assert a.cumulative_logprob == pytest.approx(b.cumulative_logprob, abs=1e-4)
             # Streams, aborts and stops are engine calls too: a stream closed early leaves the ranks in step.
             stream = llm.stream(prompt_token_ids=PROMPTS[0], sampling_params=GREEDY)
             next(stream)

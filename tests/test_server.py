@@ -178,6 +178,48 @@ def test_seeded_samples_equal_offline_ones_choice_by_choice(client, offline):
     assert got.usage.prompt_tokens == len(want[0].prompt_token_ids)  # the prompt counts once
 
 
+def test_completion_log_probs_equal_offline_ones_streamed_or_not(client, offline):
+    want = offline.generate("the tree", greedy(12, ignore_eos=True, logprobs=2))[0]
+    ours = [(e[t].logprob, sorted(lp.logprob for i, lp in e.items() if i != t or lp.rank <= 2)[::-1])
+            for t, e in zip(want.token_ids, want.logprobs)]
+    got = client.completions.create(model=NAME, prompt="the tree", max_tokens=12, temperature=0, logprobs=2,
+                                    extra_body={"ignore_eos": True}).choices[0].logprobs
+    chunks = list(client.completions.create(model=NAME, prompt="the tree", max_tokens=12, temperature=0, logprobs=2,
+                                            stream=True, extra_body={"ignore_eos": True}))
+    streamed = [c.choices[0].logprobs for c in chunks if c.choices and c.choices[0].logprobs]
+    for lists in (got, streamed):
+        if isinstance(lists, list):  # the stream's pieces, joined
+            lists = type(got)(**{k: sum((getattr(x, k) for x in lists), []) for k in
+                                 ("tokens", "token_logprobs", "top_logprobs", "text_offset")})
+        assert "".join(lists.tokens) == want.text  # (a character tokenizer: one character a token)
+        assert lists.text_offset == list(range(12))
+        assert [round(x, 5) for x in lists.token_logprobs] == [round(lp, 5) for lp, _ in ours]
+        for top, (_, best) in zip(lists.top_logprobs, ours):
+            assert sorted(top.values(), reverse=True) == pytest.approx(best, abs=1e-5)
+
+
+def test_chat_log_probs_with_top_alternatives_and_their_bytes(client, offline):
+    want = offline.chat(CHAT, greedy(10, logprobs=3))[0]
+    answer = client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=10, temperature=0, logprobs=True,
+                                            top_logprobs=3)
+    reply, content = answer.choices[0], answer.choices[0].logprobs.content
+    # Every generated token has its entry, the stop token too (as usage counts it), which the text leaves out.
+    assert len(content) == answer.usage.completion_tokens == len(want.token_ids)
+    assert "".join(c.token for c in content).startswith(reply.message.content) and reply.message.content == want.text
+    for c, token, entry in zip(content, want.token_ids, want.logprobs):
+        assert c.logprob == pytest.approx(entry[token].logprob, abs=1e-5) and c.bytes == list(c.token.encode())
+        assert len(c.top_logprobs) == 3 and c.top_logprobs[0].logprob >= c.top_logprobs[-1].logprob
+        assert c.logprob <= c.top_logprobs[0].logprob + 1e-6
+    # Streamed, the chunks' entries join into the same list; without logprobs there are none.
+    chunks = list(client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=10, temperature=0,
+                                                 logprobs=True, top_logprobs=3, stream=True))
+    joined = [c for chunk in chunks if chunk.choices and chunk.choices[0].logprobs
+              for c in chunk.choices[0].logprobs.content]
+    assert [(c.token, round(c.logprob, 5)) for c in joined] == [(c.token, round(c.logprob, 5)) for c in content]
+    plain = client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=4, temperature=0)
+    assert plain.choices[0].logprobs is None
+
+
 def test_stop_string_cuts_the_text_streamed_or_not(client, offline):
     free = offline.generate("pine", greedy(60, ignore_eos=True))[0].text
     stop = free[25:28]
@@ -237,7 +279,11 @@ BAD = [  # (route, body, status, param)
     ("completions", {"model": NAME, "prompt": [1, 2, 999]}, 400, "prompt"),
     ("completions", {"model": NAME, "prompt": ""}, 400, "prompt"),
     ("completions", {"model": "gpt-4", "prompt": "x"}, 404, "model"),
-    ("completions", {"model": NAME, "prompt": "x", "logprobs": 3}, 400, "logprobs"),
+    ("completions", {"model": NAME, "prompt": "x", "logprobs": 21}, 400, "logprobs"),
+    ("completions", {"model": NAME, "prompt": "x", "logprobs": True}, 400, "logprobs"),
+    ("completions", {"model": NAME, "prompt": "x", "top_logprobs": 2}, 400, "top_logprobs"),
+    ("chat/completions", {"model": NAME, "messages": CHAT, "top_logprobs": 2}, 400, "top_logprobs"),
+    ("chat/completions", {"model": NAME, "messages": CHAT, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
     ("chat/completions", {"model": NAME, "messages": []}, 400, "messages"),
     ("chat/completions", {"model": NAME}, 400, "messages"),
     ("chat/completions", {"model": NAME, "messages": [{"role": "user"}]}, 400, "messages[0]"),
@@ -252,8 +298,8 @@ BAD = [  # (route, body, status, param)
     ("completions", b'{"model": "tiny", "prompt": "\\ud800", "max_tokens": 2}', 400, "prompt"),
     ("completions", {"model": NAME, "prompt": "x", "seed": -1}, 400, "seed"),
     # Fields that change the output and were ignored: refused by name.
-    ("completions", {"model": NAME, "prompt": "x", "logprobs": 0}, 400, "logprobs"),
     ("chat/completions", {"model": NAME, "messages": CHAT, "logprobs": 3}, 400, "logprobs"),
+    ("completions", {"model": NAME, "prompt": "x", "prompt_logprobs": 1}, 400, "prompt_logprobs"),
     ("completions", {"model": NAME, "prompt": "x", "min_tokens": 5}, 400, "min_tokens"),
     ("completions", {"model": NAME, "prompt": "x", "include_stop_str_in_output": True}, 400,
      "include_stop_str_in_output"),

@@ -43,6 +43,7 @@ from treeflash.attention import FLEX_DECODE_TOKENS
 from treeflash.budget import AUTO_BUDGETS, NO_DRAFT, BudgetChooser, CostProfile, auto_budget_limit
 from treeflash.detokenize import IncrementalDetokenizer
 from treeflash.gguf_convert import default_cache_dir
+from treeflash.logprobs import COLUMNS, Logprob, TokenPieces, unpack
 from treeflash.outputs import RequestMetrics, RequestOutput
 from treeflash.provenance import source_digest
 from treeflash.round import PREDICTED_SCALE, PREFILL_CHUNK, PrefillPiece, RoundResult, SpecConfig, Speculator, \
@@ -69,6 +70,12 @@ class Request:
     detok: IncrementalDetokenizer | None = None  # the generated text, grown token by token
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     last_tree: str | None = None
+    # params.logprobs set: one {token id: Logprob} per output token (treeflash/logprobs.py), else None
+    logprobs: list[dict[int, Logprob]] | None = None
+
+    def __post_init__(self) -> None:
+        if self.params.logprobs is not None and self.logprobs is None:
+            self.logprobs = []
 
     @property
     def finished(self) -> bool:
@@ -190,6 +197,7 @@ class Engine:
 
     def __init__(self, target, drafter, spec: SpecConfig, tokenizer, config: EngineConfig):
         self.config, self.tokenizer = config, tokenizer
+        self.pieces = TokenPieces(tokenizer)  # each token's own text (log-prob entries), memoised
         graphs = config.cuda_graphs and target.embed_tokens.weight.device.type == "cuda"  # (GraphRunner.enabled)
         # Rows a request can ever need: its whole context, plus what one round writes past it (eagerly the
         # automatic budget weighs only EAGER_AUTO_BUDGETS: `_budget_chooser`).
@@ -481,19 +489,24 @@ class Engine:
         elapsed = now - max(launched.start, self._accounted)
         self._accounted = now
         budget, result = launched.budget, launched.result
-        width = 1 + result.walk.emitted.shape[1]
+        emitted = result.walk.emitted.shape[1]
+        # The read-back's columns (round.readback): accepted, the emitted tokens, m(B) per auto budget, log-probs.
+        width = 1 + emitted
+        logprobs_at = width + (result.predicted.shape[1] if result.predicted is not None else 0)
         live = [(i, request) for i, request in launched.requests if not request.finished]
         if self.budget is not None and live:
             if not self.runner.enabled:  # eager rounds: the round just timed refines its cost
                 self.budget.refine(self.runner.bucket(len(rows)), budget, elapsed)
             self.budget.observe(budget, [rows[i][0] for i, _ in live],
-                                [[x / PREDICTED_SCALE for x in rows[i][width:]] for i, _ in live])
+                                [[x / PREDICTED_SCALE for x in rows[i][width:logprobs_at]] for i, _ in live])
         stage_seconds = result.stage_seconds  # (reads the stage clock: once, not per request)
         for i, request in live:
             accepted = rows[i][0]
             self.seq_lens[i] += accepted
             m = request.metrics
-            kept = self._append(request, rows[i][1:1 + accepted])
+            packed = rows[i][logprobs_at:] if request.logprobs is not None else None
+            kept = self._append(request, rows[i][1:1 + accepted],
+                                packed and [packed[j * COLUMNS:(j + 1) * COLUMNS] for j in range(accepted)])
             # What the request emitted: a stop or max_tokens may cut the round's last tokens (counting them
             # raised tokens per round by ~2.5% at 128 tokens), so rounds x this mean = its tokens - 1.
             m.acceptance_lengths.append(len(kept))
@@ -539,15 +552,15 @@ class Engine:
             # The forward, each slot's commit and every finished prompt's first token: one graph replay on
             # a GPU (Speculator.prefill_and_start); the tokens' read-back is the step's wait for it.
             drawn = self.runner.prefill([PrefillPiece(r.slot, r.prompt_ids, s, e) for r, s, e in group])
-            first = drawn.tolist() if ready else []
+            first = drawn.tolist() if ready else []  # each piece's [draw, its packed log-probs if asked]
             elapsed = time.perf_counter() - clock  # each request waited for the whole forward
             for request, _, end in group:
                 request.prefilled = self.seq_lens[request.slot] = end
                 request.metrics.prefill_seconds += elapsed
             for i in done:
-                token, request = first[i], group[i][0]
+                (token, *packed), request = first[i], group[i][0]
                 request.metrics.num_prompt_tokens = len(request.prompt_ids)
-                updates.append(StepUpdate(request, self._append(request, [token])))
+                updates.append(StepUpdate(request, self._append(request, [token], packed and [packed])))
                 self._retire_if_done(request)
 
     def _plan_prefill(self) -> list[tuple[Request, int, int]]:
@@ -610,9 +623,10 @@ class Engine:
         self.speculator.release_many(freed)
 
     # --- stops -----------------------------------------------------------------------------------
-    def _append(self, request: Request, tokens: list[int]) -> list[int]:
+    def _append(self, request: Request, tokens: list[int], logprobs: list[list[int]] | None = None) -> list[int]:
         """Append a round's tokens one at a time, as plain decoding would, up to the first that ends the
-        request (a stop string, a stop token or max_tokens); returns what was kept.
+        request (a stop string, a stop token or max_tokens); returns what was kept. logprobs: each token's
+        packed log-prob columns, where the request asks for them.
 
         Checking token by token is what makes a many-token round end exactly where one-token rounds
         end: with stop=["hello world", "lo"], "say hello world" stops at "lo", after "say hello".
@@ -623,9 +637,12 @@ class Engine:
         detok = self._detok(request)
         by_token = detok is not None and bool(request.params.stop)
         kept, text = [], []
-        for token in tokens:
+        for j, token in enumerate(tokens):
             kept.append(token)
             request.output_ids.append(token)
+            if request.logprobs is not None:
+                decode = self.pieces.text if request.params.detokenize and self.tokenizer is not None else None
+                request.logprobs.append(unpack(logprobs[j], token, request.params.logprobs, decode))
             if by_token and self._stop_string_hit(request, detok, token):
                 pass  # (it ended the request)
             elif token in request.stop_ids:
@@ -704,7 +721,7 @@ class Engine:
     def output_of(self, request: Request) -> RequestOutput:
         return RequestOutput(request.id, request.prompt, request.prompt_ids, list(request.output_ids),
                              self.text_of(request), request.finish_reason or "length", request.metrics,
-                             request.last_tree)
+                             request.last_tree, None if request.logprobs is None else list(request.logprobs))
 
 
 def default_budget_profile(engine: Engine) -> Path:

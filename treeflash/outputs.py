@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from treeflash.logprobs import Logprob
+
 
 def plural(n: int, word: str) -> str:
     """'1 round', '3 rounds'."""
@@ -65,3 +67,13 @@ class RequestOutput:
     finish_reason: str  # "stop" or "length"
     metrics: RequestMetrics
     last_tree: str | None = None  # the last round's tree, drawn, when the engine records trees
+    # SamplingParams.logprobs set: per generated token {token id: Logprob}, the token first, then the most likely
+    # ones (vLLM's SampleLogprobs; treeflash/logprobs.py); None otherwise.
+    logprobs: list[dict[int, Logprob]] | None = None
+
+    @property
+    def cumulative_logprob(self) -> float | None:
+        """The generated tokens' summed log-probs (with logprobs asked for), as vLLM reports it."""
+        if self.logprobs is None:
+            return None
+        return sum(entry[token].logprob for token, entry in zip(self.token_ids, self.logprobs))

@@ -24,6 +24,7 @@ from treeflash.attention import FLEX_BLOCK, FLEX_DECODE_TOKENS, SDPA_KV_BLOCK, S
     default_backend, round_layout
 from treeflash.budget import AUTO_BUDGETS, NO_DRAFT, expected_drafts
 from treeflash.kv_cache import KVCache, append_layout
+from treeflash.logprobs import emitted_logprobs, pack
 from treeflash.lookup import compact as compact_lookup, graft_lookup, keep_slots
 from treeflash.models.dflash import DFlashDrafter
 from treeflash.models.kernels import COMPILED, EAGER, pin_triton_cache_dir, prepack_cpu, projection_weights, \
@@ -323,19 +324,20 @@ class Speculator:
         each slot's length, and draw the first token of each piece that ends its prompt (`done`) from the
         logits after it with the slot's sampling row (written beforehand, `set_sampling_many`) at
         position len(prompt) (the counter key plain decoding uses); it becomes the slot's first root.
-        Returns every piece's draw [K] (an unfinished piece's is unused and written nowhere), in `out` where
-        given (the runner's buffer, outside its graphs' shared pool). Capturable: a prefill
+        Returns every piece's read-back [K, 1 (+ L)]: its draw (an unfinished piece's is unused and written
+        nowhere), then, when a request asks for log-probs, the draw's packed ones (treeflash/logprobs.py); in
+        `out` where given (the runner's buffer, outside its graphs' shared pool). Capturable: a prefill
         graph replays all of it, so admitting a request costs the host the replay and one read, not the
         ~30 eager ops of commit, lm_head and draw (benchmarks/admission)."""
         last = self.prefill_forward(batch, kv_len, real)
         self.commit_prefill(batch)
         rows = dataclasses.replace(self.sampling_rows.rows(batch.slots), flags=self.flags)
         ends = (batch.starts + batch.lengths)[:, None]
-        first = derive(self.target.logits(last)[:, None], rows, ends)[:, 0]
-        if out is not None:
-            first = out.copy_(first)
+        logits = self.target.logits(last)
+        first = derive(logits[:, None], rows, ends)[:, 0]
         self.state.bonus[batch.slots] = torch.where(batch.done, first, self.state.bonus[batch.slots])
-        return first
+        parts = [first[:, None]] + ([pack(logits, first)] if self.flags.logprobs else [])
+        return torch.cat(parts, 1) if out is None else torch.cat(parts, 1, out=out)
 
     def real_tokens(self, pieces: list[PrefillPiece]) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(batch index, token index) of the pieces' real tokens when they differ in length (padding is then
@@ -431,7 +433,7 @@ class Speculator:
         for begin in range(start, len(prompt), PREFILL_CHUNK):
             piece = PrefillPiece(slot, prompt, begin, min(begin + PREFILL_CHUNK, len(prompt)))
             first = self.prefill_and_start(self.prefill_batch([piece]), piece.end)
-        return first
+        return first[:, 0]
 
     def set_bonus(self, slot: int, token: int) -> None:
         self.state.bonus[slot] = token
@@ -523,10 +525,11 @@ class Speculator:
         lap("verify")
         derived = derive(logits, sampling, positions + 1)
         accepted = self.walk(tree, derived)
+        packed = emitted_logprobs(logits, accepted.path, accepted.emitted) if sampling.flags.logprobs else None
         lap("derive_walk")
         self.commit(accepted, features, state, cache, num_slots)
         # (before the last lap: a stage-split capture ends its graphs there)
-        rows = readback(accepted, predicted, readback_out)
+        rows = readback(accepted, predicted, packed, readback_out)
         lap("commit")
         return RoundResult(tree, accepted, predicted, clock if isinstance(clock, StageClock) else None, rows, drafted)
 
@@ -629,13 +632,17 @@ class Speculator:
         state.seq_lens.add_(accepted.accepted * state.active)
 
 
-def readback(accepted: Walk, predicted: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:
-    """What the engine reads after a round, in one int64 tensor [S, 1 + E (+ C)]: per slot the tokens
-    emitted (accepted), the emitted tokens [E] and, with the automatic budget, m(B) for each of the
-    C candidate budgets as fixed point (x PREDICTED_SCALE). Written into `out` where given."""
+def readback(accepted: Walk, predicted: torch.Tensor | None, logprobs: torch.Tensor | None = None,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+    """What the engine reads after a round, in one int64 tensor [S, 1 + E (+ C) (+ E x L)]: per slot the tokens
+    emitted (accepted), the emitted tokens [E], with the automatic budget m(B) for each of the C candidate
+    budgets as fixed point (x PREDICTED_SCALE), and when a request asks for log-probs the emitted tokens'
+    packed ones ([S, E, L], treeflash/logprobs.py). Written into `out` where given."""
     parts = [accepted.accepted[:, None], accepted.emitted]
     if predicted is not None:
         parts.append((predicted * PREDICTED_SCALE).round().long())
+    if logprobs is not None:
+        parts.append(logprobs.flatten(1))
     return torch.cat(parts, 1) if out is None else torch.cat(parts, 1, out=out)
 
 

@@ -93,7 +93,7 @@ class Captured:
 @dataclass
 class PrefillGraph:
     """One prefill key's graph (`Speculator.prefill_and_start`): replays read `batch` and write `first`
-    (each piece's first-token draw, [K], a buffer outside the pool) in place."""
+    (each piece's first-token draw and any log-probs of it, [K, 1 (+ L)], a buffer outside the pool) in place."""
 
     graph: object  # torch.cuda.CUDAGraph
     batch: PrefillBatch
@@ -256,7 +256,8 @@ class GraphRunner:
     def prefill(self, pieces: list[PrefillPiece]) -> torch.Tensor:
         """`Speculator.prefill_and_start` of the pieces (forward, commit, each finished piece's first token,
         whose sampling row must be written first), replayed from a graph where one fits, one per (padded
-        shape, sampling flags). Returns each piece's draw [k] on the device (read nothing back here)."""
+        shape, sampling flags). Returns each piece's read-back [k, 1 (+ L)] on the device: its draw, then any
+        log-probs of it (read nothing back here)."""
         sp = self.speculator
         shape = self.prefill_shape(pieces) if self.enabled else None
         if shape is None:
@@ -326,7 +327,7 @@ class GraphRunner:
         if self.log:
             _, method, b, flags = key
             name = f"ddtree:{b}" if method == "ddtree" else method
-            sampling = "greedy" if flags.all_greedy else "sampling"
+            sampling = _sampling_name(flags)
             self.log(f"captured a CUDA graph for batch <= {bucket}, {name}, {sampling} "
                      f"({time.perf_counter() - start:.1f} s)")
         return Captured(capture.graphs, capture.stages, result)
@@ -351,10 +352,14 @@ class GraphRunner:
             sp.prefill_and_start(inputs, kv_len, out=first)
         torch.cuda.synchronize()
         if self.log:
-            sampling = "greedy" if sp.flags.all_greedy else "sampling"
+            sampling = _sampling_name(sp.flags)
             self.log(f"captured a CUDA graph for prefill of {shape[0]} x {shape[1]} tokens, {sampling} "
                      f"({time.perf_counter() - start:.1f} s)")
         return PrefillGraph(capture.graphs[0], inputs, first)
+
+
+def _sampling_name(flags) -> str:
+    return ("greedy" if flags.all_greedy else "sampling") + (" with log-probs" if flags.logprobs else "")
 
 
 class _NoClock:

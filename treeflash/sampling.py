@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from treeflash.logprobs import check_logprobs
 from treeflash.transfer import to_device
 
 GREEDY_BELOW = 1e-5  # temperatures below this decode greedily
@@ -64,6 +65,9 @@ class SamplingParams:
     # False: no text is made (RequestOutput.text is ""); token ids only, which saves a host-side
     # decode per token when many requests run (training data). Stop strings need the text.
     detokenize: bool = True
+    # None: no log-probs; n: each generated token's log-prob and rank under the target's raw distribution,
+    # with the n most likely tokens' (0 <= n <= 20; treeflash/logprobs.py).
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         # numpy and torch scalars are taken (as Python numbers), bools are not.
@@ -116,6 +120,7 @@ class SamplingParams:
             raise ValueError(f"detokenize must be a bool, got {self.detokenize!r}")
         if self.stop and not self.detokenize:
             raise ValueError("stop strings need detokenize=True (they are matched in the text)")
+        self.logprobs = check_logprobs(self.logprobs)
 
     @property
     def greedy(self) -> bool:
@@ -144,6 +149,7 @@ class SamplingFlags:
     use_top_p: bool = False
     use_min_p: bool = False
     max_top_k: int = 0  # a power of two >= every row's top_k (0: no row uses top-k)
+    logprobs: bool = False  # some request asks for log-probs: rounds pack them into the read-back
 
     @staticmethod
     def of(params: list[SamplingParams]) -> "SamplingFlags":
@@ -153,7 +159,8 @@ class SamplingFlags:
         return SamplingFlags(all_greedy=all(p.greedy for p in params), use_top_k=top_k > 0,
                              use_top_p=any(p.top_p < 1 and not p.greedy for p in params),
                              use_min_p=any(p.min_p > 0 and not p.greedy for p in params),
-                             max_top_k=1 << (top_k - 1).bit_length() if top_k > 0 else 0)
+                             max_top_k=1 << (top_k - 1).bit_length() if top_k > 0 else 0,
+                             logprobs=any(p.logprobs is not None for p in params))
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException
 
 from treeflash.llm import LLM
 from treeflash.server import protocol as p
-from treeflash.server.engine_loop import EngineLoop, Event, RequestGroup, ShuttingDown
+from treeflash.server.engine_loop import EngineLoop, Event, RequestGroup, ShuttingDown, TokenLogprob
 from treeflash.server.errors import APIError, bad_request, from_validation
 from treeflash.server.frontend import Frontend, ServerConfig
 from treeflash.server.metrics import CONTENT_TYPE, ServerMetrics
@@ -195,10 +195,13 @@ async def _disconnected(request: Request) -> None:
 
 async def _collect(group: RequestGroup, fmt: _Formatter) -> dict:
     texts, reasons = [""] * fmt.num_choices, [None] * fmt.num_choices
+    logprobs: list[list | None] = [None] * fmt.num_choices
     usage = fmt.new_usage()
     try:
         async for event in group.events():
             texts[event.index] += event.text
+            if event.logprobs is not None:
+                logprobs[event.index] = (logprobs[event.index] or []) + event.logprobs
             if event.finish_reason is not None:
                 reasons[event.index] = event.finish_reason
                 fmt.count(usage, event)
@@ -206,7 +209,7 @@ async def _collect(group: RequestGroup, fmt: _Formatter) -> dict:
         raise APIError(503, str(e), type="server_error") from None
     except Exception as e:  # noqa: BLE001 (the engine failed; the server goes on)
         raise APIError(500, f"the engine failed on this request: {e}", type="server_error") from None
-    return fmt.final(texts, reasons, usage)
+    return fmt.final(texts, reasons, usage, logprobs)
 
 
 async def _stream(loop: EngineLoop, requests, fmt: _Formatter) -> AsyncIterator[str]:
@@ -217,8 +220,8 @@ async def _stream(loop: EngineLoop, requests, fmt: _Formatter) -> AsyncIterator[
             yield fmt.sse(fmt.chunk(index, role=True))
         usage = fmt.new_usage()
         async for event in group.events():
-            if event.text:
-                yield fmt.sse(fmt.chunk(event.index, text=event.text))
+            if event.text or event.logprobs:
+                yield fmt.sse(fmt.chunk(event.index, text=event.text, logprobs=event.logprobs))
             if event.finish_reason is not None:
                 fmt.count(usage, event)
                 yield fmt.sse(fmt.chunk(event.index, finish_reason=event.finish_reason))
@@ -242,6 +245,7 @@ class _Formatter:
         self.include_usage = include_usage
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
+        self.offsets = [0] * num_choices  # completions' log-probs: characters of each choice's tokens so far
 
     def new_usage(self) -> dict:
         return {"prompt_tokens": 0, "completion_tokens": 0}
@@ -254,28 +258,52 @@ class _Formatter:
     def _usage(self, usage: dict) -> p.Usage:
         return p.Usage(**usage, total_tokens=usage["prompt_tokens"] + usage["completion_tokens"])
 
-    def final(self, texts: list[str], reasons: list[str | None], usage: dict) -> dict:
+    def final(self, texts: list[str], reasons: list[str | None], usage: dict, logprobs: list[list | None]) -> dict:
         if self.chat:
-            choices = [p.ChatChoice(index=i, message=p.AssistantMessage(content=t), finish_reason=r)
-                       for i, (t, r) in enumerate(zip(texts, reasons))]
+            choices = [p.ChatChoice(index=i, message=p.AssistantMessage(content=t), finish_reason=r,
+                                    logprobs=self._logprobs(i, lp)) for i, (t, r, lp) in enumerate(zip(texts, reasons,
+                                                                                                        logprobs))]
             body = p.ChatCompletion(id=self.id, created=self.created, model=self.model, choices=choices,
                                     usage=self._usage(usage))
         else:
-            choices = [p.CompletionChoice(index=i, text=t, finish_reason=r) for i, (t, r) in enumerate(zip(texts, reasons))]
+            choices = [p.CompletionChoice(index=i, text=t, finish_reason=r, logprobs=self._logprobs(i, lp))
+                       for i, (t, r, lp) in enumerate(zip(texts, reasons, logprobs))]
             body = p.Completion(id=self.id, created=self.created, model=self.model, choices=choices,
                                 usage=self._usage(usage))
         return body.model_dump()
 
-    def chunk(self, index: int, text: str = "", role: bool = False, finish_reason: str | None = None) -> dict:
+    def _logprobs(self, index: int, entries: list[TokenLogprob] | None):
+        """OpenAI's logprobs object of a choice's tokens (None where none were asked for): chat's content list,
+        or the completions endpoint's parallel lists, whose text offsets go on from the choice's last ones."""
+        if entries is None:
+            return None
+        if self.chat:
+            return p.ChatLogprobs(content=[p.ChatTokenLogprob(
+                token=e.token, logprob=e.logprob, bytes=e.bytes,
+                top_logprobs=[p.TopLogprob(token=t, logprob=lp, bytes=b) for t, lp, b in e.top]) for e in entries])
+        offsets = []
+        for e in entries:
+            offsets.append(self.offsets[index])
+            self.offsets[index] += len(e.token)
+        # (vLLM's dict: the most likely tokens and the generated one; tokens of equal text share a key)
+        tops = [{t: lp for t, lp, _ in e.top} | {e.token: e.logprob} for e in entries]
+        return p.CompletionLogprobs(text_offset=offsets, token_logprobs=[e.logprob for e in entries],
+                                    tokens=[e.token for e in entries], top_logprobs=tops)
+
+    def chunk(self, index: int, text: str = "", role: bool = False, finish_reason: str | None = None,
+              logprobs: list[TokenLogprob] | None = None) -> dict:
         if self.chat:
             delta = p.Delta(role="assistant", content="") if role else p.Delta(content=text) if text else p.Delta()
-            choice = p.ChatChunkChoice(index=index, delta=delta, logprobs=None, finish_reason=finish_reason)
+            if logprobs and not text and not role:
+                delta = p.Delta(content="")  # (tokens whose text is still held back: their entries go now)
+            choice = p.ChatChunkChoice(index=index, delta=delta, finish_reason=finish_reason)
             body = p.ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[choice])
         else:
-            choice = p.CompletionChoice(index=index, text=text, logprobs=None, finish_reason=finish_reason)
+            choice = p.CompletionChoice(index=index, text=text, finish_reason=finish_reason)
             body = p.Completion(id=self.id, created=self.created, model=self.model, choices=[choice])
         out = body.model_dump(exclude_none=True)
-        out["choices"][0].update(logprobs=None, finish_reason=finish_reason)
+        out["choices"][0].update(logprobs=self._logprobs(index, logprobs).model_dump() if logprobs else None,
+                                 finish_reason=finish_reason)
         if self.include_usage:
             out["usage"] = None  # OpenAI's convention: every chunk but the last has usage null
         return out

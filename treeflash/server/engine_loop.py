@@ -29,6 +29,17 @@ class ShuttingDown(RuntimeError):
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token's log-prob entry as OpenAI shows it: its text and bytes, its log-prob and the
+    most likely tokens' (text, log-prob, bytes), most likely first."""
+
+    token: str
+    logprob: float
+    bytes: list[int]
+    top: list[tuple[str, float, list[int]]]
+
+
+@dataclass(frozen=True)
 class Event:
     """New text for one choice of an HTTP call; the last event of a choice has its finish reason."""
 
@@ -37,6 +48,9 @@ class Event:
     finish_reason: str | None
     prompt_tokens: int
     completion_tokens: int
+    # With log-probs asked for: the entries of the tokens generated since the last event (their text may
+    # still be held back, `Engine.text_delta`; over a choice's events they cover every generated token)
+    logprobs: list[TokenLogprob] | None = None
 
 
 class RequestGroup:
@@ -67,6 +81,7 @@ class _Tracked:
     index: int
     sent: int = 0  # characters of text already sent
     tokens: int = 0  # output tokens already seen
+    logprobs: int = 0  # log-prob entries already sent
     rounds: int = 0  # acceptance lengths already recorded
     last_time: float = 0.0
 
@@ -165,13 +180,28 @@ class EngineLoop:
             self._record_tokens(request, tracked, now)
             text = self.engine.text_delta(request, tracked.sent)
             tracked.sent += len(text)
-            if text or request.finished:
+            logprobs = self._new_logprobs(request, tracked)
+            if text or logprobs or request.finished:
                 events.append((tracked.group, Event(tracked.index, text, request.finish_reason,
-                                                    len(request.prompt_ids), len(request.output_ids))))
+                                                    len(request.prompt_ids), len(request.output_ids), logprobs)))
             if request.finished:
                 self._forget(request, now)
         self._set_gauges()
         self._deliver(events)
+
+    def _new_logprobs(self, request: Request, tracked: _Tracked) -> list[TokenLogprob] | None:
+        """The entries of the tokens whose log-probs were not sent yet (None where none were asked for). Made
+        here, on the engine thread, whose tokenizer they decode with."""
+        if request.logprobs is None:
+            return None
+        pieces, top = self.engine.pieces, request.params.logprobs
+        out = []
+        for token, entry in zip(request.output_ids[tracked.logprobs:], request.logprobs[tracked.logprobs:]):
+            best = sorted(entry.items(), key=lambda item: (item[1].rank, -item[1].logprob))[:top]
+            out.append(TokenLogprob(pieces.text(token), entry[token].logprob, pieces.bytes(token),
+                                    [(pieces.text(t), lp.logprob, pieces.bytes(t)) for t, lp in best]))
+        tracked.logprobs += len(out)
+        return out
 
     def _record_tokens(self, request: Request, tracked: _Tracked, now: float) -> None:
         m, new = self.metrics, len(request.output_ids) - tracked.tokens

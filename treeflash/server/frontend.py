@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from treeflash.checkpoint import load_tokenizer
 from treeflash.engine import Request
 from treeflash.llm import LLM
+from treeflash.logprobs import MAX_LOGPROBS
 from treeflash.sampling import SamplingParams
 from treeflash.server.errors import APIError, bad_request
 from treeflash.server.protocol import (CHAT_UNSUPPORTED, COMPLETION_UNSUPPORTED, UNSUPPORTED, ChatCompletionRequest,
@@ -83,9 +84,6 @@ class Frontend:
         self.check_model(body.model)
         if body.stream_options is not None and not body.stream:
             raise bad_request("stream_options is only allowed with stream: true", param="stream_options")
-        # logprobs 0 too: on /v1/completions it asks for the sampled tokens' logprobs.
-        if (body.logprobs is not None and body.logprobs is not False) or body.top_logprobs not in (None, 0):
-            raise bad_request("logprobs are not supported", param="logprobs", code="unsupported")
         for name, value in (body.model_extra or {}).items():
             neutral = endpoint_unsupported.get(name, UNSUPPORTED.get(name))
             if neutral is not None and value is not None and not _same(value, neutral):
@@ -134,7 +132,7 @@ class Frontend:
             if max_tokens is not None and max_tokens > room:
                 raise bad_request(f"the prompt has {len(p.ids)} tokens and {max_tokens} more were asked for; "
                                   f"this model's context is {limit} tokens", param="max_tokens", code=CONTEXT)
-            base = self._sampling(body, max_tokens or default_max_tokens or room)
+            base = self._sampling(body, max_tokens or default_max_tokens or room, self._logprobs(body))
             for j in range(body.n):  # n choices = n requests; a seeded call gives choice j seed + j
                 params.append(base if body.seed is None else dataclasses.replace(base, seed=body.seed + j))
         ids = [p.ids for p in prompts for _ in range(body.n)]
@@ -145,7 +143,30 @@ class Frontend:
             field = str(e).split(" ", 1)[0]
             raise bad_request(str(e), param=field if field in SamplingFields.model_fields else None) from None
 
-    def _sampling(self, body: SamplingFields, max_tokens: int) -> SamplingParams:
+    @staticmethod
+    def _logprobs(body: SamplingFields) -> int | None:
+        """SamplingParams.logprobs from OpenAI's fields: chat's logprobs (a bool) and top_logprobs, or the
+        completions endpoint's logprobs (how many of the most likely tokens; 0: the generated one alone)."""
+        chat = isinstance(body, ChatCompletionRequest)
+        value, top = body.logprobs, body.top_logprobs
+        if chat:
+            if value is not None and not isinstance(value, bool):
+                raise bad_request(f"logprobs must be true or false here (top_logprobs says how many), got {value!r}",
+                                  param="logprobs")
+            if top is not None and not 0 <= top <= MAX_LOGPROBS:
+                raise bad_request(f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {top}", param="top_logprobs")
+            if top and not value:
+                raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
+            return (top or 0) if value else None
+        if top is not None:
+            raise bad_request("top_logprobs belongs to /v1/chat/completions; here logprobs says how many",
+                              param="top_logprobs")
+        if isinstance(value, bool) or (value is not None and not 0 <= value <= MAX_LOGPROBS):
+            raise bad_request(f"logprobs must be an integer in [0, {MAX_LOGPROBS}] here, got {value!r}",
+                              param="logprobs")
+        return value
+
+    def _sampling(self, body: SamplingFields, max_tokens: int, logprobs: int | None = None) -> SamplingParams:
         try:
             return SamplingParams(
                 temperature=1.0 if body.temperature is None else body.temperature,
@@ -153,7 +174,7 @@ class Frontend:
                 top_k=-1 if body.top_k in (None, 0) else body.top_k,  # 0 = off, as vLLM
                 min_p=0.0 if body.min_p is None else body.min_p,
                 max_tokens=max_tokens, seed=body.seed, stop=body.stop, stop_token_ids=body.stop_token_ids,
-                ignore_eos=body.ignore_eos)
+                ignore_eos=body.ignore_eos, logprobs=logprobs)
         except ValueError as e:
             raise bad_request(str(e), param=str(e).split(" ", 1)[0]) from None
 

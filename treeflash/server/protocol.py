@@ -2,7 +2,7 @@
 
 Requests are parsed in strict mode: a string where a number belongs, a bool where an integer belongs
 or a NaN is an error, not a coercion. Unknown fields are ignored (clients send many optional ones);
-fields this server cannot honour (logprobs, penalties, tools, and vLLM's extensions in `UNSUPPORTED`)
+fields this server cannot honour (penalties, tools, prompt log-probs and vLLM's extensions in `UNSUPPORTED`)
 are refused by name in `frontend.py` unless left at a value that changes nothing.
 """
 
@@ -87,7 +87,7 @@ class SamplingFields(_Request):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None  # accepted and ignored, as OpenAI's abuse-tracking tag
-    # Known but not supported: refused unless left at their neutral values (and those in UNSUPPORTED).
+    # Chat: logprobs true / false and top_logprobs 0..20; completions: logprobs 0..20 (`Frontend._logprobs`).
     logprobs: bool | int | None = None
     top_logprobs: int | None = None
 
@@ -134,10 +134,35 @@ class Usage(BaseModel):
     total_tokens: int
 
 
+class CompletionLogprobs(BaseModel):
+    """The completions endpoint's (legacy) format: per token its text, log-prob, the most likely tokens'
+    {text: log-prob} and its character offset in the choice's text."""
+
+    text_offset: list[int]
+    token_logprobs: list[float]
+    tokens: list[str]
+    top_logprobs: list[dict[str, float]]
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob] | None
+    refusal: None = None
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None
 
 
@@ -158,7 +183,7 @@ class AssistantMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None
 
 
@@ -179,7 +204,7 @@ class Delta(BaseModel):
 class ChatChunkChoice(BaseModel):
     index: int
     delta: Delta
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
 
 
