@@ -37,14 +37,17 @@ class Logprob:
 def pack(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """logits [..., V], tokens [...] (the token drawn from each row) -> int64 [..., COLUMNS]: the token's
     log-prob, its rank and the top MAX_LOGPROBS (ids, then log-probs; a vocabulary smaller than that pads
-    with id -1). Log-probs are float32 log_softmax values carried as float64 bits. Fixed shapes, no host
+    with id -1). Log-probs are float32 (logit - logsumexp) carried as float64 bits. Fixed shapes, no host
     read: capturable in a CUDA graph."""
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
-    chosen = logprobs.gather(-1, tokens[..., None].long())
-    rank = (logprobs >= chosen).sum(-1, keepdim=True)
-    k = min(MAX_LOGPROBS, logprobs.shape[-1])
-    top = logprobs.topk(k, dim=-1)
-    ids, values = top.indices, top.values
+    # On the logits themselves, less their log-sum-exp: no vocabulary-wide log_softmax is written, and ranks
+    # compare the logits (which subtracting the same number could only tie, never reorder).
+    x = logits.float()
+    lse = torch.logsumexp(x, dim=-1, keepdim=True)
+    picked = x.gather(-1, tokens[..., None].long())
+    rank = (x >= picked).sum(-1, keepdim=True)
+    k = min(MAX_LOGPROBS, x.shape[-1])
+    top = x.topk(k, dim=-1)
+    chosen, ids, values = picked - lse, top.indices, top.values - lse
     if k < MAX_LOGPROBS:
         pad = (*ids.shape[:-1], MAX_LOGPROBS - k)
         ids = torch.cat([ids, ids.new_full(pad, -1)], -1)
