@@ -56,6 +56,8 @@ def cases(model: str, context: int) -> list[tuple[str, str, str, object, dict | 
         ("unknown model", "POST", "chat/completions", {"model": "gpt-4o", "messages": chat}, None),
         ("top_logprobs 21 (at most 20)", "POST", "chat/completions",
          {"model": model, "messages": chat, "logprobs": True, "top_logprobs": 21}, None),
+        ("presence_penalty 3 (at most 2)", "POST", "chat/completions",
+         {"model": model, "messages": chat, "presence_penalty": 3}, None),
         ("prompt_logprobs (unsupported)", "POST", "completions", {"model": model, "prompt": "x", "prompt_logprobs": 1},
          None),
         ("stream_options without stream", "POST", "chat/completions",

@@ -19,11 +19,12 @@ E. graphed == eager (float32): the same requests (greedy and seeded sampling, mi
    Graphed runs overlap their rounds (the engine's default there); one more run puts the four requests
    through two slots, so requests end and slots are reused while a round for them is in flight.
 F. no host synchronisation inside a replayed round (set_sync_debug_mode("error") around replays; the methods of C).
-L. log-probs (SamplingParams.logprobs): a batch mixing requests that ask for them and requests that do not gives
-   the tokens of the same batch asking for none, graphed and eager alike, and graphed log-probs equal eager ones
-   (float32, none / dflash / ddtree / ddtree + lookup); they match transformers' log_softmax over prompt + output;
-   replayed rounds with them run without host sync; with --logprobs-timings SHAPES, graphed rounds with and
-   without them (batch 1 and 8, AR step and DDTree-64, context 1024).
+L. log-probs and penalties (float32, none / dflash / ddtree / ddtree + lookup, mixed batches): asking for
+   log-probs changes no token, graphed == eager, graphed log-probs equal eager ones and match transformers'
+   log_softmax over prompt + output; with penalties graphed == eager, requests without them keep their tokens,
+   penalised greedy equals plain decoding's (and transformers' repetition penalty); replayed rounds with either
+   run without host sync; with --logprobs-timings SHAPES, graphed rounds without / with log-probs / with
+   penalties (batch 1 and 8, AR step and DDTree-64, context 1024).
 P. graphs sharing one memory pool: rounds hop between graphs (buckets, budgets 0-256, one pool, one capture
    stream) and equal the same rounds run eagerly; a round's read-back survives other graphs' replays; graphs
    captured one per stage (time_stages) write no tensor made after them.
@@ -40,6 +41,7 @@ G. with --timings: per-round milliseconds, eager vs graphed, at the SmolLM2-135M
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -156,13 +158,12 @@ def check_no_sync(target: Path, drafter: Path, attention: str = "flex") -> dict:
     return results
 
 
-def mixed_speculator(llm: LLM, attention: str | None, capacity: int = 256, logprobs: int | None = None
-                     ) -> Speculator:
+def mixed_speculator(llm: LLM, attention: str | None, capacity: int = 256, **extra) -> Speculator:
     """Four slots of a fresh speculator: greedy, fully filtered sampling, plain sampling, greedy (the second
-    asking for `logprobs`)."""
+    with `extra` SamplingParams fields: log-probs, penalties)."""
     speculator = Speculator(llm.model, llm.drafter, llm.spec, slots=4, capacity=capacity, time_stages=False,
                             attention=attention)
-    params = [greedy(8), SamplingParams(temperature=0.7, top_k=20, top_p=0.9, min_p=0.05, seed=1, logprobs=logprobs),
+    params = [greedy(8), SamplingParams(temperature=0.7, top_k=20, top_p=0.9, min_p=0.05, seed=1, **extra),
               SamplingParams(temperature=1.0, seed=2), greedy(8)]
     for slot, (prompt, p) in enumerate(zip(PROMPTS + PROMPTS[:1], params)):
         speculator.admit(slot, prompt, p, seed=slot)
@@ -346,66 +347,82 @@ def check_logprobs(target: Path, drafter: Path, attention: str | None, shapes: l
     prompts = PROMPTS + [[11, 13, 17, 19, 23]]
     plain = [SamplingParams(temperature=0.8, top_p=0.9, max_tokens=30, seed=1234, ignore_eos=True), greedy(40),
              greedy(33), SamplingParams(temperature=1.0, min_p=0.05, max_tokens=25, seed=7, ignore_eos=True)]
-    asked = [SamplingParams(**{**plain[0].__dict__, "logprobs": 5}), plain[1],
-             SamplingParams(**{**plain[2].__dict__, "logprobs": 0}), plain[3]]
+    asked = [dataclasses.replace(plain[0], logprobs=5), plain[1], dataclasses.replace(plain[2], logprobs=0), plain[3]]
+    penalties = dict(repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.3)
+    penalised = [dataclasses.replace(plain[0], **penalties), dataclasses.replace(plain[1], **penalties), plain[2],
+                 plain[3]]
     hf = None
+    reference = None
     for spec, budget, ngram in [("none", 64, 0), ("dflash", 64, 0), ("ddtree", 16, 0), ("ddtree", 64, 6)]:
         outs = {}
-        for graphs, params in ((True, plain), (True, asked), (False, asked)):
+        for graphs, params in ((True, plain), (True, asked), (False, asked), (True, penalised), (False, penalised)):
             llm = LLM(target, device=DEVICE, dtype="float32", draft_model=None if spec == "none" else drafter,
                       spec=spec, max_num_seqs=4, cuda_graphs=graphs, attention=attention, ngram_tokens=ngram,
                       **({"tree_budget": budget} if spec == "ddtree" else {}))
-            outs[graphs, params is asked] = llm.generate(prompt_token_ids=prompts, sampling_params=params,
-                                                         use_tqdm=False)
+            outs[graphs, id(params)] = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
         name = f"{spec}-{budget}" + (f" + lookup {ngram}" if ngram else "")
         tokens = {k: [o.token_ids for o in v] for k, v in outs.items()}
-        results[f"{name}: asking for log-probs changes no token (graphed)"] = tokens[True, True] == tokens[True, False]
-        results[f"{name}: graphed == eager with log-probs"] = tokens[True, True] == tokens[False, True]
-        diff = max(abs(a[t].logprob - b[t].logprob) for i in (0, 2) for o, r in [(outs[True, True][i], outs[False, True][i])]
-                   for a, b, t in zip(o.logprobs, r.logprobs, o.token_ids))
+        a, p = id(asked), id(penalised)
+        results[f"{name}: asking for log-probs changes no token (graphed)"] = tokens[True, a] == tokens[True, id(plain)]
+        results[f"{name}: graphed == eager with log-probs"] = tokens[True, a] == tokens[False, a]
+        diff = max(abs(x[t].logprob - y[t].logprob) for i in (0, 2) for o, r in [(outs[True, a][i], outs[False, a][i])]
+                   for x, y, t in zip(o.logprobs, r.logprobs, o.token_ids))
         results[f"{name}: graphed log-probs within 1e-5 of eager (max {diff:.1e})"] = diff <= 1e-5
         results[f"{name}: log-probs only where asked, one per token"] = (
-            [o.logprobs is None for o in outs[True, True]] == [False, True, False, True]
-            and all(len(o.logprobs) == len(o.token_ids) for o in outs[True, True][::2]))
+            [o.logprobs is None for o in outs[True, a]] == [False, True, False, True]
+            and all(len(o.logprobs) == len(o.token_ids) for o in outs[True, a][::2]))
         if hf is None:
             from transformers import AutoModelForCausalLM
 
             hf = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).to(DEVICE).eval()
         worst = 0.0
-        for prompt, out in zip(prompts[::2], outs[True, True][::2]):
+        for prompt, out in zip(prompts[::2], outs[True, a][::2]):
             with torch.no_grad():
                 ref = torch.log_softmax(hf(torch.tensor([prompt + out.token_ids], device=DEVICE)).logits[0].float(), -1)
             worst = max(worst, max(abs(e[t].logprob - ref[len(prompt) - 1 + j, t].item())
                                    for j, (t, e) in enumerate(zip(out.token_ids, out.logprobs))))
         results[f"{name}: log-probs within 1e-3 of transformers (max {worst:.1e})"] = worst <= 1e-3
+        # Penalties: graphed == eager; the unpenalised requests keep their tokens; greedy ones equal plain decoding's.
+        results[f"{name}: graphed == eager with penalties"] = tokens[True, p] == tokens[False, p]
+        results[f"{name}: requests without penalties keep their tokens"] = tokens[True, p][2:] == tokens[True, id(plain)][2:]
+        reference = reference or tokens[True, p]
+        results[f"{name}: penalised greedy (graphed) == none's"] = tokens[True, p][1] == reference[1]
+        if spec == "none":
+            want = hf.generate(torch.tensor([prompts[1]], device=DEVICE), max_new_tokens=40, do_sample=False,
+                               repetition_penalty=1.3, pad_token_id=0)[0, len(prompts[1]):].tolist()
+            alone = LLM(target, device=DEVICE, dtype="float32").generate(
+                prompt_token_ids=[prompts[1]], sampling_params=dataclasses.replace(plain[1], repetition_penalty=1.3),
+                use_tqdm=False)[0].token_ids
+            results["none: repetition-penalty greedy (graphed) == transformers"] = alone == want
     if DEVICE == "cuda":
-        llm = LLM(target, device=DEVICE, dtype="float32", draft_model=drafter, spec="ddtree", tree_budget=16,
-                  time_stages=False)
-        speculator = mixed_speculator(llm, attention=attention, logprobs=3)
-        runner = GraphRunner(speculator, log=None)
-        runner.round(4)
-        torch.cuda.synchronize()
-        ok = True
-        try:
-            torch.cuda.set_sync_debug_mode("error")
-            for _ in range(3):
-                runner.round(4)
-        except RuntimeError as e:
-            ok = f"sync inside a round: {e}"
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-        results["ddtree-16 with log-probs: 3 replays without host sync"] = ok
-    for name in shapes:  # graphed round times with and without log-probs (informational)
+        for what, extra in (("log-probs", {"logprobs": 3}), ("penalties", penalties)):
+            llm = LLM(target, device=DEVICE, dtype="float32", draft_model=drafter, spec="ddtree", tree_budget=16,
+                      time_stages=False)
+            speculator = mixed_speculator(llm, attention=attention, **extra)
+            runner = GraphRunner(speculator, log=None)
+            runner.round(4)
+            torch.cuda.synchronize()
+            ok = True
+            try:
+                torch.cuda.set_sync_debug_mode("error")
+                for _ in range(3):
+                    runner.round(4)
+            except RuntimeError as e:
+                ok = f"sync inside a round: {e}"
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            results[f"ddtree-16 with {what}: 3 replays without host sync"] = ok
+    for name in shapes:  # graphed round times without / with log-probs / with penalties (informational)
         target_model, drafter_model = build_shape(name)
         for batch in (1, 8):
             for method, budget in (("none", 64), ("ddtree", 64)):
                 sp = filled_speculator(target_model, drafter_model, SpecConfig(method, budget), batch, 1024, attention)
                 row = {}
-                for logprobs in (None, 5):
-                    sp.set_sampling_many(list(range(batch)), [SamplingParams(temperature=0, logprobs=logprobs)] * batch,
-                                         [0] * batch)
-                    row["with" if logprobs else "without"] = round(1e3 * GraphRunner(sp, log=None).time_round(batch, 10), 3)
-                results[f"{name} batch {batch} {method}-{budget}: graphed ms without / with log-probs"] = str(row)
+                for what, extra in (("plain", {}), ("log-probs", {"logprobs": 5}), ("penalties", penalties)):
+                    sp.set_sampling_many(list(range(batch)), [SamplingParams(temperature=0, **extra)] * batch,
+                                         [0] * batch, [[1, 2, 3]] * batch)
+                    row[what] = round(1e3 * GraphRunner(sp, log=None).time_round(batch, 10), 3)
+                results[f"{name} batch {batch} {method}-{budget}: graphed ms"] = str(row)
                 del sp
                 torch.cuda.empty_cache()
         del target_model, drafter_model
@@ -680,7 +697,7 @@ def main() -> int:
             run("E. CUDA graphs == eager", check_graphs_equal_eager, targets["qwen3"], drafter,
                 tuple(args.attentions.split(",")))
         if "L" in args.sections:
-            run("L. log-probs", check_logprobs, targets["qwen3"], drafter, None,
+            run("L. log-probs and penalties", check_logprobs, targets["qwen3"], drafter, None,
                 [s for s in args.logprobs_timings.split(",") if s] if cuda else [])
         if "P" in args.sections:
             run("P. graphs sharing one memory pool", check_shared_pool, targets["qwen3"], drafter)

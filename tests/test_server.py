@@ -220,6 +220,16 @@ def test_chat_log_probs_with_top_alternatives_and_their_bytes(client, offline):
     assert plain.choices[0].logprobs is None
 
 
+def test_penalties_give_the_offline_tokens(client, offline):
+    penalties = {"presence_penalty": 1.0, "frequency_penalty": 0.5, "repetition_penalty": 1.3}
+    want = offline.generate("the tree", greedy(24, ignore_eos=True, **penalties))[0]
+    got = client.completions.create(model=NAME, prompt="the tree", max_tokens=24, temperature=0,
+                                    presence_penalty=1.0, frequency_penalty=0.5,
+                                    extra_body={"ignore_eos": True, "repetition_penalty": 1.3})
+    assert got.choices[0].text == want.text
+    assert want.text != offline.generate("the tree", greedy(24, ignore_eos=True))[0].text
+
+
 def test_stop_string_cuts_the_text_streamed_or_not(client, offline):
     free = offline.generate("pine", greedy(60, ignore_eos=True))[0].text
     stop = free[25:28]
@@ -303,8 +313,9 @@ BAD = [  # (route, body, status, param)
     ("completions", {"model": NAME, "prompt": "x", "min_tokens": 5}, 400, "min_tokens"),
     ("completions", {"model": NAME, "prompt": "x", "include_stop_str_in_output": True}, 400,
      "include_stop_str_in_output"),
-    ("completions", {"model": NAME, "prompt": "x", "repetition_penalty": 1.2}, 400, "repetition_penalty"),
-    ("completions", {"model": NAME, "prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty"),
+    ("completions", {"model": NAME, "prompt": "x", "repetition_penalty": 0}, 400, "repetition_penalty"),
+    ("completions", {"model": NAME, "prompt": "x", "presence_penalty": 2.5}, 400, "presence_penalty"),
+    ("chat/completions", {"model": NAME, "messages": CHAT, "frequency_penalty": "1"}, 400, "frequency_penalty"),
     ("chat/completions", {"model": NAME, "messages": CHAT, "logit_bias": {"5": 1.0}}, 400, "logit_bias"),
     ("completions", {"model": NAME, "prompt": "x", "guided_choice": ["a", "b"]}, 400, "guided_choice"),
     ("chat/completions", {"model": NAME, "messages": CHAT, "tool_choice": "required"}, 400, "tool_choice"),

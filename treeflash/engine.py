@@ -548,7 +548,7 @@ class Engine:
             ready = [group[i][0] for i in done]
             if ready:  # their sampling rows, which the forward's first-token draw reads
                 self.speculator.set_sampling_many([r.slot for r in ready], [r.params for r in ready],
-                                                  [r.seed for r in ready])
+                                                  [r.seed for r in ready], [r.prompt_ids for r in ready])
             # The forward, each slot's commit and every finished prompt's first token: one graph replay on
             # a GPU (Speculator.prefill_and_start); the tokens' read-back is the step's wait for it.
             drawn = self.runner.prefill([PrefillPiece(r.slot, r.prompt_ids, s, e) for r, s, e in group])

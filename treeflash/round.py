@@ -26,6 +26,7 @@ from treeflash.budget import AUTO_BUDGETS, NO_DRAFT, expected_drafts
 from treeflash.kv_cache import KVCache, append_layout
 from treeflash.logprobs import emitted_logprobs, pack
 from treeflash.lookup import compact as compact_lookup, graft_lookup, keep_slots
+from treeflash.penalties import PenaltyCounts, penalize
 from treeflash.models.dflash import DFlashDrafter
 from treeflash.models.kernels import COMPILED, EAGER, pin_triton_cache_dir, prepack_cpu, projection_weights, \
     use_fast_path
@@ -240,6 +241,9 @@ class Speculator:
         # Static sampling rows, written at admission; the flags follow the running requests.
         self.slot_params: list[SamplingParams | None] = [None] * slots
         self.sampling_rows = SamplingTensors.build([IDLE] * slots, [0] * slots, self.device)
+        # Generated-token counts and prompt tokens per slot, made when a request with a penalty first comes
+        # (treeflash/penalties.py); rounds read and update them only while such a request runs (`flags`).
+        self.penalty_counts: PenaltyCounts | None = None
         self._flags: SamplingFlags | None = SamplingFlags()  # None: stale, recomputed at next read
         self.auto_budgets = torch.tensor(AUTO_BUDGETS, device=self.device)
 
@@ -269,9 +273,11 @@ class Speculator:
 
     # --- sampling rows ---------------------------------------------------------------------------
     def set_sampling_many(self, slots: list[int], params: list[SamplingParams | None],
-                          seeds: list[int]) -> SamplingTensors:
+                          seeds: list[int], prompts: list[list[int]] | None = None) -> SamplingTensors:
         """Write requests' sampling parameters into their slots' static rows (None: the slot is free) and
-        mark the flags stale (recomputed once, when a round reads them); returns the requests' rows."""
+        mark the flags stale (recomputed once, when a round reads them); returns the requests' rows.
+        prompts: the requests' prompts, which a repetition penalty counts as seen (where any has a penalty;
+        None: no prompt token counts)."""
         rows = SamplingTensors.build([p or IDLE for p in params], seeds, self.device)
         index = to_device(slots, self.device, torch.long)
         for f in dataclasses.fields(SamplingTensors):
@@ -280,6 +286,11 @@ class Speculator:
                 getattr(self.sampling_rows, f.name).index_copy_(0, index, value)
         for slot, p in zip(slots, params):
             self.slot_params[slot] = p
+        if self.penalty_counts is None and any(p is not None and p.penalized for p in params):
+            self.penalty_counts = PenaltyCounts.new(self.slots, self.target.config.vocab_size, self.device)
+        if self.penalty_counts is not None:
+            self.penalty_counts.start(slots, [prompt if p is not None and p.penalized else None
+                                              for p, prompt in zip(params, prompts or [None] * len(slots))])
         self._flags = None  # recomputed when a round reads them: once per round, not per request
         return rows
 
@@ -334,7 +345,12 @@ class Speculator:
         rows = dataclasses.replace(self.sampling_rows.rows(batch.slots), flags=self.flags)
         ends = (batch.starts + batch.lengths)[:, None]
         logits = self.target.logits(last)
-        first = derive(logits[:, None], rows, ends)[:, 0]
+        counts = self._counts(self.flags)
+        penalized = logits[:, None] if counts is None else penalize(
+            logits[:, None], rows.repetition, rows.frequency, rows.presence, None, counts.prompt[batch.slots])
+        first = derive(penalized, rows, ends)[:, 0]
+        if counts is not None:
+            counts.first(batch.slots, batch.done, first)
         self.state.bonus[batch.slots] = torch.where(batch.done, first, self.state.bonus[batch.slots])
         parts = [first[:, None]] + ([pack(logits, first)] if self.flags.logprobs else [])
         return torch.cat(parts, 1) if out is None else torch.cat(parts, 1, out=out)
@@ -429,7 +445,7 @@ class Speculator:
         and draw its first token (the first round's root), as the engine admits a request
         (`prefill_and_start`, eagerly, a chunk at a time). Returns it as a [1] device tensor.
         """
-        self.set_sampling_many([slot], [params], [seed])
+        self.set_sampling_many([slot], [params], [seed], [prompt])
         for begin in range(start, len(prompt), PREFILL_CHUNK):
             piece = PrefillPiece(slot, prompt, begin, min(begin + PREFILL_CHUNK, len(prompt)))
             first = self.prefill_and_start(self.prefill_batch([piece]), piece.end)
@@ -523,11 +539,15 @@ class Speculator:
         positions = state.seq_lens[:, None] + tree.depths
         logits, features = self.verify(tree, positions, state, cache, layout)
         lap("verify")
-        derived = derive(logits, sampling, positions + 1)
+        counts = self._counts(sampling.flags)
+        derived = derive(logits if counts is None else self.penalize(logits, tree, sampling, counts, num_slots),
+                         sampling, positions + 1)
         accepted = self.walk(tree, derived)
         packed = emitted_logprobs(logits, accepted.path, accepted.emitted) if sampling.flags.logprobs else None
         lap("derive_walk")
         self.commit(accepted, features, state, cache, num_slots)
+        if counts is not None:
+            counts.add(accepted.emitted, accepted.accepted)
         # (before the last lap: a stage-split capture ends its graphs there)
         rows = readback(accepted, predicted, packed, readback_out)
         lap("commit")
@@ -596,6 +616,22 @@ class Speculator:
         rows, mask = (layout or self.layout)(state.seq_lens, self.ancestor_mask(tree))
         hidden, features = self.target(tree.tokens, positions, cache, rows, mask, self.capture)
         return self.target.logits(hidden), self.drafter.context_features(self.target, features) if features else None
+
+    def _counts(self, flags: SamplingFlags) -> PenaltyCounts | None:
+        """The penalty counts where a running request has a penalty (host-known flags: no device read)."""
+        if not flags.use_penalties:
+            return None
+        if self.penalty_counts is None:  # (sampling rows passed to `round` without set_sampling_many)
+            raise ValueError("penalties need the slots' token counts: write the requests' rows with "
+                             "set_sampling_many first")
+        return self.penalty_counts
+
+    def penalize(self, logits: torch.Tensor, tree: DraftTree, sampling: SamplingTensors, counts: PenaltyCounts,
+                 num_slots: int) -> torch.Tensor:
+        """Every node's logits under its request's penalties, counting the output so far and the node's own
+        drafted path (treeflash/penalties.py): what plain decoding would penalise at that position."""
+        return penalize(logits, sampling.repetition, sampling.frequency, sampling.presence,
+                        counts.output[:num_slots], counts.prompt[:num_slots], tree.tokens, self.ancestor_mask(tree))
 
     def ancestor_mask(self, tree: DraftTree) -> torch.Tensor:
         """The verify mask: `tree.ancestor_mask`, or on CUDA the same in one Triton launch."""

@@ -367,10 +367,15 @@ class _NoClock:
         pass
 
 
-def _save(sp: Speculator) -> tuple[torch.Tensor, torch.Tensor]:
-    return sp.state.seq_lens.clone(), sp.state.bonus.clone()
+def _save(sp: Speculator) -> tuple:
+    """What a warm-up round changes for real and must give back: the slots' lengths and roots, and the
+    generated-token counts penalties keep (a round adds what it emits)."""
+    counts = sp.penalty_counts.output.clone() if sp.penalty_counts is not None else None
+    return sp.state.seq_lens.clone(), sp.state.bonus.clone(), counts
 
 
-def _restore(sp: Speculator, saved: tuple[torch.Tensor, torch.Tensor]) -> None:
+def _restore(sp: Speculator, saved: tuple) -> None:
     sp.state.seq_lens.copy_(saved[0])
     sp.state.bonus.copy_(saved[1])
+    if saved[2] is not None:
+        sp.penalty_counts.output.copy_(saved[2])

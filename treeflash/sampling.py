@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+import dataclasses
 import random
 from dataclasses import dataclass
 
@@ -37,6 +38,11 @@ GREEDY_BELOW = 1e-5  # temperatures below this decode greedily
 @dataclass
 class SamplingParams:
     """How to sample one request (vLLM conventions). temperature=0 (or below 1e-5) means greedy.
+
+    First, on the logits (vLLM's penalties, treeflash/penalties.py): repetition_penalty (> 0; 1 = off)
+    divides positive logits of tokens in the prompt or the output by it and multiplies the others;
+    frequency_penalty (in [-2, 2]) subtracts it times the token's count in the output; presence_penalty (in
+    [-2, 2]) subtracts it from tokens in the output. They apply to greedy requests too.
 
     The filters follow vLLM's v1 sampler, in its order:
     1. temperature: logits / temperature.
@@ -68,6 +74,9 @@ class SamplingParams:
     # None: no log-probs; n: each generated token's log-prob and rank under the target's raw distribution,
     # with the n most likely tokens' (0 <= n <= 20; treeflash/logprobs.py).
     logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         # numpy and torch scalars are taken (as Python numbers), bools are not.
@@ -121,6 +130,15 @@ class SamplingParams:
         if self.stop and not self.detokenize:
             raise ValueError("stop strings need detokenize=True (they are matched in the text)")
         self.logprobs = check_logprobs(self.logprobs)
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= number(name) <= 2:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if not 0 < number("repetition_penalty") <= 1e4:
+            raise ValueError(f"repetition_penalty must be in (0, 1e4] (1 = off), got {self.repetition_penalty}")
+
+    @property
+    def penalized(self) -> bool:
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
 
     @property
     def greedy(self) -> bool:
@@ -150,6 +168,7 @@ class SamplingFlags:
     use_min_p: bool = False
     max_top_k: int = 0  # a power of two >= every row's top_k (0: no row uses top-k)
     logprobs: bool = False  # some request asks for log-probs: rounds pack them into the read-back
+    use_penalties: bool = False  # some request has a penalty: rounds count tokens and penalise the logits
 
     @staticmethod
     def of(params: list[SamplingParams]) -> "SamplingFlags":
@@ -160,7 +179,8 @@ class SamplingFlags:
                              use_top_p=any(p.top_p < 1 and not p.greedy for p in params),
                              use_min_p=any(p.min_p > 0 and not p.greedy for p in params),
                              max_top_k=1 << (top_k - 1).bit_length() if top_k > 0 else 0,
-                             logprobs=any(p.logprobs is not None for p in params))
+                             logprobs=any(p.logprobs is not None for p in params),
+                             use_penalties=any(p.penalized for p in params))
 
 
 @dataclass(frozen=True)
@@ -173,6 +193,9 @@ class SamplingTensors:
     min_p: torch.Tensor  # [S] float32
     greedy: torch.Tensor  # [S] bool
     seed: torch.Tensor  # [S, 2] int64: low and high 32 bits
+    repetition: torch.Tensor  # [S] float32, 1 = off (treeflash/penalties.py)
+    frequency: torch.Tensor  # [S] float32
+    presence: torch.Tensor  # [S] float32
     flags: SamplingFlags = SamplingFlags()  # which stages any row needs (static per batch)
 
     @staticmethod
@@ -190,6 +213,9 @@ class SamplingTensors:
             min_p=tensor([p.min_p for p in params], torch.float32),
             greedy=tensor([p.greedy for p in params], torch.bool),
             seed=tensor([[s & 0xFFFFFFFF, (s >> 32) & 0xFFFFFFFF] for s in seeds], torch.int64),
+            repetition=tensor([p.repetition_penalty for p in params], torch.float32),
+            frequency=tensor([p.frequency_penalty for p in params], torch.float32),
+            presence=tensor([p.presence_penalty for p in params], torch.float32),
             flags=SamplingFlags.of(params),
         )
 
@@ -199,14 +225,14 @@ class SamplingTensors:
         def repeat(t):
             return t[:, None].expand(t.shape[0], nodes, *t.shape[1:])
 
-        return SamplingTensors(repeat(self.temperature), repeat(self.top_k), repeat(self.top_p), repeat(self.min_p),
-                               repeat(self.greedy), repeat(self.seed), self.flags)
+        return SamplingTensors(*(repeat(t) for t in self._rows()), self.flags)
 
     def rows(self, index: torch.Tensor) -> "SamplingTensors":
         """The parameters of the slots in `index` (any shape): one row per node of a tree, say."""
-        pick = lambda t: t[index]  # noqa: E731
-        return SamplingTensors(pick(self.temperature), pick(self.top_k), pick(self.top_p), pick(self.min_p),
-                               pick(self.greedy), pick(self.seed), self.flags)
+        return SamplingTensors(*(t[index] for t in self._rows()), self.flags)
+
+    def _rows(self) -> list[torch.Tensor]:
+        return [getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "flags"]
 
 
 def new_seed() -> int:

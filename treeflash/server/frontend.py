@@ -174,7 +174,9 @@ class Frontend:
                 top_k=-1 if body.top_k in (None, 0) else body.top_k,  # 0 = off, as vLLM
                 min_p=0.0 if body.min_p is None else body.min_p,
                 max_tokens=max_tokens, seed=body.seed, stop=body.stop, stop_token_ids=body.stop_token_ids,
-                ignore_eos=body.ignore_eos, logprobs=logprobs)
+                ignore_eos=body.ignore_eos, logprobs=logprobs,
+                presence_penalty=body.presence_penalty or 0.0, frequency_penalty=body.frequency_penalty or 0.0,
+                repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty)
         except ValueError as e:
             raise bad_request(str(e), param=str(e).split(" ", 1)[0]) from None
 

@@ -2,7 +2,7 @@
 
 Requests are parsed in strict mode: a string where a number belongs, a bool where an integer belongs
 or a NaN is an error, not a coercion. Unknown fields are ignored (clients send many optional ones);
-fields this server cannot honour (penalties, tools, prompt log-probs and vLLM's extensions in `UNSUPPORTED`)
+fields this server cannot honour (logit_bias, tools, prompt log-probs and vLLM's extensions in `UNSUPPORTED`)
 are refused by name in `frontend.py` unless left at a value that changes nothing.
 """
 
@@ -23,12 +23,9 @@ class _Request(BaseModel):
 # the values that change nothing; any other value is refused by name (`Frontend`), never ignored. They arrive
 # as extra fields (`SamplingFields.model_extra`).
 UNSUPPORTED: dict[str, tuple] = {
-    "presence_penalty": (0,),
-    "frequency_penalty": (0,),
     "logit_bias": ({},),
     "min_tokens": (0,),
     "include_stop_str_in_output": (False,),
-    "repetition_penalty": (1, 1.0),
     "use_beam_search": (False,),
     "length_penalty": (1, 1.0),
     "prompt_logprobs": (0,),
@@ -82,6 +79,10 @@ class SamplingFields(_Request):
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    # OpenAI's penalties and vLLM's repetition_penalty (ranges checked by SamplingParams: 400s that name them)
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name for max_tokens
     stream: bool = False

@@ -1,0 +1,79 @@
+"""Repetition, frequency and presence penalties (vLLM's rules, OpenAI's fields), lossless under speculation.
+
+A penalty makes a token's logit depend on the tokens generated before it. In a draft tree every node has a
+past of its own: the request's output so far (counted once per slot, `PenaltyCounts.output`) plus the drafted
+tokens on the node's path below the root (the root is the last emitted token, already counted). Each node is
+penalised with those counts, so the distribution verification derives from at a node is the one plain
+decoding would penalise and sample from at that position, and the tokens stay plain decoding's.
+
+vLLM's order and formulas, on the float32 logits before temperature and the filters:
+1. repetition_penalty r (tokens in the prompt or the output): a positive logit is divided by r, others
+   multiplied by it;
+2. frequency_penalty f: minus f x the token's count in the output;
+3. presence_penalty p: minus p where the token is in the output.
+A row without penalties (r = 1, f = p = 0) comes out bit for bit as it went in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class PenaltyCounts:
+    """Per slot: how often each token was generated, and which tokens the prompt holds ([slots, V])."""
+
+    output: torch.Tensor  # int32
+    prompt: torch.Tensor  # bool
+
+    @staticmethod
+    def new(slots: int, vocab: int, device) -> "PenaltyCounts":
+        return PenaltyCounts(torch.zeros(slots, vocab, dtype=torch.int32, device=device),
+                             torch.zeros(slots, vocab, dtype=torch.bool, device=device))
+
+    def start(self, slots: list[int], prompts: list[list[int] | None]) -> None:
+        """New requests in `slots`: nothing generated yet, their prompts' tokens seen (None: none)."""
+        index = torch.tensor(slots, dtype=torch.long)
+        self.output[index.to(self.output.device)] = 0
+        prompt = torch.zeros(len(slots), self.prompt.shape[1], dtype=torch.bool)
+        for row, ids in enumerate(prompts):
+            if ids:
+                prompt[row, torch.tensor(ids, dtype=torch.long)] = True
+        self.prompt[index.to(self.prompt.device)] = prompt.to(self.prompt.device)
+
+    def first(self, slots: torch.Tensor, done: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Prefill drew each finished prompt's first token: its slot's output is that token alone (set, not
+        added: a prefill graph's warm-up runs it too). Device tensors only: capturable."""
+        one = torch.zeros(slots.shape[0], self.output.shape[1], dtype=self.output.dtype, device=slots.device)
+        one.scatter_(1, tokens[:, None], 1)
+        self.output[slots] = torch.where(done[:, None], one, self.output[slots])
+
+    def add(self, emitted: torch.Tensor, accepted: torch.Tensor) -> None:
+        """A round emitted emitted[s, :accepted[s]] for slots [0, S): count them. Capturable."""
+        keep = (torch.arange(emitted.shape[1], device=emitted.device)[None, :] < accepted[:, None])
+        self.output[:emitted.shape[0]].scatter_add_(1, emitted, keep.to(self.output.dtype))
+
+
+def penalize(logits: torch.Tensor, repetition: torch.Tensor, frequency: torch.Tensor, presence: torch.Tensor,
+             output: torch.Tensor | None, prompt: torch.Tensor, tokens: torch.Tensor | None = None,
+             ancestors: torch.Tensor | None = None) -> torch.Tensor:
+    """The penalised float32 logits [S, N, V] of every node.
+
+    logits [S, N, V]; repetition / frequency / presence [S]; output [S, V] the slots' generated-token counts
+    (None: nothing generated yet, as at prefill); prompt [S, V]; tokens [S, N] and ancestors [S, N, N] (node
+    n sees node m: m is n or an ancestor of n, the verify mask) add each node's drafted path, root excluded.
+    """
+    s, n, vocab = logits.shape
+    counts = torch.zeros(s, n, vocab, device=logits.device) if output is None \
+        else output[:, None, :].to(torch.float32).expand(s, n, vocab).clone()
+    if tokens is not None and n > 1:
+        path = ancestors.clone()
+        path[:, :, 0] = False  # the root's token is already in `output`
+        counts.scatter_add_(2, tokens[:, None, :].expand(s, n, n), path.to(torch.float32))
+    x = logits.float()
+    seen = (counts > 0) | prompt[:, None, :]
+    r = repetition[:, None, None]
+    x = torch.where(seen, torch.where(x > 0, x / r, x * r), x)
+    return x - frequency[:, None, None] * counts - presence[:, None, None] * (counts > 0)
