@@ -1,14 +1,16 @@
-"""Log-probs through `treeflash serve` with the real `openai` client: both formats, streamed and not.
+"""Log-probs and penalties through `treeflash serve` with the real `openai` client.
 
   treeflash serve --api-key secret --port 8000 &                  # the default pair (DDTree)
   treeflash serve --api-key secret --port 8001 --spec none &      # plain decoding
-  python benchmarks/serve_logprobs.py --api-key secret --urls http://127.0.0.1:8000,http://127.0.0.1:8001 \
-      --out benchmarks/serve/logprobs.json
+  python benchmarks/serve_logprobs_penalties.py --api-key secret --urls http://127.0.0.1:8000,http://127.0.0.1:8001 \
+      --out benchmarks/serve/logprobs_penalties.json
 
 For each server: a greedy chat answer with logprobs + top_logprobs 3 and a greedy completion with logprobs 3,
 each streamed and not. Checks, per server, that the streamed entries hold the non-streamed tokens and log-probs
 (how far apart) and that the entries' bytes join into the text (the stop token's aside); across servers, that the tokens are the same and
-how far their log-probs lie apart (the speculative server reads them from its tree's verify pass).
+how far their log-probs lie apart (the speculative server reads them from its tree's verify pass). Then a
+greedy chat answer with penalties (repetition 1.3, presence 0.5, frequency 0.3) on each server: the same
+tokens on all of them, and not those of the same request without penalties.
 """
 
 from __future__ import annotations
@@ -39,7 +41,10 @@ def run(url: str, key: str, max_tokens: int) -> dict:
     legacy = client.completions.create(**done).choices[0]
     legacy_streamed = [lp for chunk in client.completions.create(**done, stream=True)
                        if chunk.choices and chunk.choices[0].logprobs for lp in chunk.choices[0].logprobs.token_logprobs]
-    return {"url": url, "model": model, "chat_text": text, "chat_tokens": [c[0] for c in content],
+    penalised = client.chat.completions.create(model=model, messages=PROMPT, max_tokens=max_tokens, temperature=0,
+                                               presence_penalty=0.5, frequency_penalty=0.3,
+                                               extra_body={"repetition_penalty": 1.3}).choices[0].message.content
+    return {"url": url, "model": model, "penalised_chat_text": penalised, "chat_text": text, "chat_tokens": [c[0] for c in content],
             "chat_logprobs": [c[1] for c in content], "chat_top": [c[3] for c in content],
             # (the same tokens; on a speculative server the values may differ in the last bits, as each request's
             # rounds verify trees of the sizes its automatic budget chose)
@@ -69,12 +74,14 @@ def main(argv: list[str] | None = None) -> dict:
             "urls": [runs[0]["url"], other["url"]],
             "same_chat_tokens": runs[0]["chat_tokens"] == other["chat_tokens"],
             "same_completion_tokens": runs[0]["completion_tokens"] == other["completion_tokens"],
+            "same_penalised_chat_text": runs[0]["penalised_chat_text"] == other["penalised_chat_text"],
             "max_abs_logprob_difference": max(abs(a - b) for a, b in pairs)})
     for r in runs:
         print(f"{r['url']}: chat {len(r['chat_tokens'])} tokens (streamed: same tokens {r['chat_streamed_same_tokens']}, "
               f"log-probs within {r['chat_streamed_max_abs_difference']:.1e}; bytes join into the text "
               f"{r['chat_bytes_join_into_text']}), completion {len(r['completion_tokens'])} tokens (streamed log-probs "
               f"within {r['completion_streamed_max_abs_difference']:.1e})")
+    print("penalties change the greedy answer:", all(r["penalised_chat_text"] != r["chat_text"] for r in runs))
     for c in report["comparisons"]:
         print(json.dumps(c))
     if args.out:
