@@ -58,6 +58,8 @@ def cases(model: str, context: int) -> list[tuple[str, str, str, object, dict | 
          {"model": model, "messages": chat, "logprobs": True, "top_logprobs": 21}, None),
         ("presence_penalty 3 (at most 2)", "POST", "chat/completions",
          {"model": model, "messages": chat, "presence_penalty": 3}, None),
+        ("logit_bias 200 (at most 100)", "POST", "chat/completions",
+         {"model": model, "messages": chat, "logit_bias": {"5": 200}}, None),
         ("prompt_logprobs (unsupported)", "POST", "completions", {"model": model, "prompt": "x", "prompt_logprobs": 1},
          None),
         ("stream_options without stream", "POST", "chat/completions",

@@ -19,12 +19,13 @@ E. graphed == eager (float32): the same requests (greedy and seeded sampling, mi
    Graphed runs overlap their rounds (the engine's default there); one more run puts the four requests
    through two slots, so requests end and slots are reused while a round for them is in flight.
 F. no host synchronisation inside a replayed round (set_sync_debug_mode("error") around replays; the methods of C).
-L. log-probs and penalties (float32, none / dflash / ddtree / ddtree + lookup, mixed batches): asking for
-   log-probs changes no token, graphed == eager, graphed log-probs equal eager ones and match transformers'
-   log_softmax over prompt + output; with penalties graphed == eager, requests without them keep their tokens,
-   penalised greedy equals plain decoding's (and transformers' repetition penalty); replayed rounds with either
-   run without host sync; with --logprobs-timings SHAPES, graphed rounds without / with log-probs / with
-   penalties (batch 1 and 8, AR step and DDTree-64, context 1024).
+L. log-probs, penalties and logit_bias (float32, none / dflash / ddtree / ddtree + lookup, mixed batches):
+   asking for log-probs changes no token, graphed == eager, graphed log-probs equal eager ones and match
+   transformers' log_softmax over prompt + output; with penalties and a logit_bias graphed == eager, requests
+   without them keep their tokens, penalised greedy equals plain decoding's (and transformers' repetition
+   penalty); replayed rounds with either run without host sync; with --logprobs-timings SHAPES, graphed
+   rounds without / with log-probs / with penalties and a logit_bias (batch 1 and 8, AR step and DDTree-64,
+   context 1024).
 P. graphs sharing one memory pool: rounds hop between graphs (buckets, budgets 0-256, one pool, one capture
    stream) and equal the same rounds run eagerly; a round's read-back survives other graphs' replays; graphs
    captured one per stage (time_stages) write no tensor made after them.
@@ -325,20 +326,26 @@ def check_no_sync_in_replay(target: Path, drafter: Path, attention: str = "flex"
         speculator = mixed_speculator(llm, attention=attention)
         for time_stages in (False, True):
             runner = GraphRunner(speculator, time_stages=time_stages, log=None)
-            runner.round(4)  # capture outside the check
-            torch.cuda.synchronize()
-            ok = True
-            try:
-                torch.cuda.set_sync_debug_mode("error")
-                for _ in range(3):
-                    runner.round(4)
-            except RuntimeError as e:
-                ok = f"sync inside a round: {e}"
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
             label = "staged graphs" if time_stages else "one graph"
-            results[f"{spec}{' + lookup' if ngram else ''}: 3 replays ({label}) without host sync"] = ok
+            results[f"{spec}{' + lookup' if ngram else ''}: 3 replays ({label}) without host sync"] = \
+                replays_without_sync(runner, 4)
     return results
+
+
+def replays_without_sync(runner: GraphRunner, slots: int) -> bool | str:
+    """True when three replays of the round over `slots` slots (captured first, outside the check) run under
+    set_sync_debug_mode("error"); else what synchronised."""
+    runner.round(slots)
+    torch.cuda.synchronize()
+    try:
+        torch.cuda.set_sync_debug_mode("error")
+        for _ in range(3):
+            runner.round(slots)
+    except RuntimeError as e:
+        return f"sync inside a round: {e}"
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return True
 
 
 # --- L: log-probs ------------------------------------------------------------------------------------
@@ -348,7 +355,7 @@ def check_logprobs(target: Path, drafter: Path, attention: str | None, shapes: l
     plain = [SamplingParams(temperature=0.8, top_p=0.9, max_tokens=30, seed=1234, ignore_eos=True), greedy(40),
              greedy(33), SamplingParams(temperature=1.0, min_p=0.05, max_tokens=25, seed=7, ignore_eos=True)]
     asked = [dataclasses.replace(plain[0], logprobs=5), plain[1], dataclasses.replace(plain[2], logprobs=0), plain[3]]
-    penalties = dict(repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.3)
+    penalties = dict(repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.3, logit_bias={5: 3.0, 9: -100.0})
     penalised = [dataclasses.replace(plain[0], **penalties), dataclasses.replace(plain[1], **penalties), plain[2],
                  plain[3]]
     hf = None
@@ -394,31 +401,21 @@ def check_logprobs(target: Path, drafter: Path, attention: str | None, shapes: l
                 prompt_token_ids=[prompts[1]], sampling_params=dataclasses.replace(plain[1], repetition_penalty=1.3),
                 use_tqdm=False)[0].token_ids
             results["none: repetition-penalty greedy (graphed) == transformers"] = alone == want
+            results["none: the logit bias of -100 kept its token out"] = all(9 not in t for t in tokens[True, p][:2])
     if DEVICE == "cuda":
-        for what, extra in (("log-probs", {"logprobs": 3}), ("penalties", penalties)):
+        for what, extra in (("log-probs", {"logprobs": 3}), ("penalties + logit_bias", penalties)):
             llm = LLM(target, device=DEVICE, dtype="float32", draft_model=drafter, spec="ddtree", tree_budget=16,
                       time_stages=False)
             speculator = mixed_speculator(llm, attention=attention, **extra)
-            runner = GraphRunner(speculator, log=None)
-            runner.round(4)
-            torch.cuda.synchronize()
-            ok = True
-            try:
-                torch.cuda.set_sync_debug_mode("error")
-                for _ in range(3):
-                    runner.round(4)
-            except RuntimeError as e:
-                ok = f"sync inside a round: {e}"
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-            results[f"ddtree-16 with {what}: 3 replays without host sync"] = ok
+            results[f"ddtree-16 with {what}: 3 replays without host sync"] = \
+                replays_without_sync(GraphRunner(speculator, log=None), 4)
     for name in shapes:  # graphed round times without / with log-probs / with penalties (informational)
         target_model, drafter_model = build_shape(name)
         for batch in (1, 8):
             for method, budget in (("none", 64), ("ddtree", 64)):
                 sp = filled_speculator(target_model, drafter_model, SpecConfig(method, budget), batch, 1024, attention)
                 row = {}
-                for what, extra in (("plain", {}), ("log-probs", {"logprobs": 5}), ("penalties", penalties)):
+                for what, extra in (("plain", {}), ("log-probs", {"logprobs": 5}), ("penalties + logit_bias", penalties)):
                     sp.set_sampling_many(list(range(batch)), [SamplingParams(temperature=0, **extra)] * batch,
                                          [0] * batch, [[1, 2, 3]] * batch)
                     row[what] = round(1e3 * GraphRunner(sp, log=None).time_round(batch, 10), 3)

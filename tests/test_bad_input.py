@@ -292,6 +292,7 @@ def cli(capsys, *args: str) -> tuple[int, str, str]:
     (["generate", "hi", "--model", "MISSING_KEY"], "required key 'num_attention_heads' is missing"),
     (["generate", "hi", "--model", "TEXT", "--draft-model", "TEXT", "--tree-budget", "5000"],
      "tree_budget must be at most 4096"),
+    (["generate", "hi", "--model", "TEXT", "--presence-penalty", "3"], "presence_penalty must be in [-2, 2]"),
     (["convert", "TMP"], "is a directory, not a GGUF file"),
     (["convert", "TMP/none.gguf"], "GGUF file not found"),
 ])

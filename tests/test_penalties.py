@@ -271,3 +271,37 @@ def test_sampled_joint_with_penalties_is_exact_and_the_test_has_teeth(small):
             joint[a, b] = p1[a] * p2[b] * root_only([a, b])
     stat, _, threshold = chi_square(counts, joint)
     assert stat > threshold
+
+
+# --- logit_bias -----------------------------------------------------------------------------------------
+def test_logit_bias_is_added_before_the_penalties_for_every_method(pair, monkeypatch):
+    params = [_greedy(16, logit_bias={7: 4.0, 12: -100.0}, repetition_penalty=1.3),
+              SamplingParams(temperature=0.9, max_tokens=16, seed=4, ignore_eos=True, logit_bias={7: 2.5}), _greedy(16)]
+    plain = [o.token_ids for o in _llm(pair, "none").generate(prompt_token_ids=PROMPTS, sampling_params=params)]
+    # The reference: transformers' logits + the bias, then the repetition penalty, argmax.
+    ids = list(PROMPTS[0])
+    for _ in range(16):
+        with torch.no_grad():
+            logits = pair[2](torch.tensor([ids])).logits[0, -1]
+        logits[7] += 4.0
+        logits[12] -= 100.0
+        counts = {t: ids[len(PROMPTS[0]):].count(t) for t in set(ids[len(PROMPTS[0]):])}
+        ids.append(int(reference(logits, counts, set(PROMPTS[0]), params[0]).argmax()))
+    assert plain[0] == ids[len(PROMPTS[0]):] and 12 not in plain[0]
+    free = _llm(pair, "none").generate(prompt_token_ids=PROMPTS, sampling_params=[_greedy(16)] * 3)
+    assert plain[2] == free[2].token_ids and plain[0] != free[0].token_ids
+    install_oracle(monkeypatch, {tuple(p): p + t for p, t in zip(PROMPTS, plain)}, 64, decoy_rate=0.3)
+    for spec, ngram in (("dflash", 0), ("ddtree", 4)):
+        outs = _llm(pair, spec, ngram).generate(prompt_token_ids=PROMPTS, sampling_params=params)
+        assert [o.token_ids for o in outs] == plain
+
+
+@pytest.mark.parametrize("bias", [{-1: 1.0}, {3: 101.0}, {3: float("nan")}, {"a": 1.0}, [3], {3: True}])
+def test_bad_logit_bias_is_refused(bias):
+    with pytest.raises(ValueError, match="logit_bias"):
+        SamplingParams(logit_bias=bias)
+
+
+def test_a_logit_bias_outside_the_vocabulary_is_refused_before_anything_runs(pair):
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        _llm(pair, "none").generate(prompt_token_ids=PROMPTS[:1], sampling_params=_greedy(4, logit_bias={64: 1.0}))

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import treeflash
-from helpers import make_tiny_target
+from helpers import CHARS, make_tiny_target
 from spec_helpers import make_drafter
 from treeflash import LLM, SamplingParams
 
@@ -230,6 +230,13 @@ def test_penalties_give_the_offline_tokens(client, offline):
     assert want.text != offline.generate("the tree", greedy(24, ignore_eos=True))[0].text
 
 
+def test_logit_bias_steers_the_answer(client):
+    a = 1 + CHARS.index("a")  # the character tokenizer's id of "a" (0 is its end-of-sequence token)
+    got = client.completions.create(model=NAME, prompt="the tree", max_tokens=8, temperature=0,
+                                    logit_bias={str(a): 100}, extra_body={"ignore_eos": True})
+    assert got.choices[0].text == "a" * 8
+
+
 def test_stop_string_cuts_the_text_streamed_or_not(client, offline):
     free = offline.generate("pine", greedy(60, ignore_eos=True))[0].text
     stop = free[25:28]
@@ -316,7 +323,9 @@ BAD = [  # (route, body, status, param)
     ("completions", {"model": NAME, "prompt": "x", "repetition_penalty": 0}, 400, "repetition_penalty"),
     ("completions", {"model": NAME, "prompt": "x", "presence_penalty": 2.5}, 400, "presence_penalty"),
     ("chat/completions", {"model": NAME, "messages": CHAT, "frequency_penalty": "1"}, 400, "frequency_penalty"),
-    ("chat/completions", {"model": NAME, "messages": CHAT, "logit_bias": {"5": 1.0}}, 400, "logit_bias"),
+    ("chat/completions", {"model": NAME, "messages": CHAT, "logit_bias": {"5": 101}}, 400, "logit_bias"),
+    ("chat/completions", {"model": NAME, "messages": CHAT, "logit_bias": {"five": 1.0}}, 400, "logit_bias"),
+    ("completions", {"model": NAME, "prompt": "x", "logit_bias": {"99999": 1.0}}, 400, "logit_bias"),
     ("completions", {"model": NAME, "prompt": "x", "guided_choice": ["a", "b"]}, 400, "guided_choice"),
     ("chat/completions", {"model": NAME, "messages": CHAT, "tool_choice": "required"}, 400, "tool_choice"),
     ("chat/completions", {"model": NAME, "messages": CHAT, "functions": [{"name": "f", "parameters": {}}]}, 400,

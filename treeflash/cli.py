@@ -157,6 +157,13 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x the top probability (default 0)")
     p.add_argument("--max-tokens", type=int, default=256, help="tokens to generate at most (default 256)")
     p.add_argument("--seed", type=int, default=None, help="seed for a reproducible sample (default: a random one)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="divide positive logits of tokens already in the prompt or output by it, multiply negative "
+                        "ones (vLLM's; > 1 discourages repeats; default 1.0 = off)")
+    p.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="subtract it from tokens already generated, in [-2, 2] (default 0)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="subtract it times each token's count so far, in [-2, 2] (default 0)")
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable; default: none)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
 
@@ -470,7 +477,9 @@ def _generate(args) -> int:
     torch.set_num_threads(args.threads or default_threads())
     others = OtherCpuUse() if args.threads is None else None  # (measured while the model loads)
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                            max_tokens=args.max_tokens, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos)
+                            max_tokens=args.max_tokens, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos,
+                            repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+                            frequency_penalty=args.frequency_penalty)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
               draft_model=args.draft_model, spec=args.spec, tree_budget=args.tree_budget, max_num_seqs=1,

@@ -505,6 +505,9 @@ class LLM:
             bad = [t for t in p.stop_token_ids or [] if t >= vocab]
             if bad:
                 raise ValueError(f"stop_token_ids {bad} are outside the vocabulary [0, {vocab})")
+            bad = sorted(t for t in p.logit_bias or {} if t >= vocab)
+            if bad:
+                raise ValueError(f"logit_bias names token ids {bad} outside the vocabulary [0, {vocab})")
             stops = set(p.stop_token_ids or []) | (set() if p.ignore_eos else set(self.eos_token_ids))
             if p.stop and self.tokenizer is None:
                 raise ValueError("stop strings need a tokenizer; this model directory has none")

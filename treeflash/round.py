@@ -244,6 +244,8 @@ class Speculator:
         # Generated-token counts and prompt tokens per slot, made when a request with a penalty first comes
         # (treeflash/penalties.py); rounds read and update them only while such a request runs (`flags`).
         self.penalty_counts: PenaltyCounts | None = None
+        # Each slot's logit_bias as a dense row [slots, V], made when a request with one first comes.
+        self.logit_bias: torch.Tensor | None = None
         self._flags: SamplingFlags | None = SamplingFlags()  # None: stale, recomputed at next read
         self.auto_budgets = torch.tensor(AUTO_BUDGETS, device=self.device)
 
@@ -288,6 +290,14 @@ class Speculator:
             self.slot_params[slot] = p
         if self.penalty_counts is None and any(p is not None and p.penalized for p in params):
             self.penalty_counts = PenaltyCounts.new(self.slots, self.target.config.vocab_size, self.device)
+        if self.logit_bias is None and any(p is not None and p.logit_bias for p in params):
+            self.logit_bias = torch.zeros(self.slots, self.target.config.vocab_size, device=self.device)
+        if self.logit_bias is not None:
+            bias = torch.zeros(len(slots), self.logit_bias.shape[1])
+            for row, p in enumerate(params):
+                for token, value in (p.logit_bias or {}).items() if p is not None else ():
+                    bias[row, token] = value
+            self.logit_bias[index] = to_device(bias, self.device)
         if self.penalty_counts is not None:
             self.penalty_counts.start(slots, [prompt if p is not None and p.penalized else None
                                               for p, prompt in zip(params, prompts or [None] * len(slots))])
@@ -346,9 +356,11 @@ class Speculator:
         ends = (batch.starts + batch.lengths)[:, None]
         logits = self.target.logits(last)
         counts = self._counts(self.flags)
-        penalized = logits[:, None] if counts is None else penalize(
-            logits[:, None], rows.repetition, rows.frequency, rows.presence, None, counts.prompt[batch.slots])
-        first = derive(penalized, rows, ends)[:, 0]
+        adjusted = logits[:, None] if not self.flags.use_logit_bias else \
+            logits[:, None].float() + self.logit_bias[batch.slots][:, None]
+        if counts is not None:
+            adjusted = penalize(adjusted, rows.repetition, rows.frequency, rows.presence, None, counts.prompt[batch.slots])
+        first = derive(adjusted, rows, ends)[:, 0]
         if counts is not None:
             counts.first(batch.slots, batch.done, first)
         self.state.bonus[batch.slots] = torch.where(batch.done, first, self.state.bonus[batch.slots])
@@ -540,8 +552,11 @@ class Speculator:
         logits, features = self.verify(tree, positions, state, cache, layout)
         lap("verify")
         counts = self._counts(sampling.flags)
-        derived = derive(logits if counts is None else self.penalize(logits, tree, sampling, counts, num_slots),
-                         sampling, positions + 1)
+        adjusted = logits if not sampling.flags.use_logit_bias else \
+            logits.float() + self.logit_bias[:num_slots, None]
+        if counts is not None:
+            adjusted = self.penalize(adjusted, tree, sampling, counts, num_slots)
+        derived = derive(adjusted, sampling, positions + 1)
         accepted = self.walk(tree, derived)
         packed = emitted_logprobs(logits, accepted.path, accepted.emitted) if sampling.flags.logprobs else None
         lap("derive_walk")

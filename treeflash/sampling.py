@@ -39,7 +39,8 @@ GREEDY_BELOW = 1e-5  # temperatures below this decode greedily
 class SamplingParams:
     """How to sample one request (vLLM conventions). temperature=0 (or below 1e-5) means greedy.
 
-    First, on the logits (vLLM's penalties, treeflash/penalties.py): repetition_penalty (> 0; 1 = off)
+    First, on the logits: logit_bias ({token id: bias in [-100, 100]}, OpenAI's) is added; then vLLM's penalties
+    (treeflash/penalties.py): repetition_penalty (> 0; 1 = off)
     divides positive logits of tokens in the prompt or the output by it and multiplies the others;
     frequency_penalty (in [-2, 2]) subtracts it times the token's count in the output; presence_penalty (in
     [-2, 2]) subtracts it from tokens in the output. They apply to greedy requests too.
@@ -77,6 +78,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
         # numpy and torch scalars are taken (as Python numbers), bools are not.
@@ -135,6 +137,14 @@ class SamplingParams:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
         if not 0 < number("repetition_penalty") <= 1e4:
             raise ValueError(f"repetition_penalty must be in (0, 1e4] (1 = off), got {self.repetition_penalty}")
+        if self.logit_bias is not None:
+            bias = self.logit_bias
+            ids = {as_int(k) for k in bias} if isinstance(bias, dict) else {None}
+            values = list(bias.values()) if isinstance(bias, dict) else []
+            if None in ids or min(ids, default=0) < 0 or any(
+                    isinstance(v, bool) or not isinstance(v, numbers.Real) or not -100 <= v <= 100 for v in values):
+                raise ValueError(f"logit_bias must map token ids to biases in [-100, 100], got {bias!r}")
+            self.logit_bias = {as_int(k): float(v) for k, v in bias.items()} or None
 
     @property
     def penalized(self) -> bool:
@@ -169,6 +179,7 @@ class SamplingFlags:
     max_top_k: int = 0  # a power of two >= every row's top_k (0: no row uses top-k)
     logprobs: bool = False  # some request asks for log-probs: rounds pack them into the read-back
     use_penalties: bool = False  # some request has a penalty: rounds count tokens and penalise the logits
+    use_logit_bias: bool = False  # some request has a logit_bias: rounds add the slots' bias rows
 
     @staticmethod
     def of(params: list[SamplingParams]) -> "SamplingFlags":
@@ -180,7 +191,8 @@ class SamplingFlags:
                              use_min_p=any(p.min_p > 0 and not p.greedy for p in params),
                              max_top_k=1 << (top_k - 1).bit_length() if top_k > 0 else 0,
                              logprobs=any(p.logprobs is not None for p in params),
-                             use_penalties=any(p.penalized for p in params))
+                             use_penalties=any(p.penalized for p in params),
+                             use_logit_bias=any(p.logit_bias for p in params))
 
 
 @dataclass(frozen=True)

@@ -176,7 +176,8 @@ class Frontend:
                 max_tokens=max_tokens, seed=body.seed, stop=body.stop, stop_token_ids=body.stop_token_ids,
                 ignore_eos=body.ignore_eos, logprobs=logprobs,
                 presence_penalty=body.presence_penalty or 0.0, frequency_penalty=body.frequency_penalty or 0.0,
-                repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty)
+                repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+                logit_bias=_token_bias(body.logit_bias))
         except ValueError as e:
             raise bad_request(str(e), param=str(e).split(" ", 1)[0]) from None
 
@@ -184,6 +185,15 @@ class Frontend:
         if self.tokenizer is None:
             raise bad_request("this model has no tokenizer: send the prompt as token ids", param=param)
         return self.tokenizer
+
+
+def _token_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI's logit_bias (JSON keys are strings) with token-id keys."""
+    if bias is None:
+        return None
+    if not all(k.isascii() and k.isdigit() for k in bias):
+        raise bad_request("logit_bias keys must be token ids, such as {\"50256\": -100}", param="logit_bias")
+    return {int(k): v for k, v in bias.items()}
 
 
 def _same(value, neutrals: tuple) -> bool:

@@ -2,7 +2,7 @@
 
 Requests are parsed in strict mode: a string where a number belongs, a bool where an integer belongs
 or a NaN is an error, not a coercion. Unknown fields are ignored (clients send many optional ones);
-fields this server cannot honour (logit_bias, tools, prompt log-probs and vLLM's extensions in `UNSUPPORTED`)
+fields this server cannot honour (tools, prompt log-probs and vLLM's extensions in `UNSUPPORTED`)
 are refused by name in `frontend.py` unless left at a value that changes nothing.
 """
 
@@ -23,7 +23,6 @@ class _Request(BaseModel):
 # the values that change nothing; any other value is refused by name (`Frontend`), never ignored. They arrive
 # as extra fields (`SamplingFields.model_extra`).
 UNSUPPORTED: dict[str, tuple] = {
-    "logit_bias": ({},),
     "min_tokens": (0,),
     "include_stop_str_in_output": (False,),
     "use_beam_search": (False,),
@@ -83,6 +82,7 @@ class SamplingFields(_Request):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None  # OpenAI's: token ids (as JSON's string keys) -> bias in [-100, 100]
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name for max_tokens
     stream: bool = False
