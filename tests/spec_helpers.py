@@ -131,6 +131,25 @@ def install_oracle(monkeypatch, known: dict[tuple[int, ...], list[int]], vocab: 
     monkeypatch.setattr(Speculator, "draft", draft)
 
 
+# --- sampled rounds -------------------------------------------------------------------------------
+def first_emitted(next_walk, slots: int, depth: int) -> tuple[torch.Tensor, list[float]]:
+    """The first `depth` tokens each of `slots` slots emits over rounds (`next_walk()` runs one and returns
+    its Walk) [slots, depth], and each round's mean accepted count."""
+    got = torch.zeros(slots, depth, dtype=torch.long)
+    have = torch.zeros(slots, dtype=torch.long)
+    means = []
+    while have.min() < depth:
+        w = next_walk()
+        j = torch.arange(w.emitted.shape[1])[None]
+        pos = have[:, None] + j
+        take = (j < w.accepted[:, None]) & (pos < depth)
+        rows = torch.arange(slots)[:, None].expand_as(pos)
+        got[rows[take], pos[take]] = w.emitted[take]
+        have += w.accepted
+        means.append(w.accepted.float().mean().item())
+    return got, means
+
+
 # --- statistics -----------------------------------------------------------------------------------
 def chi_square(observed: torch.Tensor, expected_probs: torch.Tensor, min_expected: float = 10.0):
     """Pearson's chi-square of counts against exact cell probabilities, small cells merged.

@@ -15,7 +15,7 @@ from treeflash import LLM, SamplingParams
 from treeflash.penalties import penalize
 from treeflash.round import SpecConfig, Speculator
 from treeflash.sampling import SamplingTensors, processed_probs
-from spec_helpers import chi_square, hf_greedy, install_oracle, load_hf, make_drafter, make_target
+from spec_helpers import chi_square, first_emitted, install_oracle, load_hf, make_drafter, make_target
 
 PROMPTS = [[3, 5, 7, 11, 3, 5], [2, 4, 6], [9, 8, 7, 6, 5, 4, 3, 2, 1]]
 PENALTIES = [dict(repetition_penalty=1.5), dict(presence_penalty=1.2, frequency_penalty=0.6),
@@ -219,7 +219,7 @@ def sample_joint(small, params: SamplingParams) -> tuple[torch.Tensor, float]:
     g = torch.Generator().manual_seed(1)
     per_slot = (draft[None] + 0.7 * torch.randn(CHUNK, *draft.shape, generator=g)).log_softmax(-1)
     sp.draft = lambda state, sampling, depths=None, layout=None: per_slot[:state.bonus.shape[0], :depths]
-    accepted, rounds = 0.0, 0
+    means = []
     for start in range(0, SLOTS, CHUNK):
         sp.set_sampling_many(list(range(CHUNK)), [params] * CHUNK, list(range(start, start + CHUNK)),
                              [CONTEXT] * CHUNK)
@@ -229,20 +229,10 @@ def sample_joint(small, params: SamplingParams) -> tuple[torch.Tensor, float]:
         s.seq_lens.fill_(len(CONTEXT))
         s.active.fill_(True)
         s.bonus.fill_(ROOT)
-        got = torch.zeros(CHUNK, DEPTH, dtype=torch.long)
-        have = torch.zeros(CHUNK, dtype=torch.long)
-        while have.min() < DEPTH:
-            w = sp.round(CHUNK).walk
-            j = torch.arange(w.emitted.shape[1])[None]
-            pos = have[:, None] + j
-            take = (j < w.accepted[:, None]) & (pos < DEPTH)
-            rows = torch.arange(CHUNK)[:, None].expand_as(pos)
-            got[rows[take], pos[take]] = w.emitted[take]
-            have += w.accepted
-            accepted += w.accepted.float().mean().item()
-            rounds += 1
+        got, chunk_means = first_emitted(lambda: sp.round(CHUNK).walk, CHUNK, DEPTH)
+        means += chunk_means
         counts += torch.bincount((got[:, 0] * V + got[:, 1]) * V + got[:, 2], minlength=V ** DEPTH)
-    return counts, accepted / rounds
+    return counts, sum(means) / len(means)
 
 
 def test_sampled_joint_with_penalties_is_exact_and_the_test_has_teeth(small):

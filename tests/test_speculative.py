@@ -26,8 +26,8 @@ from treeflash.round import SpecConfig, Speculator, rows_per_round
 from treeflash.sampling import SamplingParams, SamplingTensors, processed_probs
 from treeflash.tree import Walk
 
-from spec_helpers import (chi_square, drafter_hf_config, hf_greedy, install_oracle, load_hf, make_drafter,
-                          make_target)
+from spec_helpers import (chi_square, drafter_hf_config, first_emitted, hf_greedy, install_oracle, load_hf,
+                          make_drafter, make_target)
 
 # ==================================================================================================
 # Greedy losslessness
@@ -355,26 +355,16 @@ class SamplingSetup:
             sp.draft = lambda state, sampling, depths=None, layout=None: per_slot[:state.bonus.shape[0], :depths]
         s = sp.state
         counts = torch.zeros(V ** DEPTH, dtype=torch.long)
-        accepted_total, rounds = 0.0, 0
+        means = []
         for start in range(0, slots, chunk):
             s.seq_lens.fill_(len(CONTEXT))
             s.active.fill_(True)
             s.bonus.fill_(ROOT)
             st = SamplingTensors.build([params] * chunk, list(range(start, start + chunk)), "cpu")
-            got = torch.zeros(chunk, DEPTH, dtype=torch.long)
-            have = torch.zeros(chunk, dtype=torch.long)
-            while have.min() < DEPTH:
-                w = sp.round(chunk, sampling=st).walk
-                j = torch.arange(w.emitted.shape[1])[None]
-                pos = have[:, None] + j
-                take = (j < w.accepted[:, None]) & (pos < DEPTH)
-                rows = torch.arange(chunk)[:, None].expand_as(pos)
-                got[rows[take], pos[take]] = w.emitted[take]
-                have += w.accepted
-                accepted_total += w.accepted.float().mean().item()
-                rounds += 1
+            got, chunk_means = first_emitted(lambda: sp.round(chunk, sampling=st).walk, chunk, DEPTH)
+            means += chunk_means
             counts += torch.bincount((got[:, 0] * V + got[:, 1]) * V + got[:, 2], minlength=V ** DEPTH)
-        return counts, accepted_total / rounds
+        return counts, sum(means) / len(means)
 
     def chi2(self, spec, params, table=True):
         counts, tau = self.sample(spec, params, self.draft_table(params) if table else None)
