@@ -5,6 +5,8 @@ that dies is reported with no process left behind."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import datetime
 import multiprocessing
 import os
@@ -126,10 +128,12 @@ def test_uneven_splits_are_refused_before_any_weight_or_process(tmp_path, monkey
 
 # --- two processes --------------------------------------------------------------------------------
 def test_tp2_greedy_and_seeded_sample_equal_tp1(models):
-    """The quick representative: qwen3 + ddtree, greedy and a seeded sample (with log-probs), in one TP=2 LLM."""
+    """The quick representative: qwen3 + ddtree, greedy and a seeded sample (with log-probs, one with penalties
+    and a logit bias), in one TP=2 LLM."""
     target, drafter = models["qwen3"]
     sample = [SamplingParams(temperature=0.8, top_p=0.9, seed=7 + i, max_tokens=20, ignore_eos=True, logprobs=2)
               for i in range(len(PROMPTS))]
+    sample[0] = dataclasses.replace(sample[0], repetition_penalty=1.3, presence_penalty=0.5, logit_bias={5: 2.0})
     with one_thread():
         single = LLM(str(target), device="cpu", draft_model=str(drafter), tree_budget=6, max_num_seqs=2)
         want_greedy = [o.token_ids for o in single.generate(prompt_token_ids=PROMPTS, sampling_params=GREEDY)]
