@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from treeflash.transfer import to_device
+
 
 @dataclass
 class PenaltyCounts:
@@ -34,14 +36,15 @@ class PenaltyCounts:
                              torch.zeros(slots, vocab, dtype=torch.bool, device=device))
 
     def start(self, slots: list[int], prompts: list[list[int] | None]) -> None:
-        """New requests in `slots`: nothing generated yet, their prompts' tokens seen (None: none)."""
-        index = torch.tensor(slots, dtype=torch.long)
-        self.output[index.to(self.output.device)] = 0
+        """New requests in `slots`: nothing generated yet, their prompts' tokens seen (None: none). Queued
+        through pinned memory: an admission does not wait for the round in flight."""
+        index = to_device(slots, self.output.device, torch.long)
+        self.output[index] = 0
         prompt = torch.zeros(len(slots), self.prompt.shape[1], dtype=torch.bool)
         for row, ids in enumerate(prompts):
             if ids:
                 prompt[row, torch.tensor(ids, dtype=torch.long)] = True
-        self.prompt[index.to(self.prompt.device)] = prompt.to(self.prompt.device)
+        self.prompt[index] = to_device(prompt, self.prompt.device)
 
     def first(self, slots: torch.Tensor, done: torch.Tensor, tokens: torch.Tensor) -> None:
         """Prefill drew each finished prompt's first token: its slot's output is that token alone (set, not
