@@ -19,13 +19,12 @@ E. graphed == eager (float32): the same requests (greedy and seeded sampling, mi
    Graphed runs overlap their rounds (the engine's default there); one more run puts the four requests
    through two slots, so requests end and slots are reused while a round for them is in flight.
 F. no host synchronisation inside a replayed round (set_sync_debug_mode("error") around replays; the methods of C).
-L. log-probs, penalties and logit_bias (float32, none / dflash / ddtree / ddtree + lookup, mixed batches):
-   asking for log-probs changes no token, graphed == eager, graphed log-probs equal eager ones and match
-   transformers' log_softmax over prompt + output; with penalties and a logit_bias graphed == eager, requests
-   without them keep their tokens, penalised greedy equals plain decoding's (and transformers' repetition
-   penalty); replayed rounds with either run without host sync; with --logprobs-timings SHAPES, graphed
-   rounds without / with log-probs / with penalties and a logit_bias (batch 1 and 8, AR step and DDTree-64,
-   context 1024).
+L. log-probs, penalties, logit_bias and min_tokens (float32, none / dflash / ddtree / ddtree + lookup, mixed
+   batches): asking for log-probs changes no token, graphed == eager, graphed log-probs equal eager ones and
+   match transformers' log_softmax over prompt + output; with penalties, a logit_bias and min_tokens graphed ==
+   eager, requests without them keep their tokens, penalised greedy equals plain decoding's (and transformers'
+   repetition penalty); replayed rounds with either run without host sync; with --logprobs-timings SHAPES,
+   graphed rounds without / with log-probs / with the rest (batch 1 and 8, AR step and DDTree-64, context 1024).
 P. graphs sharing one memory pool: rounds hop between graphs (buckets, budgets 0-256, one pool, one capture
    stream) and equal the same rounds run eagerly; a round's read-back survives other graphs' replays; graphs
    captured one per stage (time_stages) write no tensor made after them.
@@ -355,7 +354,8 @@ def check_logprobs(target: Path, drafter: Path, attention: str | None, shapes: l
     plain = [SamplingParams(temperature=0.8, top_p=0.9, max_tokens=30, seed=1234, ignore_eos=True), greedy(40),
              greedy(33), SamplingParams(temperature=1.0, min_p=0.05, max_tokens=25, seed=7, ignore_eos=True)]
     asked = [dataclasses.replace(plain[0], logprobs=5), plain[1], dataclasses.replace(plain[2], logprobs=0), plain[3]]
-    penalties = dict(repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.3, logit_bias={5: 3.0, 9: -100.0})
+    penalties = dict(repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.3, logit_bias={5: 3.0, 9: -100.0},
+                     min_tokens=6, stop_token_ids=[7])
     penalised = [dataclasses.replace(plain[0], **penalties), dataclasses.replace(plain[1], **penalties), plain[2],
                  plain[3]]
     hf = None
@@ -403,7 +403,7 @@ def check_logprobs(target: Path, drafter: Path, attention: str | None, shapes: l
             results["none: repetition-penalty greedy (graphed) == transformers"] = alone == want
             results["none: the logit bias of -100 kept its token out"] = all(9 not in t for t in tokens[True, p][:2])
     if DEVICE == "cuda":
-        for what, extra in (("log-probs", {"logprobs": 3}), ("penalties + logit_bias", penalties)):
+        for what, extra in (("log-probs", {"logprobs": 3}), ("penalties, logit_bias, min_tokens", penalties)):
             llm = LLM(target, device=DEVICE, dtype="float32", draft_model=drafter, spec="ddtree", tree_budget=16,
                       time_stages=False)
             speculator = mixed_speculator(llm, attention=attention, **extra)
@@ -415,9 +415,10 @@ def check_logprobs(target: Path, drafter: Path, attention: str | None, shapes: l
             for method, budget in (("none", 64), ("ddtree", 64)):
                 sp = filled_speculator(target_model, drafter_model, SpecConfig(method, budget), batch, 1024, attention)
                 row = {}
-                for what, extra in (("plain", {}), ("log-probs", {"logprobs": 5}), ("penalties + logit_bias", penalties)):
+                for what, extra in (("plain", {}), ("log-probs", {"logprobs": 5}),
+                                    ("penalties, logit_bias, min_tokens", penalties)):
                     sp.set_sampling_many(list(range(batch)), [SamplingParams(temperature=0, **extra)] * batch,
-                                         [0] * batch, [[1, 2, 3]] * batch)
+                                         [0] * batch, [[1, 2, 3]] * batch, [{7}] * batch)
                     row[what] = round(1e3 * GraphRunner(sp, log=None).time_round(batch, 10), 3)
                 results[f"{name} batch {batch} {method}-{budget}: graphed ms"] = str(row)
                 del sp

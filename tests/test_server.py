@@ -230,6 +230,13 @@ def test_penalties_give_the_offline_tokens(client, offline):
     assert want.text != offline.generate("the tree", greedy(24, ignore_eos=True))[0].text
 
 
+def test_min_tokens_gives_the_offline_tokens(client, offline):
+    want = offline.generate("the tree", greedy(24, min_tokens=20))[0]
+    got = client.completions.create(model=NAME, prompt="the tree", max_tokens=24, temperature=0,
+                                    extra_body={"min_tokens": 20})
+    assert got.choices[0].text == want.text and got.usage.completion_tokens == len(want.token_ids) >= 20
+
+
 def test_logit_bias_steers_the_answer(client):
     a = 1 + CHARS.index("a")  # the character tokenizer's id of "a" (0 is its end-of-sequence token)
     got = client.completions.create(model=NAME, prompt="the tree", max_tokens=8, temperature=0,
@@ -317,7 +324,8 @@ BAD = [  # (route, body, status, param)
     # Fields that change the output and were ignored: refused by name.
     ("chat/completions", {"model": NAME, "messages": CHAT, "logprobs": 3}, 400, "logprobs"),
     ("completions", {"model": NAME, "prompt": "x", "prompt_logprobs": 1}, 400, "prompt_logprobs"),
-    ("completions", {"model": NAME, "prompt": "x", "min_tokens": 5}, 400, "min_tokens"),
+    ("completions", {"model": NAME, "prompt": "x", "min_tokens": -1}, 400, "min_tokens"),
+    ("completions", {"model": NAME, "prompt": "x", "min_tokens": 9, "max_tokens": 4}, 400, "min_tokens"),
     ("completions", {"model": NAME, "prompt": "x", "include_stop_str_in_output": True}, 400,
      "include_stop_str_in_output"),
     ("completions", {"model": NAME, "prompt": "x", "repetition_penalty": 0}, 400, "repetition_penalty"),

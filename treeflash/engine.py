@@ -548,7 +548,8 @@ class Engine:
             ready = [group[i][0] for i in done]
             if ready:  # their sampling rows, which the forward's first-token draw reads
                 self.speculator.set_sampling_many([r.slot for r in ready], [r.params for r in ready],
-                                                  [r.seed for r in ready], [r.prompt_ids for r in ready])
+                                                  [r.seed for r in ready], [r.prompt_ids for r in ready],
+                                                  [r.stop_ids for r in ready])
             # The forward, each slot's commit and every finished prompt's first token: one graph replay on
             # a GPU (Speculator.prefill_and_start); the tokens' read-back is the step's wait for it.
             drawn = self.runner.prefill([PrefillPiece(r.slot, r.prompt_ids, s, e) for r, s, e in group])
@@ -640,12 +641,14 @@ class Engine:
         for j, token in enumerate(tokens):
             kept.append(token)
             request.output_ids.append(token)
+            # Before min_tokens nothing stops the request (vLLM's rule; rounds draw no stop token there either).
+            stops = len(request.output_ids) >= request.params.min_tokens
             if request.logprobs is not None:
                 decode = self.pieces.text if request.params.detokenize and self.tokenizer is not None else None
                 request.logprobs.append(unpack(logprobs[j], token, request.params.logprobs, decode))
-            if by_token and self._stop_string_hit(request, detok, token):
+            if stops and by_token and self._stop_string_hit(request, detok, token):
                 pass  # (it ended the request)
-            elif token in request.stop_ids:
+            elif stops and token in request.stop_ids:
                 request.finish_reason = "stop"  # the stop token ends the text, it is not part of it
             elif by_token:
                 detok.push(token)

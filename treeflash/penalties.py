@@ -1,4 +1,4 @@
-"""Repetition, frequency and presence penalties (vLLM's rules, OpenAI's fields), lossless under speculation.
+"""Repetition, frequency and presence penalties and min_tokens (vLLM's rules), lossless under speculation.
 
 A penalty makes a token's logit depend on the tokens generated before it. In a draft tree every node has a
 past of its own: the request's output so far (counted once per slot, `PenaltyCounts.output`) plus the drafted
@@ -12,6 +12,9 @@ vLLM's order and formulas, on the float32 logits before temperature and the filt
 2. frequency_penalty f: minus f x the token's count in the output;
 3. presence_penalty p: minus p where the token is in the output.
 A row without penalties (r = 1, f = p = 0) comes out bit for bit as it went in.
+
+min_tokens (`StopSuppression`) depends on a node's position alone: a stop token drawn at a position before
+the request's prompt length + min_tokens gets no probability, at every node as in plain decoding.
 """
 
 from __future__ import annotations
@@ -80,3 +83,33 @@ def penalize(logits: torch.Tensor, repetition: torch.Tensor, frequency: torch.Te
     r = repetition[:, None, None]
     x = torch.where(seen, torch.where(x > 0, x / r, x * r), x)
     return x - frequency[:, None, None] * counts - presence[:, None, None] * (counts > 0)
+
+
+@dataclass
+class StopSuppression:
+    """min_tokens: each slot's stop tokens [slots, V] (bool) and the first position at which one may be drawn
+    [slots] (prompt length + min_tokens; 0: no suppression)."""
+
+    stop: torch.Tensor
+    stops_from: torch.Tensor
+
+    @staticmethod
+    def new(slots: int, vocab: int, device) -> "StopSuppression":
+        return StopSuppression(torch.zeros(slots, vocab, dtype=torch.bool, device=device),
+                               torch.zeros(slots, dtype=torch.long, device=device))
+
+    def start(self, slots: list[int], stop_ids: list, stops_from: list[int]) -> None:
+        """New requests in `slots`: their stop tokens and first stop position (queued through pinned memory)."""
+        index = to_device(slots, self.stop.device, torch.long)
+        stop = torch.zeros(len(slots), self.stop.shape[1], dtype=torch.bool)
+        for row, ids in enumerate(stop_ids):
+            if ids:
+                stop[row, torch.tensor(sorted(ids), dtype=torch.long)] = True
+        self.stop[index] = to_device(stop, self.stop.device)
+        self.stops_from[index] = to_device(stops_from, self.stop.device, torch.long)
+
+    def apply(self, logits: torch.Tensor, rows: torch.Tensor | slice, positions: torch.Tensor) -> torch.Tensor:
+        """logits [S, N, V] of slots `rows` drawing tokens at `positions` [S, N]: stop tokens -inf before their
+        slot's first stop position. Capturable."""
+        early = positions < self.stops_from[rows][:, None]  # [S, N]
+        return logits.float().masked_fill(early[:, :, None] & self.stop[rows][:, None, :], float("-inf"))

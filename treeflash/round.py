@@ -26,7 +26,7 @@ from treeflash.budget import AUTO_BUDGETS, NO_DRAFT, expected_drafts
 from treeflash.kv_cache import KVCache, append_layout
 from treeflash.logprobs import emitted_logprobs, pack
 from treeflash.lookup import compact as compact_lookup, graft_lookup, keep_slots
-from treeflash.penalties import PenaltyCounts, penalize
+from treeflash.penalties import PenaltyCounts, StopSuppression, penalize
 from treeflash.models.dflash import DFlashDrafter
 from treeflash.models.kernels import COMPILED, EAGER, pin_triton_cache_dir, prepack_cpu, projection_weights, \
     use_fast_path
@@ -246,6 +246,8 @@ class Speculator:
         self.penalty_counts: PenaltyCounts | None = None
         # Each slot's logit_bias as a dense row [slots, V], made when a request with one first comes.
         self.logit_bias: torch.Tensor | None = None
+        # min_tokens: each slot's stop tokens and first stop position, made when a request with it first comes.
+        self.stop_suppression: StopSuppression | None = None
         self._flags: SamplingFlags | None = SamplingFlags()  # None: stale, recomputed at next read
         self.auto_budgets = torch.tensor(AUTO_BUDGETS, device=self.device)
 
@@ -275,11 +277,16 @@ class Speculator:
 
     # --- sampling rows ---------------------------------------------------------------------------
     def set_sampling_many(self, slots: list[int], params: list[SamplingParams | None],
-                          seeds: list[int], prompts: list[list[int]] | None = None) -> SamplingTensors:
+                          seeds: list[int], prompts: list[list[int]] | None = None,
+                          stop_ids: list | None = None) -> SamplingTensors:
         """Write requests' sampling parameters into their slots' static rows (None: the slot is free) and
         mark the flags stale (recomputed once, when a round reads them); returns the requests' rows.
         prompts: the requests' prompts, which a repetition penalty counts as seen (where any has a penalty;
-        None: no prompt token counts)."""
+        None: no prompt token counts). stop_ids: each request's stop tokens (EOS included unless it ignores
+        it), which min_tokens holds back; min_tokens needs both."""
+        if stop_ids is None or prompts is None:
+            if any(p is not None and p.min_tokens for p in params):
+                raise ValueError("min_tokens needs the requests' prompts and stop token ids")
         rows = SamplingTensors.build([p or IDLE for p in params], seeds, self.device)
         index = to_device(slots, self.device, torch.long)
         for f in dataclasses.fields(SamplingTensors):
@@ -298,6 +305,13 @@ class Speculator:
                 for token, value in (p.logit_bias or {}).items() if p is not None else ():
                     bias[row, token] = value
             self.logit_bias[index] = to_device(bias, self.device)
+        if self.stop_suppression is None and any(p is not None and p.min_tokens for p in params):
+            self.stop_suppression = StopSuppression.new(self.slots, self.target.config.vocab_size, self.device)
+        if self.stop_suppression is not None:
+            early = [p is not None and p.min_tokens > 0 for p in params]
+            self.stop_suppression.start(slots, [stop_ids[i] if e else None for i, e in enumerate(early)],
+                                        [len(prompts[i]) + params[i].min_tokens if e else 0
+                                         for i, e in enumerate(early)])
         if self.penalty_counts is not None:
             self.penalty_counts.start(slots, [prompt if p is not None and p.penalized else None
                                               for p, prompt in zip(params, prompts or [None] * len(slots))])
@@ -360,6 +374,8 @@ class Speculator:
             logits[:, None].float() + self.logit_bias[batch.slots][:, None]
         if counts is not None:
             adjusted = penalize(adjusted, rows.repetition, rows.frequency, rows.presence, None, counts.prompt[batch.slots])
+        if self.flags.use_min_tokens:
+            adjusted = self.stop_suppression.apply(adjusted, batch.slots, ends)
         first = derive(adjusted, rows, ends)[:, 0]
         if counts is not None:
             counts.first(batch.slots, batch.done, first)
@@ -457,7 +473,7 @@ class Speculator:
         and draw its first token (the first round's root), as the engine admits a request
         (`prefill_and_start`, eagerly, a chunk at a time). Returns it as a [1] device tensor.
         """
-        self.set_sampling_many([slot], [params], [seed], [prompt])
+        self.set_sampling_many([slot], [params], [seed], [prompt], [set(params.stop_token_ids or [])])
         for begin in range(start, len(prompt), PREFILL_CHUNK):
             piece = PrefillPiece(slot, prompt, begin, min(begin + PREFILL_CHUNK, len(prompt)))
             first = self.prefill_and_start(self.prefill_batch([piece]), piece.end)
@@ -556,6 +572,8 @@ class Speculator:
             logits.float() + self.logit_bias[:num_slots, None]
         if counts is not None:
             adjusted = self.penalize(adjusted, tree, sampling, counts, num_slots)
+        if sampling.flags.use_min_tokens:
+            adjusted = self.stop_suppression.apply(adjusted, slice(0, num_slots), positions + 1)
         derived = derive(adjusted, sampling, positions + 1)
         accepted = self.walk(tree, derived)
         packed = emitted_logprobs(logits, accepted.path, accepted.emitted) if sampling.flags.logprobs else None

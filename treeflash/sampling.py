@@ -43,7 +43,9 @@ class SamplingParams:
     (treeflash/penalties.py): repetition_penalty (> 0; 1 = off)
     divides positive logits of tokens in the prompt or the output by it and multiplies the others;
     frequency_penalty (in [-2, 2]) subtracts it times the token's count in the output; presence_penalty (in
-    [-2, 2]) subtracts it from tokens in the output. They apply to greedy requests too.
+    [-2, 2]) subtracts it from tokens in the output; and while fewer than min_tokens tokens are generated,
+    the request's stop tokens (its stop_token_ids, and EOS unless ignore_eos) get no probability. They apply
+    to greedy requests too.
 
     The filters follow vLLM's v1 sampler, in its order:
     1. temperature: logits / temperature.
@@ -79,6 +81,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] | None = None
+    # No stop token can be drawn, and no stop string ends the request, before this many tokens (vLLM's)
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
         # numpy and torch scalars are taken (as Python numbers), bools are not.
@@ -137,6 +141,8 @@ class SamplingParams:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
         if not 0 < number("repetition_penalty") <= 1e4:
             raise ValueError(f"repetition_penalty must be in (0, 1e4] (1 = off), got {self.repetition_penalty}")
+        if not 0 <= integer("min_tokens") <= self.max_tokens:
+            raise ValueError(f"min_tokens must be in [0, max_tokens = {self.max_tokens}], got {self.min_tokens}")
         if self.logit_bias is not None:
             bias = self.logit_bias
             ids = {as_int(k) for k in bias} if isinstance(bias, dict) else {None}
@@ -180,6 +186,7 @@ class SamplingFlags:
     logprobs: bool = False  # some request asks for log-probs: rounds pack them into the read-back
     use_penalties: bool = False  # some request has a penalty: rounds count tokens and penalise the logits
     use_logit_bias: bool = False  # some request has a logit_bias: rounds add the slots' bias rows
+    use_min_tokens: bool = False  # some request has min_tokens: rounds suppress stop tokens drawn too early
 
     @staticmethod
     def of(params: list[SamplingParams]) -> "SamplingFlags":
@@ -192,7 +199,8 @@ class SamplingFlags:
                              max_top_k=1 << (top_k - 1).bit_length() if top_k > 0 else 0,
                              logprobs=any(p.logprobs is not None for p in params),
                              use_penalties=any(p.penalized for p in params),
-                             use_logit_bias=any(p.logit_bias for p in params))
+                             use_logit_bias=any(p.logit_bias for p in params),
+                             use_min_tokens=any(p.min_tokens > 0 for p in params))
 
 
 @dataclass(frozen=True)

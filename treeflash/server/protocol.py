@@ -23,7 +23,6 @@ class _Request(BaseModel):
 # the values that change nothing; any other value is refused by name (`Frontend`), never ignored. They arrive
 # as extra fields (`SamplingFields.model_extra`).
 UNSUPPORTED: dict[str, tuple] = {
-    "min_tokens": (0,),
     "include_stop_str_in_output": (False,),
     "use_beam_search": (False,),
     "length_penalty": (1, 1.0),
@@ -83,6 +82,7 @@ class SamplingFields(_Request):
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None  # OpenAI's: token ids (as JSON's string keys) -> bias in [-100, 100]
+    min_tokens: int | None = Field(None, ge=0)  # vLLM's: no stop before this many tokens
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name for max_tokens
     stream: bool = False
