@@ -375,7 +375,7 @@ class Speculator:
         if counts is not None:
             adjusted = penalize(adjusted, rows.repetition, rows.frequency, rows.presence, None, counts.prompt[batch.slots])
         if self.flags.use_min_tokens:
-            adjusted = self.stop_suppression.apply(adjusted, batch.slots, ends)
+            adjusted = self._suppression().apply(adjusted, batch.slots, ends)
         first = derive(adjusted, rows, ends)[:, 0]
         if counts is not None:
             counts.first(batch.slots, batch.done, first)
@@ -573,7 +573,7 @@ class Speculator:
         if counts is not None:
             adjusted = self.penalize(adjusted, tree, sampling, counts, num_slots)
         if sampling.flags.use_min_tokens:
-            adjusted = self.stop_suppression.apply(adjusted, slice(0, num_slots), positions + 1)
+            adjusted = self._suppression().apply(adjusted, slice(0, num_slots), positions + 1)
         derived = derive(adjusted, sampling, positions + 1)
         accepted = self.walk(tree, derived)
         packed = emitted_logprobs(logits, accepted.path, accepted.emitted) if sampling.flags.logprobs else None
@@ -658,6 +658,12 @@ class Speculator:
             raise ValueError("penalties need the slots' token counts: write the requests' rows with "
                              "set_sampling_many first")
         return self.penalty_counts
+
+    def _suppression(self) -> StopSuppression:
+        if self.stop_suppression is None:  # (sampling rows passed to `round` without set_sampling_many)
+            raise ValueError("min_tokens needs the slots' stop tokens: write the requests' rows with "
+                             "set_sampling_many first")
+        return self.stop_suppression
 
     def penalize(self, logits: torch.Tensor, tree: DraftTree, sampling: SamplingTensors, counts: PenaltyCounts,
                  num_slots: int) -> torch.Tensor:
