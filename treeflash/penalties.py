@@ -26,6 +26,15 @@ import torch
 from treeflash.transfer import to_device
 
 
+def token_rows(token_sets: list, vocab: int) -> torch.Tensor:
+    """A host bool row [len(token_sets), vocab] per set of token ids (None or empty: none), for a slot's state."""
+    rows = torch.zeros(len(token_sets), vocab, dtype=torch.bool)
+    for row, ids in enumerate(token_sets):
+        if ids:
+            rows[row, torch.tensor(sorted(set(ids)), dtype=torch.long)] = True
+    return rows
+
+
 @dataclass
 class PenaltyCounts:
     """Per slot: how often each token was generated, and which tokens the prompt holds ([slots, V])."""
@@ -43,11 +52,7 @@ class PenaltyCounts:
         through pinned memory: an admission does not wait for the round in flight."""
         index = to_device(slots, self.output.device, torch.long)
         self.output[index] = 0
-        prompt = torch.zeros(len(slots), self.prompt.shape[1], dtype=torch.bool)
-        for row, ids in enumerate(prompts):
-            if ids:
-                prompt[row, torch.tensor(ids, dtype=torch.long)] = True
-        self.prompt[index] = to_device(prompt, self.prompt.device)
+        self.prompt[index] = to_device(token_rows(prompts, self.prompt.shape[1]), self.prompt.device)
 
     def first(self, slots: torch.Tensor, done: torch.Tensor, tokens: torch.Tensor) -> None:
         """Prefill drew each finished prompt's first token: its slot's output is that token alone (set, not
@@ -101,11 +106,7 @@ class StopSuppression:
     def start(self, slots: list[int], stop_ids: list, stops_from: list[int]) -> None:
         """New requests in `slots`: their stop tokens and first stop position (queued through pinned memory)."""
         index = to_device(slots, self.stop.device, torch.long)
-        stop = torch.zeros(len(slots), self.stop.shape[1], dtype=torch.bool)
-        for row, ids in enumerate(stop_ids):
-            if ids:
-                stop[row, torch.tensor(sorted(ids), dtype=torch.long)] = True
-        self.stop[index] = to_device(stop, self.stop.device)
+        self.stop[index] = to_device(token_rows(stop_ids, self.stop.shape[1]), self.stop.device)
         self.stops_from[index] = to_device(stops_from, self.stop.device, torch.long)
 
     def apply(self, logits: torch.Tensor, rows: torch.Tensor | slice, positions: torch.Tensor) -> torch.Tensor:

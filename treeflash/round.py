@@ -369,16 +369,9 @@ class Speculator:
         rows = dataclasses.replace(self.sampling_rows.rows(batch.slots), flags=self.flags)
         ends = (batch.starts + batch.lengths)[:, None]
         logits = self.target.logits(last)
-        counts = self._counts(self.flags)
-        adjusted = logits[:, None] if not self.flags.use_logit_bias else \
-            logits[:, None].float() + self.logit_bias[batch.slots][:, None]
-        if counts is not None:
-            adjusted = penalize(adjusted, rows.repetition, rows.frequency, rows.presence, None, counts.prompt[batch.slots])
-        if self.flags.use_min_tokens:
-            adjusted = self._suppression().apply(adjusted, batch.slots, ends)
-        first = derive(adjusted, rows, ends)[:, 0]
-        if counts is not None:
-            counts.first(batch.slots, batch.done, first)
+        first = derive(self.adjusted_logits(logits[:, None], rows, batch.slots, ends), rows, ends)[:, 0]
+        if self.flags.use_penalties:
+            self.penalty_counts.first(batch.slots, batch.done, first)
         self.state.bonus[batch.slots] = torch.where(batch.done, first, self.state.bonus[batch.slots])
         parts = [first[:, None]] + ([pack(logits, first)] if self.flags.logprobs else [])
         return torch.cat(parts, 1) if out is None else torch.cat(parts, 1, out=out)
@@ -567,20 +560,14 @@ class Speculator:
         positions = state.seq_lens[:, None] + tree.depths
         logits, features = self.verify(tree, positions, state, cache, layout)
         lap("verify")
-        counts = self._counts(sampling.flags)
-        adjusted = logits if not sampling.flags.use_logit_bias else \
-            logits.float() + self.logit_bias[:num_slots, None]
-        if counts is not None:
-            adjusted = self.penalize(adjusted, tree, sampling, counts, num_slots)
-        if sampling.flags.use_min_tokens:
-            adjusted = self._suppression().apply(adjusted, slice(0, num_slots), positions + 1)
-        derived = derive(adjusted, sampling, positions + 1)
+        derived = derive(self.adjusted_logits(logits, sampling, slice(0, num_slots), positions + 1, tree), sampling,
+                         positions + 1)
         accepted = self.walk(tree, derived)
         packed = emitted_logprobs(logits, accepted.path, accepted.emitted) if sampling.flags.logprobs else None
         lap("derive_walk")
         self.commit(accepted, features, state, cache, num_slots)
-        if counts is not None:
-            counts.add(accepted.emitted, accepted.accepted)
+        if sampling.flags.use_penalties:
+            self.penalty_counts.add(accepted.emitted, accepted.accepted)
         # (before the last lap: a stage-split capture ends its graphs there)
         rows = readback(accepted, predicted, packed, readback_out)
         lap("commit")
@@ -650,27 +637,29 @@ class Speculator:
         hidden, features = self.target(tree.tokens, positions, cache, rows, mask, self.capture)
         return self.target.logits(hidden), self.drafter.context_features(self.target, features) if features else None
 
-    def _counts(self, flags: SamplingFlags) -> PenaltyCounts | None:
-        """The penalty counts where a running request has a penalty (host-known flags: no device read)."""
-        if not flags.use_penalties:
-            return None
-        if self.penalty_counts is None:  # (sampling rows passed to `round` without set_sampling_many)
-            raise ValueError("penalties need the slots' token counts: write the requests' rows with "
+    def adjusted_logits(self, logits: torch.Tensor, sampling: SamplingTensors, rows: torch.Tensor | slice,
+                        positions: torch.Tensor, tree: DraftTree | None = None) -> torch.Tensor:
+        """logits [S, N, V] of slots `rows` drawing at `positions` [S, N], after the requests' logit_bias,
+        penalties and min_tokens in vLLM's order (treeflash/penalties.py), each only where a running request
+        uses it (host-known flags: no device read). tree: the round's, whose nodes' drafted paths count toward
+        their penalties, what plain decoding would count at those positions; None at prefill, where nothing is
+        generated yet."""
+        flags = sampling.flags
+        if (flags.use_penalties and self.penalty_counts is None) or (flags.use_min_tokens and
+                                                                     self.stop_suppression is None):
+            # (sampling rows passed to `round` without set_sampling_many)
+            raise ValueError("penalties and min_tokens need the slots' rows: write the requests' rows with "
                              "set_sampling_many first")
-        return self.penalty_counts
-
-    def _suppression(self) -> StopSuppression:
-        if self.stop_suppression is None:  # (sampling rows passed to `round` without set_sampling_many)
-            raise ValueError("min_tokens needs the slots' stop tokens: write the requests' rows with "
-                             "set_sampling_many first")
-        return self.stop_suppression
-
-    def penalize(self, logits: torch.Tensor, tree: DraftTree, sampling: SamplingTensors, counts: PenaltyCounts,
-                 num_slots: int) -> torch.Tensor:
-        """Every node's logits under its request's penalties, counting the output so far and the node's own
-        drafted path (treeflash/penalties.py): what plain decoding would penalise at that position."""
-        return penalize(logits, sampling.repetition, sampling.frequency, sampling.presence,
-                        counts.output[:num_slots], counts.prompt[:num_slots], tree.tokens, self.ancestor_mask(tree))
+        if flags.use_logit_bias:
+            logits = logits.float() + self.logit_bias[rows][:, None]
+        if flags.use_penalties:
+            counts = self.penalty_counts
+            logits = penalize(logits, sampling.repetition, sampling.frequency, sampling.presence,
+                              None if tree is None else counts.output[rows], counts.prompt[rows],
+                              None if tree is None else tree.tokens, None if tree is None else self.ancestor_mask(tree))
+        if flags.use_min_tokens:
+            logits = self.stop_suppression.apply(logits, rows, positions)
+        return logits
 
     def ancestor_mask(self, tree: DraftTree) -> torch.Tensor:
         """The verify mask: `tree.ancestor_mask`, or on CUDA the same in one Triton launch."""
