@@ -4,6 +4,7 @@ prompt + output), and asking for them changes no token of any request in the bat
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -136,3 +137,55 @@ def test_token_pieces_give_each_tokens_own_bytes():
     assert pieces.bytes(0) == list(b" hi") and pieces.text(0) == " hi"
     assert pieces.bytes(1) == [0xC3]  # the first byte of "é", not the replacement character's
     assert pieces.bytes(2) == [0x41]  # a SentencePiece byte token
+
+
+# --- prompt log-probs (SamplingParams.prompt_logprobs) ----------------------------------------------------
+def _prompt_reference(hf, prompt):
+    with torch.no_grad():
+        return torch.log_softmax(hf(torch.tensor([prompt])).logits[0].float(), -1)
+
+
+def _check_prompt_entries(entries, prompt, reference, top):
+    assert len(entries) == len(prompt) and entries[0] is None  # nothing predicts the first token
+    for p in range(1, len(prompt)):
+        token, entry, row = prompt[p], entries[p], reference[p - 1]
+        assert list(entry)[0] == token
+        assert abs(entry[token].logprob - row[token].item()) < 1e-4
+        assert entry[token].rank == int((row >= row[token] - 1e-6).sum())
+        best = row.topk(top).indices.tolist() if top else []
+        assert set(entry) - {token} <= set(best) and len(entry) in (top, top + 1) if top else len(entry) == 1
+
+
+@pytest.mark.parametrize("chunk", [None, 3])
+@pytest.mark.parametrize("spec, budget, ngram", [METHODS[0], METHODS[3]])
+def test_prompt_log_probs_are_the_targets_at_every_prompt_position(pair, spec, budget, ngram, chunk):
+    """Every prompt token but the first gets its log-prob and rank under the target's forward over the prompt,
+    whether the prompt is prefilled in one piece or in chunks (the chunk's last position predicts the next
+    chunk's first token), batched with requests that do not ask; their tokens do not change."""
+    hf = pair[2]
+    llm = _llm(pair, spec, budget, ngram)
+    if chunk:
+        llm.engine.config = dataclasses.replace(llm.engine.config, prefill_chunk=chunk)
+    plain = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    asked = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, prompt_logprobs=2, logprobs=1)
+    want = [o.token_ids for o in llm.generate(prompt_token_ids=PROMPTS, sampling_params=plain)]
+    outs = llm.generate(prompt_token_ids=PROMPTS, sampling_params=[asked, plain, asked])
+    assert [o.token_ids for o in outs] == want
+    assert outs[1].prompt_logprobs is None
+    for i in (0, 2):
+        _check_prompt_entries(outs[i].prompt_logprobs, PROMPTS[i], _prompt_reference(hf, PROMPTS[i]), 2)
+        assert len(outs[i].logprobs) == 6  # the generated tokens' own, as before
+
+
+def test_prompt_log_probs_of_a_one_token_prompt_and_with_zero_alternatives(pair):
+    hf = pair[2]
+    outs = _llm(pair, "ddtree", 8, 0).generate(prompt_token_ids=[[5], PROMPTS[2]], sampling_params=SamplingParams(
+        temperature=1.0, seed=3, max_tokens=4, prompt_logprobs=0))
+    assert outs[0].prompt_logprobs == [None]
+    _check_prompt_entries(outs[1].prompt_logprobs, PROMPTS[2], _prompt_reference(hf, PROMPTS[2]), 0)
+
+
+@pytest.mark.parametrize("value", [-1, MAX_LOGPROBS + 1, 2.0, False])
+def test_bad_prompt_logprobs_are_refused(value):
+    with pytest.raises(ValueError, match="prompt_logprobs"):
+        SamplingParams(prompt_logprobs=value)

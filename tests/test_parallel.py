@@ -134,6 +134,7 @@ def test_tp2_greedy_and_seeded_sample_equal_tp1(models):
     sample = [SamplingParams(temperature=0.8, top_p=0.9, seed=7 + i, max_tokens=20, ignore_eos=True, logprobs=2)
               for i in range(len(PROMPTS))]
     sample[0] = dataclasses.replace(sample[0], repetition_penalty=1.3, presence_penalty=0.5, logit_bias={5: 2.0})
+    sample[1] = dataclasses.replace(sample[1], prompt_logprobs=1)
     with one_thread():
         single = LLM(str(target), device="cpu", draft_model=str(drafter), tree_budget=6, max_num_seqs=2)
         want_greedy = [o.token_ids for o in single.generate(prompt_token_ids=PROMPTS, sampling_params=GREEDY)]
@@ -146,6 +147,10 @@ def test_tp2_greedy_and_seeded_sample_equal_tp1(models):
             for a, b in zip(got, want):  # (float32 sums in another order: log-probs agree to rounding)
                 assert [e.keys() for e in a.logprobs] == [e.keys() for e in b.logprobs]
                 assert a.cumulative_logprob == pytest.approx(b.cumulative_logprob, abs=1e-4)
+            prompt = [(e, f) for e, f in zip(got[1].prompt_logprobs, want[1].prompt_logprobs)][1:]
+            assert got[1].prompt_logprobs[0] is None and len(prompt) == len(PROMPTS[1]) - 1
+            assert all(e.keys() == f.keys() and all(abs(e[t].logprob - f[t].logprob) < 1e-4 for t in e)
+                       for e, f in prompt)
             # Streams, aborts and stops are engine calls too: a stream closed early leaves the ranks in step.
             stream = llm.stream(prompt_token_ids=PROMPTS[0], sampling_params=GREEDY)
             next(stream)

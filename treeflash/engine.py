@@ -72,10 +72,14 @@ class Request:
     last_tree: str | None = None
     # params.logprobs set: one {token id: Logprob} per output token (treeflash/logprobs.py), else None
     logprobs: list[dict[int, Logprob]] | None = None
+    # params.prompt_logprobs set: None for the first prompt token, then one entry per prompt token prefilled
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
     def __post_init__(self) -> None:
         if self.params.logprobs is not None and self.logprobs is None:
             self.logprobs = []
+        if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:
+            self.prompt_logprobs = [None]
 
     @property
     def finished(self) -> bool:
@@ -552,17 +556,31 @@ class Engine:
                                                   [r.stop_ids for r in ready])
             # The forward, each slot's commit and every finished prompt's first token: one graph replay on
             # a GPU (Speculator.prefill_and_start); the tokens' read-back is the step's wait for it.
-            drawn = self.runner.prefill([PrefillPiece(r.slot, r.prompt_ids, s, e) for r, s, e in group])
-            first = drawn.tolist() if ready else []  # each piece's [draw, its packed log-probs if asked]
+            scored = any(r.prompt_logprobs is not None for r, _, _ in group)
+            drawn = self.runner.prefill([PrefillPiece(r.slot, r.prompt_ids, s, e) for r, s, e in group], scored)
+            # each piece's [draw, its packed log-probs if asked, its positions' prompt log-probs if any asked]
+            first = drawn.tolist() if ready or scored else []
+            width = 1 + COLUMNS * self.speculator.flags.logprobs
             elapsed = time.perf_counter() - clock  # each request waited for the whole forward
-            for request, _, end in group:
+            for i, (request, start, end) in enumerate(group):
                 request.prefilled = self.seq_lens[request.slot] = end
                 request.metrics.prefill_seconds += elapsed
+                if request.prompt_logprobs is not None:
+                    self._prompt_logprobs(request, start, end, first[i][width:])
             for i in done:
-                (token, *packed), request = first[i], group[i][0]
+                (token, *packed), request = first[i][:width], group[i][0]
                 request.metrics.num_prompt_tokens = len(request.prompt_ids)
                 updates.append(StepUpdate(request, self._append(request, [token], packed and [packed])))
                 self._retire_if_done(request)
+
+    def _prompt_logprobs(self, request: Request, start: int, end: int, columns: list[int]) -> None:
+        """The entries of prompt tokens start+1 .. end (those the piece's positions predict; the last one only
+        where the prompt goes on) from the piece's packed columns."""
+        decode = self.pieces.text if request.params.detokenize and self.tokenizer is not None else None
+        prompt = request.prompt_ids
+        for t, position in enumerate(range(start, min(end, len(prompt) - 1))):
+            request.prompt_logprobs.append(unpack(columns[t * COLUMNS:(t + 1) * COLUMNS], prompt[position + 1],
+                                                  request.params.prompt_logprobs, decode))
 
     def _plan_prefill(self) -> list[tuple[Request, int, int]]:
         """This step's pieces (request, start, end): at most one chunk per request, prefill_budget tokens
@@ -724,7 +742,8 @@ class Engine:
     def output_of(self, request: Request) -> RequestOutput:
         return RequestOutput(request.id, request.prompt, request.prompt_ids, list(request.output_ids),
                              self.text_of(request), request.finish_reason or "length", request.metrics,
-                             request.last_tree, None if request.logprobs is None else list(request.logprobs))
+                             request.last_tree, None if request.logprobs is None else list(request.logprobs),
+                             None if request.prompt_logprobs is None else list(request.prompt_logprobs))
 
 
 def default_budget_profile(engine: Engine) -> Path:

@@ -80,16 +80,17 @@ def unpack(columns: list[int], token: int, top: int, decode=None) -> dict[int, L
     return out
 
 
-def check_logprobs(value) -> int | None:
-    """SamplingParams.logprobs: None (none) or 0..MAX_LOGPROBS alternatives per token."""
+def check_logprobs(value, name: str = "logprobs") -> int | None:
+    """SamplingParams.logprobs / prompt_logprobs: None (none) or 0..MAX_LOGPROBS alternatives per token."""
     from treeflash.sampling import as_int
 
     if value is None:
         return None
     n = as_int(value)
     if n is None or not 0 <= n <= MAX_LOGPROBS:
-        raise ValueError(f"logprobs must be None or an integer in [0, {MAX_LOGPROBS}] (the most likely tokens "
-                         f"returned beside each generated one), got {value!r}")
+        which = "generated" if name == "logprobs" else "prompt"
+        raise ValueError(f"{name} must be None or an integer in [0, {MAX_LOGPROBS}] (the most likely tokens "
+                         f"returned beside each {which} one), got {value!r}")
     return n
 
 

@@ -70,6 +70,9 @@ class RequestOutput:
     # SamplingParams.logprobs set: per generated token {token id: Logprob}, the token first, then the most likely
     # ones (vLLM's SampleLogprobs; treeflash/logprobs.py); None otherwise.
     logprobs: list[dict[int, Logprob]] | None = None
+    # SamplingParams.prompt_logprobs set: one entry per prompt token, None for the first (nothing predicts it),
+    # then {token id: Logprob} as above (vLLM's PromptLogprobs); None otherwise.
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
     @property
     def cumulative_logprob(self) -> float | None:

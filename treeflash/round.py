@@ -354,7 +354,7 @@ class Speculator:
     @torch.inference_mode()
     def prefill_and_start(self, batch: PrefillBatch, kv_len: int,
                           real: tuple[torch.Tensor, torch.Tensor] | None = None,
-                          out: torch.Tensor | None = None) -> torch.Tensor:
+                          out: torch.Tensor | None = None, prompt_next: torch.Tensor | None = None) -> torch.Tensor:
         """`prefill_forward` of the pieces, then what admission does after it, all on the device: commit
         each slot's length, and draw the first token of each piece that ends its prompt (`done`) from the
         logits after it with the slot's sampling row (written beforehand, `set_sampling_many`) at
@@ -363,8 +363,15 @@ class Speculator:
         nowhere), then, when a request asks for log-probs, the draw's packed ones (treeflash/logprobs.py); in
         `out` where given (the runner's buffer, outside its graphs' shared pool). Capturable: a prefill
         graph replays all of it, so admitting a request costs the host the replay and one read, not the
-        ~30 eager ops of commit, lm_head and draw (benchmarks/admission)."""
-        last = self.prefill_forward(batch, kv_len, real)
+        ~30 eager ops of commit, lm_head and draw (benchmarks/admission).
+
+        prompt_next: [K, T] the prompt token after each of the pieces' positions (`prompt_next`), where a
+        request asks for prompt log-probs: every piece's read-back then ends in T x COLUMNS more columns, the
+        packed log-prob of each position's next token under the logits there (vocabulary-wide rows at every
+        position, a chunk of rows at a time: eager work, never captured)."""
+        hidden = self.prefill_forward(batch, kv_len, real, every=prompt_next is not None)
+        last = hidden if prompt_next is None else hidden[torch.arange(len(hidden), device=self.device),
+                                                         batch.lengths - 1]
         self.commit_prefill(batch)
         rows = dataclasses.replace(self.sampling_rows.rows(batch.slots), flags=self.flags)
         ends = (batch.starts + batch.lengths)[:, None]
@@ -374,7 +381,27 @@ class Speculator:
             self.penalty_counts.first(batch.slots, batch.done, first)
         self.state.bonus[batch.slots] = torch.where(batch.done, first, self.state.bonus[batch.slots])
         parts = [first[:, None]] + ([pack(logits, first)] if self.flags.logprobs else [])
+        if prompt_next is not None:
+            parts.append(self.prompt_logprobs(hidden, prompt_next).flatten(1))
         return torch.cat(parts, 1) if out is None else torch.cat(parts, 1, out=out)
+
+    def prompt_logprobs(self, hidden: torch.Tensor, following: torch.Tensor,
+                        rows_at_once: int = 256) -> torch.Tensor:
+        """hidden [K, T, H] the prefill's final hidden states, following [K, T] the token after each position
+        -> [K, T, COLUMNS]: that token's packed log-prob under the target's logits there (its raw
+        distribution, as generated tokens' log-probs), `rows_at_once` positions' logits at a time so a long
+        piece never holds T vocabulary-wide rows."""
+        flat, nxt = hidden.flatten(0, 1), following.flatten()
+        packed = [pack(self.target.logits(flat[i:i + rows_at_once]), nxt[i:i + rows_at_once])
+                  for i in range(0, len(flat), rows_at_once)]
+        return torch.cat(packed).view(*following.shape, -1)
+
+    def prompt_next(self, pieces: list[PrefillPiece], length: int | None = None) -> torch.Tensor:
+        """[K, T] each piece position's next prompt token, padded to `length` (the pieces' padded length) with
+        0; a piece that ends its prompt has no next token at its last position (0 there, never read)."""
+        t = length or max(p.end - p.start for p in pieces)
+        rows = [p.prompt[p.start + 1:p.end + 1] for p in pieces]
+        return to_device([r + [0] * (t - len(r)) for r in rows], self.device)
 
     def real_tokens(self, pieces: list[PrefillPiece]) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(batch index, token index) of the pieces' real tokens when they differ in length (padding is then
@@ -406,11 +433,12 @@ class Speculator:
 
     @torch.inference_mode()
     def prefill_forward(self, batch: PrefillBatch, kv_len: int,
-                        real: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                        real: tuple[torch.Tensor, torch.Tensor] | None = None, every: bool = False) -> torch.Tensor:
         """The forward of `prefill_many` on device tensors alone: K pieces of T tokens into their slots'
         caches, attending over rows [0, kv_len) (kv_len >= every piece's end). Returns the final hidden
         state of each piece's last real token [K, hidden] (`target.logits` of it: the logits after the
-        piece; a graph then owns K hidden rows, not K vocabulary-wide rows). With real=None every token
+        piece; a graph then owns K hidden rows, not K vocabulary-wide rows), or with every=True all of
+        them [K, T, hidden] (prompt log-probs). With real=None every token
         is stored, padding too, at rows start+t: the caller makes sure those rows exist (start + T <=
         capacity); rows past a piece's end lie beyond its slot's committed length, where nothing reads
         them before they are overwritten. Nothing here reads a device value on the host, so it can be
@@ -434,7 +462,7 @@ class Speculator:
         if self.drafter:
             self.drafter.add_context(self.drafter.context_features(self.target, features), positions,
                                      self.draft_cache.select(batch.slots, real), positions)
-        return hidden[torch.arange(k, device=dev), batch.lengths - 1]
+        return hidden if every else hidden[torch.arange(k, device=dev), batch.lengths - 1]
 
     def commit_prefill(self, batch: PrefillBatch) -> None:
         """After the pieces' forward: each slot's committed length becomes its piece's end, and a slot

@@ -253,16 +253,18 @@ class GraphRunner:
             return None
         return num, length, min(_pow2(start + length), sp.capacity)
 
-    def prefill(self, pieces: list[PrefillPiece]) -> torch.Tensor:
+    def prefill(self, pieces: list[PrefillPiece], prompt_logprobs: bool = False) -> torch.Tensor:
         """`Speculator.prefill_and_start` of the pieces (forward, commit, each finished piece's first token,
         whose sampling row must be written first), replayed from a graph where one fits, one per (padded
         shape, sampling flags). Returns each piece's read-back [k, 1 (+ L)] on the device: its draw, then any
-        log-probs of it (read nothing back here)."""
+        log-probs of it (read nothing back here). prompt_logprobs: some piece's request asks for them; the
+        pieces then run eagerly and each read-back ends in its positions' packed log-probs [T x COLUMNS]."""
         sp = self.speculator
-        shape = self.prefill_shape(pieces) if self.enabled else None
+        shape = self.prefill_shape(pieces) if self.enabled and not prompt_logprobs else None
         if shape is None:
             return sp.prefill_and_start(sp.prefill_batch(pieces), sp.attend_width(max(p.end for p in pieces)),
-                                        sp.real_tokens(pieces))
+                                        sp.real_tokens(pieces),
+                                        prompt_next=sp.prompt_next(pieces) if prompt_logprobs else None)
         self._check_cache()
         inputs = sp.prefill_batch(pieces, shape[0], shape[1])
         key = (shape, sp.flags)

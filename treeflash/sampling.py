@@ -77,6 +77,9 @@ class SamplingParams:
     # None: no log-probs; n: each generated token's log-prob and rank under the target's raw distribution,
     # with the n most likely tokens' (0 <= n <= 20; treeflash/logprobs.py).
     logprobs: int | None = None
+    # None: none; n: each prompt token's log-prob (but the first's) under the target, with the n most likely
+    # tokens' (vLLM's prompt_logprobs). A request asking for them is prefilled eagerly (no prefill graph).
+    prompt_logprobs: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
@@ -136,6 +139,7 @@ class SamplingParams:
         if self.stop and not self.detokenize:
             raise ValueError("stop strings need detokenize=True (they are matched in the text)")
         self.logprobs = check_logprobs(self.logprobs)
+        self.prompt_logprobs = check_logprobs(self.prompt_logprobs, "prompt_logprobs")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2 <= number(name) <= 2:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
