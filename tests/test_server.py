@@ -220,6 +220,54 @@ def test_chat_log_probs_with_top_alternatives_and_their_bytes(client, offline):
     assert plain.choices[0].logprobs is None
 
 
+def test_echo_puts_the_prompt_and_its_log_probs_first_streamed_or_not(client, offline):
+    """Completions' echo: the text starts with the prompt, and with logprobs the lists start with the prompt's
+    tokens (the first without a log-prob, as OpenAI's), each the target's log-prob of it (an evaluation
+    harness's loglikelihood request: token ids, echo, one new token, logprobs 1)."""
+    want = offline.generate("the tree", greedy(6, ignore_eos=True, logprobs=1, prompt_logprobs=1))[0]
+    prompt = want.prompt_token_ids
+    expected = [None] + [e[t].logprob for t, e in zip(prompt[1:], want.prompt_logprobs[1:])] + [
+        e[t].logprob for t, e in zip(want.token_ids, want.logprobs)]
+    got = client.completions.create(model=NAME, prompt="the tree", max_tokens=6, temperature=0, echo=True,
+                                    logprobs=1, extra_body={"ignore_eos": True}).choices[0]
+    assert got.text == "the tree" + want.text
+    lists = got.logprobs
+    assert "".join(lists.tokens) == got.text and lists.text_offset == list(range(len(got.text)))
+    assert lists.top_logprobs[0] is None and all(len(t) in (1, 2) for t in lists.top_logprobs[1:])
+    assert [x if x is None else round(x, 5) for x in lists.token_logprobs] == [
+        x if x is None else round(x, 5) for x in expected]
+    chunks = list(client.completions.create(model=NAME, prompt="the tree", max_tokens=6, temperature=0, echo=True,
+                                            logprobs=1, stream=True, extra_body={"ignore_eos": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == got.text
+    assert [x for c in chunks if c.choices and c.choices[0].logprobs for x in c.choices[0].logprobs.tokens] \
+        == lists.tokens
+    # Token ids in, echo without log-probs: the decoded prompt; one new token, as harnesses ask.
+    ids = client.completions.create(model=NAME, prompt=prompt, max_tokens=1, temperature=0, echo=True).choices[0]
+    assert ids.text == "the tree" + want.text[:1] and ids.logprobs is None
+
+
+def test_prompt_logprobs_as_vllm_gives_them_on_both_endpoints(client, offline):
+    want = offline.generate("the tree", greedy(3, ignore_eos=True, prompt_logprobs=2))[0]
+    got = client.completions.create(model=NAME, prompt="the tree", max_tokens=3, temperature=0,
+                                    extra_body={"ignore_eos": True, "prompt_logprobs": 2}).choices[0]
+    entries = got.model_extra["prompt_logprobs"]
+    assert entries[0] is None and len(entries) == len(want.prompt_token_ids)
+    for entry, ref in zip(entries[1:], want.prompt_logprobs[1:]):
+        assert {int(k) for k in entry} == set(ref)
+        for k, v in entry.items():
+            assert v["logprob"] == pytest.approx(ref[int(k)].logprob, abs=1e-5) and v["rank"] == ref[int(k)].rank
+            assert v["decoded_token"] == ref[int(k)].decoded_token
+    chat = client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=2, temperature=0,
+                                          extra_body={"prompt_logprobs": 0})
+    offline_chat = offline.chat(CHAT, greedy(2, prompt_logprobs=0))[0]
+    entries = chat.model_extra["prompt_logprobs"]
+    assert len(entries) == len(offline_chat.prompt_token_ids) and all(len(e) == 1 for e in entries[1:])
+    assert [round(next(iter(e.values()))["logprob"], 5) for e in entries[1:]] == [
+        round(e[t].logprob, 5) for t, e in zip(offline_chat.prompt_token_ids[1:], offline_chat.prompt_logprobs[1:])]
+    plain = client.completions.create(model=NAME, prompt="the tree", max_tokens=2, temperature=0).choices[0]
+    assert plain.model_extra.get("prompt_logprobs") is None
+
+
 def test_penalties_give_the_offline_tokens(client, offline):
     penalties = {"presence_penalty": 1.0, "frequency_penalty": 0.5, "repetition_penalty": 1.3}
     want = offline.generate("the tree", greedy(24, ignore_eos=True, **penalties))[0]
@@ -323,7 +371,9 @@ BAD = [  # (route, body, status, param)
     ("completions", {"model": NAME, "prompt": "x", "seed": -1}, 400, "seed"),
     # Fields that change the output and were ignored: refused by name.
     ("chat/completions", {"model": NAME, "messages": CHAT, "logprobs": 3}, 400, "logprobs"),
-    ("completions", {"model": NAME, "prompt": "x", "prompt_logprobs": 1}, 400, "prompt_logprobs"),
+    ("completions", {"model": NAME, "prompt": "x", "prompt_logprobs": 1, "stream": True}, 400, "prompt_logprobs"),
+    ("chat/completions", {"model": NAME, "messages": CHAT, "prompt_logprobs": 21}, 400, "prompt_logprobs"),
+    ("completions", {"model": NAME, "prompt": "x", "suffix": "y"}, 400, "suffix"),
     ("completions", {"model": NAME, "prompt": "x", "min_tokens": -1}, 400, "min_tokens"),
     ("completions", {"model": NAME, "prompt": "x", "min_tokens": 9, "max_tokens": 4}, 400, "min_tokens"),
     ("completions", {"model": NAME, "prompt": "x", "include_stop_str_in_output": True}, 400,

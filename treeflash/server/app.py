@@ -100,17 +100,19 @@ def build_app(llm: LLM, config: ServerConfig) -> FastAPI:
     @app.post("/v1/completions", **v1)
     async def completions(request: Request) -> Response:
         body = await _parse(request, p.CompletionRequest, config.max_request_bytes)
-        requests = await validated(frontend.completion_requests, body)
-        chat = _Formatter(config.model_name, chat=False, n=body.n, num_choices=len(requests),
-                          include_usage=bool(body.stream_options and body.stream_options.include_usage))
-        return await _respond(request, loop, requests, chat, body.stream)
+        requests, echo = await validated(frontend.completion_requests, body)
+        fmt = _Formatter(config.model_name, chat=False, n=body.n, num_choices=len(requests),
+                         include_usage=bool(body.stream_options and body.stream_options.include_usage),
+                         echo=echo, prompt_logprobs=body.prompt_logprobs is not None)
+        return await _respond(request, loop, requests, fmt, body.stream)
 
     @app.post("/v1/chat/completions", **v1)
     async def chat_completions(request: Request) -> Response:
         body = await _parse(request, p.ChatCompletionRequest, config.max_request_bytes)
         requests = await validated(frontend.chat_requests, body)
         chat = _Formatter(config.model_name, chat=True, n=body.n, num_choices=len(requests),
-                          include_usage=bool(body.stream_options and body.stream_options.include_usage))
+                          include_usage=bool(body.stream_options and body.stream_options.include_usage),
+                          prompt_logprobs=body.prompt_logprobs is not None)
         return await _respond(request, loop, requests, chat, body.stream)
 
     return app
@@ -199,9 +201,10 @@ async def _collect(group: RequestGroup, fmt: _Formatter) -> dict:
     usage = fmt.new_usage()
     try:
         async for event in group.events():
-            texts[event.index] += event.text
-            if event.logprobs is not None:
-                logprobs[event.index] = (logprobs[event.index] or []) + event.logprobs
+            text, entries = fmt.with_echo(event)
+            texts[event.index] += text
+            if entries is not None:
+                logprobs[event.index] = (logprobs[event.index] or []) + entries
             if event.finish_reason is not None:
                 reasons[event.index] = event.finish_reason
                 fmt.count(usage, event)
@@ -220,8 +223,9 @@ async def _stream(loop: EngineLoop, requests, fmt: _Formatter) -> AsyncIterator[
             yield fmt.sse(fmt.chunk(index, role=True))
         usage = fmt.new_usage()
         async for event in group.events():
-            if event.text or event.logprobs:
-                yield fmt.sse(fmt.chunk(event.index, text=event.text, logprobs=event.logprobs))
+            text, entries = fmt.with_echo(event)
+            if text or entries:
+                yield fmt.sse(fmt.chunk(event.index, text=text, logprobs=entries))
             if event.finish_reason is not None:
                 fmt.count(usage, event)
                 yield fmt.sse(fmt.chunk(event.index, finish_reason=event.finish_reason))
@@ -240,12 +244,39 @@ async def _stream(loop: EngineLoop, requests, fmt: _Formatter) -> AsyncIterator[
 class _Formatter:
     """OpenAI response bodies and stream chunks for one call."""
 
-    def __init__(self, model: str, chat: bool, n: int, num_choices: int, include_usage: bool):
+    def __init__(self, model: str, chat: bool, n: int, num_choices: int, include_usage: bool,
+                 echo: list[str] | None = None, prompt_logprobs: bool = False):
         self.model, self.chat, self.n, self.num_choices = model, chat, n, num_choices
         self.include_usage = include_usage
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.offsets = [0] * num_choices  # completions' log-probs: characters of each choice's tokens so far
+        self.echo = echo  # completions' echo: each choice's prompt text, which goes before its first text
+        self.echoed = [False] * num_choices
+        self.prompt_logprobs = prompt_logprobs  # vLLM's field asked for: the engine's entries go in the body
+        self.prompt_entries: list[list | None] = [None] * num_choices
+
+    def with_echo(self, event: Event) -> tuple[str, list[TokenLogprob] | None]:
+        """The event's text and log-prob entries, the echoed prompt's in front at its choice's first event (its
+        prompt's tokens' entries where log-probs are asked for); keeps the prompt's entries for the body."""
+        if event.prompt is not None:
+            self.prompt_entries[event.index] = event.prompt.entries
+        if self.echo is None or self.echoed[event.index]:
+            return event.text, event.logprobs
+        self.echoed[event.index] = True
+        entries = event.logprobs
+        if entries is not None:
+            entries = event.prompt.tokens + entries
+        return self.echo[event.index] + event.text, entries
+
+    def _prompt_logprobs(self, index: int) -> list | None:
+        """vLLM's prompt_logprobs of a choice: {token id: entry} per prompt token (None for the first)."""
+        entries = self.prompt_entries[index]
+        if not self.prompt_logprobs or entries is None:
+            return None
+        return [None if e is None else {t: p.PromptLogprob(logprob=lp.logprob, rank=lp.rank,
+                                                           decoded_token=lp.decoded_token) for t, lp in e.items()}
+                for e in entries]
 
     def new_usage(self) -> dict:
         return {"prompt_tokens": 0, "completion_tokens": 0}
@@ -264,9 +295,10 @@ class _Formatter:
                                     logprobs=self._logprobs(i, lp)) for i, (t, r, lp) in enumerate(zip(texts, reasons,
                                                                                                         logprobs))]
             body = p.ChatCompletion(id=self.id, created=self.created, model=self.model, choices=choices,
-                                    usage=self._usage(usage))
+                                    usage=self._usage(usage), prompt_logprobs=self._prompt_logprobs(0))
         else:
-            choices = [p.CompletionChoice(index=i, text=t, finish_reason=r, logprobs=self._logprobs(i, lp))
+            choices = [p.CompletionChoice(index=i, text=t, finish_reason=r, logprobs=self._logprobs(i, lp),
+                                          prompt_logprobs=self._prompt_logprobs(i))
                        for i, (t, r, lp) in enumerate(zip(texts, reasons, logprobs))]
             body = p.Completion(id=self.id, created=self.created, model=self.model, choices=choices,
                                 usage=self._usage(usage))
@@ -286,7 +318,8 @@ class _Formatter:
             offsets.append(self.offsets[index])
             self.offsets[index] += len(e.token)
         # (vLLM's dict: the most likely tokens and the generated one; tokens of equal text share a key)
-        tops = [{t: lp for t, lp, _ in e.top} | {e.token: e.logprob} for e in entries]
+        tops = [None if e.logprob is None else {t: lp for t, lp, _ in e.top} | {e.token: e.logprob}
+                for e in entries]  # (None: an echoed prompt's first token, as the token's log-prob)
         return p.CompletionLogprobs(text_offset=offsets, token_logprobs=[e.logprob for e in entries],
                                     tokens=[e.token for e in entries], top_logprobs=tops)
 

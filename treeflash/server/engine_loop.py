@@ -34,9 +34,19 @@ class TokenLogprob:
     most likely tokens' (text, log-prob, bytes), most likely first."""
 
     token: str
-    logprob: float
+    logprob: float | None  # None: an echoed prompt's first token
     bytes: list[int]
     top: list[tuple[str, float, list[int]]]
+
+
+@dataclass(frozen=True)
+class PromptLogprobs:
+    """A request's prompt log-probs (SamplingParams.prompt_logprobs), sent with its choice's first event: the
+    engine's entries (vLLM's format, None for the first token) and the same as OpenAI's per-token entries (an
+    echoed prompt's, its first token's log-prob None)."""
+
+    entries: list[dict | None]
+    tokens: list[TokenLogprob]
 
 
 @dataclass(frozen=True)
@@ -51,6 +61,7 @@ class Event:
     # With log-probs asked for: the entries of the tokens generated since the last event (their text may
     # still be held back, `Engine.text_delta`; over a choice's events they cover every generated token)
     logprobs: list[TokenLogprob] | None = None
+    prompt: PromptLogprobs | None = None  # the choice's first event, where prompt log-probs were asked for
 
 
 class RequestGroup:
@@ -82,6 +93,7 @@ class _Tracked:
     sent: int = 0  # characters of text already sent
     tokens: int = 0  # output tokens already seen
     logprobs: int = 0  # log-prob entries already sent
+    prompt_sent: bool = False  # the prompt's log-probs (where asked for) went with an event
     rounds: int = 0  # acceptance lengths already recorded
     last_time: float = 0.0
 
@@ -181,9 +193,13 @@ class EngineLoop:
             text = self.engine.text_delta(request, tracked.sent)
             tracked.sent += len(text)
             logprobs = self._new_logprobs(request, tracked)
-            if text or logprobs or request.finished:
+            prompt = None
+            if request.prompt_logprobs is not None and not tracked.prompt_sent:
+                prompt, tracked.prompt_sent = self._prompt_logprobs(request), True
+            if text or logprobs or prompt or request.finished:
                 events.append((tracked.group, Event(tracked.index, text, request.finish_reason,
-                                                    len(request.prompt_ids), len(request.output_ids), logprobs)))
+                                                    len(request.prompt_ids), len(request.output_ids), logprobs,
+                                                    prompt)))
             if request.finished:
                 self._forget(request, now)
         self._set_gauges()
@@ -194,14 +210,24 @@ class EngineLoop:
         here, on the engine thread, whose tokenizer they decode with."""
         if request.logprobs is None:
             return None
-        pieces, top = self.engine.pieces, request.params.logprobs
-        out = []
-        for token, entry in zip(request.output_ids[tracked.logprobs:], request.logprobs[tracked.logprobs:]):
-            best = sorted(entry.items(), key=lambda item: (item[1].rank, -item[1].logprob))[:top]
-            out.append(TokenLogprob(pieces.text(token), entry[token].logprob, pieces.bytes(token),
-                                    [(pieces.text(t), lp.logprob, pieces.bytes(t)) for t, lp in best]))
+        top = request.params.logprobs
+        out = [self._token_logprob(token, entry, top) for token, entry in
+               zip(request.output_ids[tracked.logprobs:], request.logprobs[tracked.logprobs:])]
         tracked.logprobs += len(out)
         return out
+
+    def _token_logprob(self, token: int, entry: dict, top: int) -> TokenLogprob:
+        pieces = self.engine.pieces
+        best = sorted(entry.items(), key=lambda item: (item[1].rank, -item[1].logprob))[:top]
+        return TokenLogprob(pieces.text(token), entry[token].logprob, pieces.bytes(token),
+                            [(pieces.text(t), lp.logprob, pieces.bytes(t)) for t, lp in best])
+
+    def _prompt_logprobs(self, request: Request) -> PromptLogprobs:
+        pieces, first = self.engine.pieces, request.prompt_ids[0]
+        tokens = [TokenLogprob(pieces.text(first), None, pieces.bytes(first), [])] + [
+            self._token_logprob(token, entry, request.params.prompt_logprobs)
+            for token, entry in zip(request.prompt_ids[1:], request.prompt_logprobs[1:])]
+        return PromptLogprobs(list(request.prompt_logprobs), tokens)
 
     def _record_tokens(self, request: Request, tracked: _Tracked, now: float) -> None:
         m, new = self.metrics, len(request.output_ids) - tracked.tokens

@@ -43,16 +43,20 @@ class Frontend:
         self.tokenizer = load_tokenizer(llm.model_dir) if llm.tokenizer is not None else None
 
     # --- the two endpoints -----------------------------------------------------------------------
-    def completion_requests(self, body: CompletionRequest) -> list[Request]:
-        """Engine requests for every prompt x n choices (choice index = prompt index x n + j)."""
+    def completion_requests(self, body: CompletionRequest) -> tuple[list[Request], list[str] | None]:
+        """Engine requests for every prompt x n choices (choice index = prompt index x n + j), and with echo
+        each choice's prompt text (a token-id prompt's decoded), which its text starts with."""
         self._check_common(body, COMPLETION_UNSUPPORTED)
-        for name, value, neutral in (("echo", body.echo, False), ("suffix", body.suffix, None)):
-            if value not in (neutral, ""):
-                raise bad_request(f"{name} is not supported", param=name, code="unsupported")
+        if body.suffix not in (None, ""):
+            raise bad_request("suffix is not supported", param="suffix", code="unsupported")
         if body.best_of not in (None, 1, body.n):
             raise bad_request("best_of is not supported (use n)", param="best_of", code="unsupported")
         prompts = self._completion_prompts(body.prompt)
-        return self._requests(body, prompts, body.max_completion_tokens or body.max_tokens, default_max_tokens=16)
+        requests = self._requests(body, prompts, body.max_completion_tokens or body.max_tokens, default_max_tokens=16)
+        if not body.echo:
+            return requests, None
+        texts = {id(p): p.text if p.text is not None else self._decode(p.ids) for p in prompts}
+        return requests, [texts[id(p)] for p in prompts for _ in range(body.n)]
 
     def chat_requests(self, body: ChatCompletionRequest) -> list[Request]:
         self._check_common(body, CHAT_UNSUPPORTED)
@@ -88,6 +92,9 @@ class Frontend:
             neutral = endpoint_unsupported.get(name, UNSUPPORTED.get(name))
             if neutral is not None and value is not None and not _same(value, neutral):
                 raise bad_request(f"{name} is not supported", param=name, code="unsupported")
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False) if self.tokenizer is not None else ""
 
     def _completion_prompts(self, prompt) -> list[Prompt]:
         if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
@@ -132,7 +139,8 @@ class Frontend:
             if max_tokens is not None and max_tokens > room:
                 raise bad_request(f"the prompt has {len(p.ids)} tokens and {max_tokens} more were asked for; "
                                   f"this model's context is {limit} tokens", param="max_tokens", code=CONTEXT)
-            base = self._sampling(body, max_tokens or default_max_tokens or room, self._logprobs(body))
+            base = self._sampling(body, max_tokens or default_max_tokens or room, self._logprobs(body),
+                                  self._prompt_logprobs(body))
             for j in range(body.n):  # n choices = n requests; a seeded call gives choice j seed + j
                 params.append(base if body.seed is None else dataclasses.replace(base, seed=body.seed + j))
         ids = [p.ids for p in prompts for _ in range(body.n)]
@@ -166,7 +174,20 @@ class Frontend:
                               param="logprobs")
         return value
 
-    def _sampling(self, body: SamplingFields, max_tokens: int, logprobs: int | None = None) -> SamplingParams:
+    def _prompt_logprobs(self, body: SamplingFields) -> int | None:
+        """SamplingParams.prompt_logprobs: vLLM's field, or with echo the completions endpoint's logprobs (an
+        echoed prompt's tokens get their entries as the generated ones do), whichever asks for more."""
+        asked = body.prompt_logprobs
+        if asked is not None and body.stream:
+            raise bad_request("prompt_logprobs is not available with stream: true (as in vLLM)",
+                              param="prompt_logprobs")
+        if isinstance(body, CompletionRequest) and body.echo and isinstance(body.logprobs, int) \
+                and not isinstance(body.logprobs, bool):
+            return body.logprobs if asked is None else max(asked, body.logprobs)
+        return asked
+
+    def _sampling(self, body: SamplingFields, max_tokens: int, logprobs: int | None = None,
+                  prompt_logprobs: int | None = None) -> SamplingParams:
         try:
             return SamplingParams(
                 temperature=1.0 if body.temperature is None else body.temperature,
@@ -174,7 +195,7 @@ class Frontend:
                 top_k=-1 if body.top_k in (None, 0) else body.top_k,  # 0 = off, as vLLM
                 min_p=0.0 if body.min_p is None else body.min_p,
                 max_tokens=max_tokens, seed=body.seed, stop=body.stop, stop_token_ids=body.stop_token_ids,
-                ignore_eos=body.ignore_eos, logprobs=logprobs,
+                ignore_eos=body.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
                 presence_penalty=body.presence_penalty or 0.0, frequency_penalty=body.frequency_penalty or 0.0,
                 repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
                 logit_bias=_token_bias(body.logit_bias), min_tokens=body.min_tokens or 0)

@@ -2,7 +2,7 @@
 
 Requests are parsed in strict mode: a string where a number belongs, a bool where an integer belongs
 or a NaN is an error, not a coercion. Unknown fields are ignored (clients send many optional ones);
-fields this server cannot honour (tools, prompt log-probs and vLLM's extensions in `UNSUPPORTED`)
+fields this server cannot honour (tools, guided decoding and vLLM's extensions in `UNSUPPORTED`)
 are refused by name in `frontend.py` unless left at a value that changes nothing.
 """
 
@@ -26,7 +26,6 @@ UNSUPPORTED: dict[str, tuple] = {
     "include_stop_str_in_output": (False,),
     "use_beam_search": (False,),
     "length_penalty": (1, 1.0),
-    "prompt_logprobs": (0,),
     "truncate_prompt_tokens": (),
     "bad_words": ([],),
     "allowed_token_ids": (),
@@ -91,11 +90,14 @@ class SamplingFields(_Request):
     # Chat: logprobs true / false and top_logprobs 0..20; completions: logprobs 0..20 (`Frontend._logprobs`).
     logprobs: bool | int | None = None
     top_logprobs: int | None = None
+    # vLLM's: each prompt token's log-prob (but the first's) with this many of the most likely tokens' (0..20);
+    # not with stream (as vLLM). The response's `prompt_logprobs` (a choice's here, the body's in chat) holds them.
+    prompt_logprobs: int | None = None
 
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | TokenIds | list[TokenIds]
-    echo: bool = False
+    echo: bool = False  # the choice's text (and with logprobs, its log-prob lists) starts with the prompt's
     best_of: int | None = None
     suffix: str | None = None
 
@@ -140,9 +142,9 @@ class CompletionLogprobs(BaseModel):
     {text: log-prob} and its character offset in the choice's text."""
 
     text_offset: list[int]
-    token_logprobs: list[float]
+    token_logprobs: list[float | None]  # None: an echoed prompt's first token (nothing predicts it)
     tokens: list[str]
-    top_logprobs: list[dict[str, float]]
+    top_logprobs: list[dict[str, float] | None]
 
 
 class TopLogprob(BaseModel):
@@ -160,11 +162,24 @@ class ChatLogprobs(BaseModel):
     refusal: None = None
 
 
+class PromptLogprob(BaseModel):
+    """vLLM's entry of a prompt token (or one of the most likely there), keyed by token id."""
+
+    logprob: float
+    rank: int
+    decoded_token: str | None
+
+
+# vLLM's prompt_logprobs: per prompt token, None for the first, else {token id: entry}
+PromptLogprobs = list[dict[int, PromptLogprob] | None]
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class Completion(BaseModel):
@@ -195,6 +210,7 @@ class ChatCompletion(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class Delta(BaseModel):
