@@ -181,14 +181,19 @@ def small(tmp_path_factory):
     return load_hf(path), load_target(path, "cpu", torch.float32)[0], load_drafter(drafter, "cpu", torch.float32)
 
 
-def exact_joint(hf, params: SamplingParams, penalised: bool = True) -> torch.Tensor:
-    """p(y1, y2, y3) [V, V, V] with every position's penalties from its own past (the root counted as output)."""
+def exact_joint(hf, params: SamplingParams, penalised: bool = True, masked: bool = True) -> torch.Tensor:
+    """p(y1, y2, y3) [V, V, V] with every position's penalties from its own past (the root counted as output),
+    and only params.allowed_token_ids (where given and masked) drawable."""
     joint = torch.zeros(V, V, V, dtype=torch.float64)
     st = SamplingTensors.build([params], [0], "cpu")
 
     def probs(prefix: list[int]) -> torch.Tensor:
         with torch.no_grad():
             logits = hf(torch.tensor([CONTEXT + [ROOT] + prefix])).logits[0, -1]
+        if masked and params.allowed_token_ids is not None:
+            allowed = torch.zeros(V, dtype=torch.bool)
+            allowed[params.allowed_token_ids] = True
+            logits = logits.masked_fill(~allowed, float("-inf"))
         if penalised:
             counts = {}
             for v in [ROOT] + prefix:

@@ -285,6 +285,14 @@ def test_min_tokens_gives_the_offline_tokens(client, offline):
     assert got.choices[0].text == want.text and got.usage.completion_tokens == len(want.token_ids) >= 20
 
 
+def test_allowed_token_ids_give_the_offline_tokens(client, offline):
+    allowed = [offline.encode(c)[0] for c in "abcde "]
+    want = offline.generate("the tree", greedy(12, ignore_eos=True, allowed_token_ids=allowed))[0]
+    got = client.completions.create(model=NAME, prompt="the tree", max_tokens=12, temperature=0,
+                                    extra_body={"ignore_eos": True, "allowed_token_ids": allowed}).choices[0]
+    assert got.text == want.text and set(got.text) <= set("abcde ")
+
+
 def test_logit_bias_steers_the_answer(client):
     a = 1 + CHARS.index("a")  # the character tokenizer's id of "a" (0 is its end-of-sequence token)
     got = client.completions.create(model=NAME, prompt="the tree", max_tokens=8, temperature=0,
@@ -374,6 +382,8 @@ BAD = [  # (route, body, status, param)
     ("completions", {"model": NAME, "prompt": "x", "prompt_logprobs": 1, "stream": True}, 400, "prompt_logprobs"),
     ("chat/completions", {"model": NAME, "messages": CHAT, "prompt_logprobs": 21}, 400, "prompt_logprobs"),
     ("completions", {"model": NAME, "prompt": "x", "suffix": "y"}, 400, "suffix"),
+    ("completions", {"model": NAME, "prompt": "x", "allowed_token_ids": []}, 400, "allowed_token_ids"),
+    ("chat/completions", {"model": NAME, "messages": CHAT, "allowed_token_ids": [1, 99999]}, 400, "allowed_token_ids"),
     ("completions", {"model": NAME, "prompt": "x", "min_tokens": -1}, 400, "min_tokens"),
     ("completions", {"model": NAME, "prompt": "x", "min_tokens": 9, "max_tokens": 4}, 400, "min_tokens"),
     ("completions", {"model": NAME, "prompt": "x", "include_stop_str_in_output": True}, 400,

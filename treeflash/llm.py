@@ -508,7 +508,13 @@ class LLM:
             bad = sorted(t for t in p.logit_bias or {} if t >= vocab)
             if bad:
                 raise ValueError(f"logit_bias names token ids {bad} outside the vocabulary [0, {vocab})")
+            bad = [t for t in p.allowed_token_ids or [] if t >= vocab]
+            if bad:
+                raise ValueError(f"allowed_token_ids {bad} are outside the vocabulary [0, {vocab})")
             stops = set(p.stop_token_ids or []) | (set() if p.ignore_eos else set(self.eos_token_ids))
+            if p.min_tokens and p.allowed_token_ids is not None and set(p.allowed_token_ids) <= stops:
+                raise ValueError(f"allowed_token_ids are all stop tokens, which min_tokens={p.min_tokens} holds back: "
+                                 f"no token could be drawn")
             if p.stop and self.tokenizer is None:
                 raise ValueError("stop strings need a tokenizer; this model directory has none")
             requests.append(Request(

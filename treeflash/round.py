@@ -244,7 +244,8 @@ class Speculator:
         # Generated-token counts and prompt tokens per slot, made when a request with a penalty first comes
         # (treeflash/penalties.py); rounds read and update them only while such a request runs (`flags`).
         self.penalty_counts: PenaltyCounts | None = None
-        # Each slot's logit_bias as a dense row [slots, V], made when a request with one first comes.
+        # Each slot's logit_bias as a dense row [slots, V] (-inf outside its allowed_token_ids), made when a
+        # request with either first comes.
         self.logit_bias: torch.Tensor | None = None
         # min_tokens: each slot's stop tokens and first stop position, made when a request with it first comes.
         self.stop_suppression: StopSuppression | None = None
@@ -297,13 +298,16 @@ class Speculator:
             self.slot_params[slot] = p
         if self.penalty_counts is None and any(p is not None and p.penalized for p in params):
             self.penalty_counts = PenaltyCounts.new(self.slots, self.target.config.vocab_size, self.device)
-        if self.logit_bias is None and any(p is not None and p.logit_bias for p in params):
+        if self.logit_bias is None and any(p is not None and p.masked for p in params):
             self.logit_bias = torch.zeros(self.slots, self.target.config.vocab_size, device=self.device)
         if self.logit_bias is not None:
             bias = torch.zeros(len(slots), self.logit_bias.shape[1])
             for row, p in enumerate(params):
+                if p is not None and p.allowed_token_ids is not None:
+                    bias[row] = float("-inf")
+                    bias[row, p.allowed_token_ids] = 0.0
                 for token, value in (p.logit_bias or {}).items() if p is not None else ():
-                    bias[row, token] = value
+                    bias[row, token] += value  # (a token not allowed stays -inf)
             self.logit_bias[index] = to_device(bias, self.device)
         if self.stop_suppression is None and any(p is not None and p.min_tokens for p in params):
             self.stop_suppression = StopSuppression.new(self.slots, self.target.config.vocab_size, self.device)

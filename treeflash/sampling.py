@@ -84,6 +84,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] | None = None
+    # Only these tokens can be generated (vLLM's): every other token's logit is -inf before the bias and penalties
+    allowed_token_ids: list[int] | None = None
     # No stop token can be drawn, and no stop string ends the request, before this many tokens (vLLM's)
     min_tokens: int = 0
 
@@ -155,6 +157,17 @@ class SamplingParams:
                     isinstance(v, bool) or not isinstance(v, numbers.Real) or not -100 <= v <= 100 for v in values):
                 raise ValueError(f"logit_bias must map token ids to biases in [-100, 100], got {bias!r}")
             self.logit_bias = {as_int(k): float(v) for k, v in bias.items()} or None
+        if self.allowed_token_ids is not None:
+            ids = self.allowed_token_ids
+            as_ints = [as_int(i) for i in ids] if isinstance(ids, (list, tuple)) else [None]
+            if not as_ints or any(i is None or i < 0 for i in as_ints):
+                raise ValueError(f"allowed_token_ids must be a non-empty list of token ids, got {ids!r}")
+            self.allowed_token_ids = sorted(set(as_ints))
+
+    @property
+    def masked(self) -> bool:
+        """A logit_bias or allowed_token_ids: a dense row added to the slot's logits."""
+        return bool(self.logit_bias) or self.allowed_token_ids is not None
 
     @property
     def penalized(self) -> bool:
@@ -189,7 +202,7 @@ class SamplingFlags:
     max_top_k: int = 0  # a power of two >= every row's top_k (0: no row uses top-k)
     logprobs: bool = False  # some request asks for log-probs: rounds pack them into the read-back
     use_penalties: bool = False  # some request has a penalty: rounds count tokens and penalise the logits
-    use_logit_bias: bool = False  # some request has a logit_bias: rounds add the slots' bias rows
+    use_logit_bias: bool = False  # some request has a logit_bias or allowed_token_ids: rounds add the slots' bias rows
     use_min_tokens: bool = False  # some request has min_tokens: rounds suppress stop tokens drawn too early
 
     @staticmethod
@@ -203,7 +216,7 @@ class SamplingFlags:
                              max_top_k=1 << (top_k - 1).bit_length() if top_k > 0 else 0,
                              logprobs=any(p.logprobs is not None for p in params),
                              use_penalties=any(p.penalized for p in params),
-                             use_logit_bias=any(p.logit_bias for p in params),
+                             use_logit_bias=any(p.masked for p in params),
                              use_min_tokens=any(p.min_tokens > 0 for p in params))
 
 

@@ -198,7 +198,8 @@ class Frontend:
                 ignore_eos=body.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
                 presence_penalty=body.presence_penalty or 0.0, frequency_penalty=body.frequency_penalty or 0.0,
                 repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
-                logit_bias=_token_bias(body.logit_bias), min_tokens=body.min_tokens or 0)
+                logit_bias=_token_bias(body.logit_bias), min_tokens=body.min_tokens or 0,
+                allowed_token_ids=body.allowed_token_ids)
         except ValueError as e:
             raise bad_request(str(e), param=str(e).split(" ", 1)[0]) from None
 
