@@ -23,7 +23,9 @@ L. log-probs, penalties, logit_bias and min_tokens (float32, none / dflash / ddt
    batches): asking for log-probs changes no token, graphed == eager, graphed log-probs equal eager ones and
    match transformers' log_softmax over prompt + output; with penalties, a logit_bias and min_tokens graphed ==
    eager, requests without them keep their tokens, penalised greedy equals plain decoding's (and transformers'
-   repetition penalty); replayed rounds with either run without host sync; with --logprobs-timings SHAPES,
+   repetition penalty); with allowed_token_ids and a request asking for prompt log-probs graphed == eager,
+   only allowed tokens, masked greedy equals plain decoding's, prompt log-probs match transformers'; replayed
+   rounds with log-probs or penalties run without host sync; with --logprobs-timings SHAPES,
    graphed rounds without / with log-probs / with the rest (batch 1 and 8, AR step and DDTree-64, context 1024).
 P. graphs sharing one memory pool: rounds hop between graphs (buckets, budgets 0-256, one pool, one capture
    stream) and equal the same rounds run eagerly; a round's read-back survives other graphs' replays; graphs
@@ -358,11 +360,17 @@ def check_logprobs(target: Path, drafter: Path, attention: str | None, shapes: l
                      min_tokens=6, stop_token_ids=[7])
     penalised = [dataclasses.replace(plain[0], **penalties), dataclasses.replace(plain[1], **penalties), plain[2],
                  plain[3]]
+    allowed = [1, 3, 5, 8, 13, 21, 34, 55, 89, 144, 233]
+    # allowed_token_ids on a sample and a greedy request; prompt log-probs on a third (its prefill eager)
+    masked = [dataclasses.replace(plain[0], allowed_token_ids=allowed), dataclasses.replace(plain[1],
+              allowed_token_ids=allowed[:4], logit_bias={3: 2.0}), dataclasses.replace(plain[2], prompt_logprobs=3),
+              plain[3]]
     hf = None
-    reference = None
+    reference = masked_reference = None
     for spec, budget, ngram in [("none", 64, 0), ("dflash", 64, 0), ("ddtree", 16, 0), ("ddtree", 64, 6)]:
         outs = {}
-        for graphs, params in ((True, plain), (True, asked), (False, asked), (True, penalised), (False, penalised)):
+        for graphs, params in ((True, plain), (True, asked), (False, asked), (True, penalised), (False, penalised),
+                               (True, masked), (False, masked)):
             llm = LLM(target, device=DEVICE, dtype="float32", draft_model=None if spec == "none" else drafter,
                       spec=spec, max_num_seqs=4, cuda_graphs=graphs, attention=attention, ngram_tokens=ngram,
                       **({"tree_budget": budget} if spec == "ddtree" else {}))
@@ -402,6 +410,23 @@ def check_logprobs(target: Path, drafter: Path, attention: str | None, shapes: l
                 use_tqdm=False)[0].token_ids
             results["none: repetition-penalty greedy (graphed) == transformers"] = alone == want
             results["none: the logit bias of -100 kept its token out"] = all(9 not in t for t in tokens[True, p][:2])
+        # allowed_token_ids and prompt log-probs
+        m = id(masked)
+        results[f"{name}: graphed == eager with allowed_token_ids and prompt log-probs"] = tokens[True, m] == tokens[False, m]
+        results[f"{name}: only allowed tokens drawn"] = set(tokens[True, m][0]) <= set(allowed) and \
+            set(tokens[True, m][1]) <= set(allowed[:4])
+        results[f"{name}: requests without a mask keep their tokens"] = tokens[True, m][2:] == tokens[True, id(plain)][2:]
+        masked_reference = masked_reference or tokens[True, m]
+        results[f"{name}: masked greedy (graphed) == none's"] = tokens[True, m][1] == masked_reference[1]
+        scored = [o.prompt_logprobs for o in (outs[True, m][2], outs[False, m][2])]
+        with torch.no_grad():
+            ref = torch.log_softmax(hf(torch.tensor([prompts[2]], device=DEVICE)).logits[0].float(), -1)
+        worst = max(abs(e[t].logprob - ref[j, t].item()) for j, (t, e) in enumerate(zip(prompts[2][1:], scored[0][1:])))
+        results[f"{name}: prompt log-probs within 1e-3 of transformers (max {worst:.1e})"] = (
+            worst <= 1e-3 and scored[0][0] is None and len(scored[0]) == len(prompts[2]))
+        results[f"{name}: graphed run's prompt log-probs == eager run's"] = all(
+            (a is None and b is None) or {t: x.logprob for t, x in a.items()} == {t: x.logprob for t, x in b.items()}
+            for a, b in zip(*scored))
     if DEVICE == "cuda":
         for what, extra in (("log-probs", {"logprobs": 3}), ("penalties, logit_bias, min_tokens", penalties)):
             llm = LLM(target, device=DEVICE, dtype="float32", draft_model=drafter, spec="ddtree", tree_budget=16,

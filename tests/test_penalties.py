@@ -181,9 +181,12 @@ def small(tmp_path_factory):
     return load_hf(path), load_target(path, "cpu", torch.float32)[0], load_drafter(drafter, "cpu", torch.float32)
 
 
-def exact_joint(hf, params: SamplingParams, penalised: bool = True, masked: bool = True) -> torch.Tensor:
+def exact_joint(hf, params: SamplingParams, penalised: bool = True, masked: bool = True,
+                bad_words: list[list[int]] | None = None, own_path: bool = True) -> torch.Tensor:
     """p(y1, y2, y3) [V, V, V] with every position's penalties from its own past (the root counted as output),
-    and only params.allowed_token_ids (where given and masked) drawable."""
+    only params.allowed_token_ids (where given and masked) drawable, and no token that would end one of
+    `bad_words` (token sequences, vLLM's rule over the output; own_path=False: over the root alone, at every
+    position, as a round blind to the drafted path would)."""
     joint = torch.zeros(V, V, V, dtype=torch.float64)
     st = SamplingTensors.build([params], [0], "cpu")
 
@@ -194,6 +197,10 @@ def exact_joint(hf, params: SamplingParams, penalised: bool = True, masked: bool
             allowed = torch.zeros(V, dtype=torch.bool)
             allowed[params.allowed_token_ids] = True
             logits = logits.masked_fill(~allowed, float("-inf"))
+        output = [ROOT] + (prefix if own_path else [])
+        for seq in bad_words or ():
+            if len(seq) - 1 <= len(output) and output[len(output) - len(seq) + 1:] == seq[:-1]:
+                logits[seq[-1]] = float("-inf")
         if penalised:
             counts = {}
             for v in [ROOT] + prefix:
@@ -209,8 +216,9 @@ def exact_joint(hf, params: SamplingParams, penalised: bool = True, masked: bool
     return joint
 
 
-def sample_joint(small, params: SamplingParams) -> tuple[torch.Tensor, float]:
-    """Counts of (y1, y2, y3) over SLOTS seeds from DDTree-8 rounds with drafts near the target's law."""
+def sample_joint(small, params: SamplingParams, bad_words: list[list[int]] | None = None) -> tuple[torch.Tensor, float]:
+    """Counts of (y1, y2, y3) over SLOTS seeds from DDTree-8 rounds with drafts near the target's law (with
+    `bad_words` as token sequences where given)."""
     hf, target, drafter = small
     counts = torch.zeros(V ** DEPTH, dtype=torch.long)
     sp = Speculator(target, drafter, SpecConfig("ddtree", 8), slots=CHUNK, capacity=64, time_stages=False)
@@ -218,7 +226,7 @@ def sample_joint(small, params: SamplingParams) -> tuple[torch.Tensor, float]:
     for cache in (sp.cache, sp.draft_cache):
         for t in cache.keys + cache.values:
             t[1:] = t[:1]
-    table = exact_joint(hf, params)
+    table = exact_joint(hf, params, bad_words=bad_words)
     marginals = torch.stack([table.sum((1, 2)), table.sum((0, 2)), table.sum((0, 1))]).add(1e-3).log().float()
     draft = torch.cat([marginals, torch.zeros(BLOCK - 1 - DEPTH, V)])
     g = torch.Generator().manual_seed(1)
@@ -227,9 +235,11 @@ def sample_joint(small, params: SamplingParams) -> tuple[torch.Tensor, float]:
     means = []
     for start in range(0, SLOTS, CHUNK):
         sp.set_sampling_many(list(range(CHUNK)), [params] * CHUNK, list(range(start, start + CHUNK)),
-                             [CONTEXT] * CHUNK)
+                             [CONTEXT] * CHUNK, bad_words=[bad_words] * CHUNK)
         if sp.penalty_counts is not None:
             sp.penalty_counts.output[:, ROOT] = 1  # the root was emitted before these rounds
+        if sp.bad_words is not None:
+            sp.bad_words.past[:, -1] = ROOT
         s = sp.state
         s.seq_lens.fill_(len(CONTEXT))
         s.active.fill_(True)

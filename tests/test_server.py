@@ -293,6 +293,15 @@ def test_allowed_token_ids_give_the_offline_tokens(client, offline):
     assert got.text == want.text and set(got.text) <= set("abcde ")
 
 
+def test_bad_words_give_the_offline_tokens(client, offline):
+    free = offline.generate("the tree", greedy(12, ignore_eos=True))[0].text
+    words = [free[2:4], free[6]]
+    want = offline.generate("the tree", greedy(12, ignore_eos=True, bad_words=words))[0]
+    got = client.completions.create(model=NAME, prompt="the tree", max_tokens=12, temperature=0,
+                                    extra_body={"ignore_eos": True, "bad_words": words}).choices[0]
+    assert got.text == want.text != free and not any(w in got.text for w in words)
+
+
 def test_logit_bias_steers_the_answer(client):
     a = 1 + CHARS.index("a")  # the character tokenizer's id of "a" (0 is its end-of-sequence token)
     got = client.completions.create(model=NAME, prompt="the tree", max_tokens=8, temperature=0,
@@ -383,6 +392,8 @@ BAD = [  # (route, body, status, param)
     ("chat/completions", {"model": NAME, "messages": CHAT, "prompt_logprobs": 21}, 400, "prompt_logprobs"),
     ("completions", {"model": NAME, "prompt": "x", "suffix": "y"}, 400, "suffix"),
     ("completions", {"model": NAME, "prompt": "x", "allowed_token_ids": []}, 400, "allowed_token_ids"),
+    ("completions", {"model": NAME, "prompt": "x", "bad_words": ["a" * 17]}, 400, "bad_words"),
+    ("chat/completions", {"model": NAME, "messages": CHAT, "bad_words": [""]}, 400, "bad_words"),
     ("chat/completions", {"model": NAME, "messages": CHAT, "allowed_token_ids": [1, 99999]}, 400, "allowed_token_ids"),
     ("completions", {"model": NAME, "prompt": "x", "min_tokens": -1}, 400, "min_tokens"),
     ("completions", {"model": NAME, "prompt": "x", "min_tokens": 9, "max_tokens": 4}, 400, "min_tokens"),

@@ -74,6 +74,7 @@ class Request:
     logprobs: list[dict[int, Logprob]] | None = None
     # params.prompt_logprobs set: None for the first prompt token, then one entry per prompt token prefilled
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    bad_words_ids: list[list[int]] | None = None  # params.bad_words as token sequences (treeflash/bad_words.py)
 
     def __post_init__(self) -> None:
         if self.params.logprobs is not None and self.logprobs is None:
@@ -553,7 +554,7 @@ class Engine:
             if ready:  # their sampling rows, which the forward's first-token draw reads
                 self.speculator.set_sampling_many([r.slot for r in ready], [r.params for r in ready],
                                                   [r.seed for r in ready], [r.prompt_ids for r in ready],
-                                                  [r.stop_ids for r in ready])
+                                                  [r.stop_ids for r in ready], [r.bad_words_ids for r in ready])
             # The forward, each slot's commit and every finished prompt's first token: one graph replay on
             # a GPU (Speculator.prefill_and_start); the tokens' read-back is the step's wait for it.
             scored = any(r.prompt_logprobs is not None for r, _, _ in group)

@@ -11,6 +11,7 @@ from typing import Iterable, Iterator, Sequence
 import torch
 
 from treeflash import lookup
+from treeflash.bad_words import bad_word_sequences
 from treeflash.checkpoint import load_drafter, load_target, load_tokenizer, resolve_model_dir
 from treeflash.config import ModelConfig, config_int_list, read_json_object
 from treeflash.default_model import default_draft_model
@@ -517,9 +518,12 @@ class LLM:
                                  f"no token could be drawn")
             if p.stop and self.tokenizer is None:
                 raise ValueError("stop strings need a tokenizer; this model directory has none")
+            if p.bad_words and self.tokenizer is None:
+                raise ValueError("bad_words need a tokenizer; this model directory has none")
             requests.append(Request(
                 id=self._next_id, prompt=text, prompt_ids=prompt, params=p,
                 seed=p.seed if p.seed is not None else new_seed(), stop_ids=frozenset(stops),
-                max_new_tokens=min(p.max_tokens, self.max_model_len - len(prompt))))
+                max_new_tokens=min(p.max_tokens, self.max_model_len - len(prompt)),
+                bad_words_ids=bad_word_sequences(p.bad_words, self.tokenizer) if p.bad_words else None))
             self._next_id += 1
         return requests

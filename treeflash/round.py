@@ -22,6 +22,7 @@ import torch
 
 from treeflash.attention import FLEX_BLOCK, FLEX_DECODE_TOKENS, SDPA_KV_BLOCK, SplitKVMask, check_backend, \
     default_backend, round_layout
+from treeflash.bad_words import BadWords
 from treeflash.budget import AUTO_BUDGETS, NO_DRAFT, expected_drafts
 from treeflash.kv_cache import KVCache, append_layout
 from treeflash.logprobs import emitted_logprobs, pack
@@ -249,6 +250,7 @@ class Speculator:
         self.logit_bias: torch.Tensor | None = None
         # min_tokens: each slot's stop tokens and first stop position, made when a request with it first comes.
         self.stop_suppression: StopSuppression | None = None
+        self.bad_words: BadWords | None = None  # bad_words' sequences and each slot's recent output
         self._flags: SamplingFlags | None = SamplingFlags()  # None: stale, recomputed at next read
         self.auto_budgets = torch.tensor(AUTO_BUDGETS, device=self.device)
 
@@ -279,15 +281,18 @@ class Speculator:
     # --- sampling rows ---------------------------------------------------------------------------
     def set_sampling_many(self, slots: list[int], params: list[SamplingParams | None],
                           seeds: list[int], prompts: list[list[int]] | None = None,
-                          stop_ids: list | None = None) -> SamplingTensors:
+                          stop_ids: list | None = None, bad_words: list | None = None) -> SamplingTensors:
         """Write requests' sampling parameters into their slots' static rows (None: the slot is free) and
         mark the flags stale (recomputed once, when a round reads them); returns the requests' rows.
         prompts: the requests' prompts, which a repetition penalty counts as seen (where any has a penalty;
         None: no prompt token counts). stop_ids: each request's stop tokens (EOS included unless it ignores
-        it), which min_tokens holds back; min_tokens needs both."""
+        it), which min_tokens holds back; min_tokens needs both. bad_words: each request's bad words as token
+        sequences (`bad_word_sequences`), which params.bad_words needs."""
         if stop_ids is None or prompts is None:
             if any(p is not None and p.min_tokens for p in params):
                 raise ValueError("min_tokens needs the requests' prompts and stop token ids")
+        if bad_words is None and any(p is not None and p.bad_words for p in params):
+            raise ValueError("bad_words needs the requests' token sequences (bad_word_sequences)")
         rows = SamplingTensors.build([p or IDLE for p in params], seeds, self.device)
         index = to_device(slots, self.device, torch.long)
         for f in dataclasses.fields(SamplingTensors):
@@ -316,6 +321,11 @@ class Speculator:
             self.stop_suppression.start(slots, [stop_ids[i] if e else None for i, e in enumerate(early)],
                                         [len(prompts[i]) + params[i].min_tokens if e else 0
                                          for i, e in enumerate(early)])
+        if self.bad_words is None and any(p is not None and p.bad_words for p in params):
+            self.bad_words = BadWords.new(self.slots, self.device)
+        if self.bad_words is not None:
+            self.bad_words.start(slots, [seqs if p is not None and p.bad_words else None
+                                         for p, seqs in zip(params, bad_words or [None] * len(slots))])
         if self.penalty_counts is not None:
             self.penalty_counts.start(slots, [prompt if p is not None and p.penalized else None
                                               for p, prompt in zip(params, prompts or [None] * len(slots))])
@@ -383,6 +393,8 @@ class Speculator:
         first = derive(self.adjusted_logits(logits[:, None], rows, batch.slots, ends), rows, ends)[:, 0]
         if self.flags.use_penalties:
             self.penalty_counts.first(batch.slots, batch.done, first)
+        if self.flags.use_bad_words:
+            self.bad_words.first(batch.slots, batch.done, first)
         self.state.bonus[batch.slots] = torch.where(batch.done, first, self.state.bonus[batch.slots])
         parts = [first[:, None]] + ([pack(logits, first)] if self.flags.logprobs else [])
         if prompt_next is not None:
@@ -600,6 +612,8 @@ class Speculator:
         self.commit(accepted, features, state, cache, num_slots)
         if sampling.flags.use_penalties:
             self.penalty_counts.add(accepted.emitted, accepted.accepted)
+        if sampling.flags.use_bad_words:
+            self.bad_words.add(accepted.emitted, accepted.accepted)
         # (before the last lap: a stage-split capture ends its graphs there)
         rows = readback(accepted, predicted, packed, readback_out)
         lap("commit")
@@ -677,13 +691,17 @@ class Speculator:
         their penalties, what plain decoding would count at those positions; None at prefill, where nothing is
         generated yet."""
         flags = sampling.flags
-        if (flags.use_penalties and self.penalty_counts is None) or (flags.use_min_tokens and
-                                                                     self.stop_suppression is None):
+        if (flags.use_penalties and self.penalty_counts is None) or (flags.use_min_tokens and self.stop_suppression
+                                                                     is None) or (flags.use_bad_words and
+                                                                                  self.bad_words is None):
             # (sampling rows passed to `round` without set_sampling_many)
-            raise ValueError("penalties and min_tokens need the slots' rows: write the requests' rows with "
-                             "set_sampling_many first")
+            raise ValueError("penalties, min_tokens and bad_words need the slots' rows: write the requests' rows "
+                             "with set_sampling_many first")
         if flags.use_logit_bias:
             logits = logits.float() + self.logit_bias[rows][:, None]
+        if flags.use_bad_words:
+            logits = self.bad_words.apply(logits, rows, *((None,) * 3 if tree is None else
+                                                          (tree.tokens, tree.parents, tree.depths)))
         if flags.use_penalties:
             counts = self.penalty_counts
             logits = penalize(logits, sampling.repetition, sampling.frequency, sampling.presence,

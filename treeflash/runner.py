@@ -370,10 +370,11 @@ class _NoClock:
 
 
 def _save(sp: Speculator) -> tuple:
-    """What a warm-up round changes for real and must give back: the slots' lengths and roots, and the
-    generated-token counts penalties keep (a round adds what it emits)."""
+    """What a warm-up round changes for real and must give back: the slots' lengths and roots, the
+    generated-token counts penalties keep (a round adds what it emits) and bad_words' recent tokens."""
     counts = sp.penalty_counts.output.clone() if sp.penalty_counts is not None else None
-    return sp.state.seq_lens.clone(), sp.state.bonus.clone(), counts
+    past = sp.bad_words.past.clone() if sp.bad_words is not None else None
+    return sp.state.seq_lens.clone(), sp.state.bonus.clone(), counts, past
 
 
 def _restore(sp: Speculator, saved: tuple) -> None:
@@ -381,3 +382,5 @@ def _restore(sp: Speculator, saved: tuple) -> None:
     sp.state.bonus.copy_(saved[1])
     if saved[2] is not None:
         sp.penalty_counts.output.copy_(saved[2])
+    if saved[3] is not None:
+        sp.bad_words.past.copy_(saved[3])

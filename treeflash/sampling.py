@@ -86,6 +86,9 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     # Only these tokens can be generated (vLLM's): every other token's logit is -inf before the bias and penalties
     allowed_token_ids: list[int] | None = None
+    # Words never to generate (vLLM's): each tokenised alone and word-initially (treeflash/bad_words.py); a word's
+    # last token gets no probability right after the rest of it (in the output, not the prompt)
+    bad_words: list[str] | None = None
     # No stop token can be drawn, and no stop string ends the request, before this many tokens (vLLM's)
     min_tokens: int = 0
 
@@ -163,6 +166,12 @@ class SamplingParams:
             if not as_ints or any(i is None or i < 0 for i in as_ints):
                 raise ValueError(f"allowed_token_ids must be a non-empty list of token ids, got {ids!r}")
             self.allowed_token_ids = sorted(set(as_ints))
+        if self.bad_words is not None:
+            words = self.bad_words
+            if isinstance(words, str) or not isinstance(words, (list, tuple)) or not all(
+                    isinstance(w, str) and w for w in words):
+                raise ValueError(f"bad_words must be a list of non-empty strings, got {words!r}")
+            self.bad_words = list(words) or None
 
     @property
     def masked(self) -> bool:
@@ -204,6 +213,7 @@ class SamplingFlags:
     use_penalties: bool = False  # some request has a penalty: rounds count tokens and penalise the logits
     use_logit_bias: bool = False  # some request has a logit_bias or allowed_token_ids: rounds add the slots' bias rows
     use_min_tokens: bool = False  # some request has min_tokens: rounds suppress stop tokens drawn too early
+    use_bad_words: bool = False  # some request has bad_words: rounds mask each node's banned tokens
 
     @staticmethod
     def of(params: list[SamplingParams]) -> "SamplingFlags":
@@ -217,7 +227,8 @@ class SamplingFlags:
                              logprobs=any(p.logprobs is not None for p in params),
                              use_penalties=any(p.penalized for p in params),
                              use_logit_bias=any(p.masked for p in params),
-                             use_min_tokens=any(p.min_tokens > 0 for p in params))
+                             use_min_tokens=any(p.min_tokens > 0 for p in params),
+                             use_bad_words=any(p.bad_words for p in params))
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,6 @@ UNSUPPORTED: dict[str, tuple] = {
     "use_beam_search": (False,),
     "length_penalty": (1, 1.0),
     "truncate_prompt_tokens": (),
-    "bad_words": ([],),
     "guided_json": (),
     "guided_regex": (),
     "guided_choice": (),
@@ -82,6 +81,7 @@ class SamplingFields(_Request):
     logit_bias: dict[str, float] | None = None  # OpenAI's: token ids (as JSON's string keys) -> bias in [-100, 100]
     min_tokens: int | None = Field(None, ge=0)  # vLLM's: no stop before this many tokens
     allowed_token_ids: list[int] | None = None  # vLLM's: only these tokens can be generated
+    bad_words: list[str] | None = None  # vLLM's: words never generated (treeflash/bad_words.py)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name for max_tokens
     stream: bool = False
