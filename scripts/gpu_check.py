@@ -24,9 +24,11 @@ L. log-probs, penalties, logit_bias and min_tokens (float32, none / dflash / ddt
    match transformers' log_softmax over prompt + output; with penalties, a logit_bias and min_tokens graphed ==
    eager, requests without them keep their tokens, penalised greedy equals plain decoding's (and transformers'
    repetition penalty); with allowed_token_ids and a request asking for prompt log-probs graphed == eager,
-   only allowed tokens, masked greedy equals plain decoding's, prompt log-probs match transformers'; replayed
+   only allowed tokens, masked greedy equals plain decoding's, prompt log-probs match transformers'; with
+   bad words graphed == eager, none in the output, the same sample as plain decoding's; replayed
    rounds with log-probs or penalties run without host sync; with --logprobs-timings SHAPES,
-   graphed rounds without / with log-probs / with the rest (batch 1 and 8, AR step and DDTree-64, context 1024).
+   graphed rounds without / with log-probs / with penalties and the rest / allowed tokens / bad words (batch 1
+   and 8, AR step and DDTree-64, context 1024).
 P. graphs sharing one memory pool: rounds hop between graphs (buckets, budgets 0-256, one pool, one capture
    stream) and equal the same rounds run eagerly; a round's read-back survives other graphs' replays; graphs
    captured one per stage (time_stages) write no tensor made after them.
@@ -350,6 +352,16 @@ def replays_without_sync(runner: GraphRunner, slots: int) -> bool | str:
 
 
 # --- L: log-probs ------------------------------------------------------------------------------------
+class _TokenWords:
+    """A tokenizer whose words are token ids ("17 4" is [17, 4]): bad words on the tiny models."""
+
+    def encode(self, text, add_special_tokens=False):
+        return [int(t) for t in text.split()]
+
+    def decode(self, ids):
+        return " ".join(map(str, ids))
+
+
 def check_logprobs(target: Path, drafter: Path, attention: str | None, shapes: list[str]) -> dict:
     results = {}
     prompts = PROMPTS + [[11, 13, 17, 19, 23]]
@@ -362,6 +374,7 @@ def check_logprobs(target: Path, drafter: Path, attention: str | None, shapes: l
                  plain[3]]
     allowed = [1, 3, 5, 8, 13, 21, 34, 55, 89, 144, 233]
     # allowed_token_ids on a sample and a greedy request; prompt log-probs on a third (its prefill eager)
+    # and bad words on a fourth (a one-token word and two-token ones drawn from its free answer, below)
     masked = [dataclasses.replace(plain[0], allowed_token_ids=allowed), dataclasses.replace(plain[1],
               allowed_token_ids=allowed[:4], logit_bias={3: 2.0}), dataclasses.replace(plain[2], prompt_logprobs=3),
               plain[3]]
@@ -374,6 +387,11 @@ def check_logprobs(target: Path, drafter: Path, attention: str | None, shapes: l
             llm = LLM(target, device=DEVICE, dtype="float32", draft_model=None if spec == "none" else drafter,
                       spec=spec, max_num_seqs=4, cuda_graphs=graphs, attention=attention, ngram_tokens=ngram,
                       **({"tree_budget": budget} if spec == "ddtree" else {}))
+            llm.tokenizer = _TokenWords()  # (bad words are tokenised: these "words" are token ids)
+            if params is masked and masked[3].bad_words is None:
+                free = outs[True, id(plain)][3].token_ids
+                masked[3] = dataclasses.replace(plain[3], bad_words=[str(free[4]), f"{free[7]} {free[8]}",
+                                                                     f"{free[10]} {free[11]}"])
             outs[graphs, id(params)] = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
         name = f"{spec}-{budget}" + (f" + lookup {ngram}" if ngram else "")
         tokens = {k: [o.token_ids for o in v] for k, v in outs.items()}
@@ -415,9 +433,14 @@ def check_logprobs(target: Path, drafter: Path, attention: str | None, shapes: l
         results[f"{name}: graphed == eager with allowed_token_ids and prompt log-probs"] = tokens[True, m] == tokens[False, m]
         results[f"{name}: only allowed tokens drawn"] = set(tokens[True, m][0]) <= set(allowed) and \
             set(tokens[True, m][1]) <= set(allowed[:4])
-        results[f"{name}: requests without a mask keep their tokens"] = tokens[True, m][2:] == tokens[True, id(plain)][2:]
+        results[f"{name}: the request without a mask keeps its tokens"] = tokens[True, m][2] == tokens[True, id(plain)][2]
         masked_reference = masked_reference or tokens[True, m]
         results[f"{name}: masked greedy (graphed) == none's"] = tokens[True, m][1] == masked_reference[1]
+        words = [[int(t) for t in w.split()] for w in masked[3].bad_words]
+        out = tokens[True, m][3]
+        results[f"{name}: no bad word in the bad-words sample, and it changed"] = out != tokens[True, id(plain)][3] and \
+            not any(out[i:i + len(w)] == w for w in words for i in range(len(out)))
+        results[f"{name}: bad-words sample (graphed) == none's"] = out == masked_reference[3]
         scored = [o.prompt_logprobs for o in (outs[True, m][2], outs[False, m][2])]
         with torch.no_grad():
             ref = torch.log_softmax(hf(torch.tensor([prompts[2]], device=DEVICE)).logits[0].float(), -1)
@@ -441,9 +464,12 @@ def check_logprobs(target: Path, drafter: Path, attention: str | None, shapes: l
                 sp = filled_speculator(target_model, drafter_model, SpecConfig(method, budget), batch, 1024, attention)
                 row = {}
                 for what, extra in (("plain", {}), ("log-probs", {"logprobs": 5}),
-                                    ("penalties, logit_bias, min_tokens", penalties)):
+                                    ("penalties, logit_bias, min_tokens", penalties),
+                                    ("allowed_token_ids", {"allowed_token_ids": list(range(0, 1000, 3))}),
+                                    ("bad_words", {"bad_words": ["(three sequences)"]})):
                     sp.set_sampling_many(list(range(batch)), [SamplingParams(temperature=0, **extra)] * batch,
-                                         [0] * batch, [[1, 2, 3]] * batch, [{7}] * batch)
+                                         [0] * batch, [[1, 2, 3]] * batch, [{7}] * batch,
+                                         [[[5], [7, 9], [1, 2, 3]]] * batch)
                     row[what] = round(1e3 * GraphRunner(sp, log=None).time_round(batch, 10), 3)
                 results[f"{name} batch {batch} {method}-{budget}: graphed ms"] = str(row)
                 del sp

@@ -11,6 +11,7 @@ import torch
 
 from treeflash import LLM, SamplingParams
 from treeflash.bad_words import MAX_SEQUENCES, MAX_TOKENS, BadWords, bad_word_sequences
+from treeflash.tree import DraftTree, ancestor_mask
 from helpers import write_char_tokenizer
 from spec_helpers import chi_square, hf_greedy, install_oracle, load_hf, make_drafter, make_target
 from test_penalties import SamplingParams as _SP, exact_joint, sample_joint, small  # noqa: F401
@@ -68,7 +69,9 @@ def test_every_node_of_random_trees_is_masked_with_its_own_past():
             parents[s, i] = rng.randrange(i)
             depths[s, i] = depths[s, parents[s, i]] + 1
     logits = torch.randn(slots, n, vocab)
-    got = bw.apply(logits, slice(0, slots), tokens, parents, depths)
+    tree = DraftTree(tokens, parents, depths, torch.ones_like(tokens, dtype=torch.bool), torch.zeros(slots, n),
+                     max_depth=int(depths.max()))
+    got = bw.apply(logits, slice(0, slots), tree, ancestor_mask(tree))
     for s in range(slots):
         for i in range(n):
             path, node = [], i

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from treeflash.transfer import to_device
+from treeflash.tree import DraftTree
 
 MAX_SEQUENCES = 32  # token sequences a request's bad words may make (each word gives one or two)
 MAX_TOKENS = 16  # tokens a sequence may have
@@ -100,25 +101,27 @@ class BadWords:
         both = torch.cat([self.past[:s], emitted], 1)
         self.past[:s] = both.gather(1, accepted[:, None].long() + torch.arange(p, device=emitted.device))
 
-    def apply(self, logits: torch.Tensor, rows: torch.Tensor | slice, tokens: torch.Tensor | None = None,
-              parents: torch.Tensor | None = None, depths: torch.Tensor | None = None) -> torch.Tensor:
-        """logits [S, N, V] of slots `rows`: each node's banned last tokens -inf. tokens, parents, depths [S, N]:
-        the round's tree (each node's past goes on with its drafted path); None: N = 1 draw after the output
-        alone (prefill's). Capturable: P gathers up the tree, one comparison and one scatter."""
+    def apply(self, logits: torch.Tensor, rows: torch.Tensor | slice, tree: DraftTree | None = None,
+              ancestors: torch.Tensor | None = None) -> torch.Tensor:
+        """logits [S, N, V] of slots `rows`: each node's banned last tokens -inf. tree and its ancestor mask
+        ancestors [S, N, N] (the verify mask): the round's, whose nodes' pasts go on with their drafted paths;
+        None: N = 1 draw after the output alone (prefill's). Capturable, a dozen ops whatever the depth."""
         past = self.past[rows]
         s, n = logits.shape[:2]
         p = past.shape[1]
-        if tokens is None:
+        j = torch.arange(p, device=logits.device)  # columns newest first: j tokens back from the node's own
+        if tree is None or tree.max_depth == 0 or tree.size == 1:
             context = past[:, None, :].expand(s, n, p)
         else:
-            # Newest first: the node's own token, its parent's, ... down to depth 1, then the output's newest.
-            node = torch.arange(n, device=logits.device).expand(s, n)
-            columns = []
-            for j in range(p):
-                from_output = past.gather(1, (p - 1 - (j - depths)).clamp(0, p - 1))
-                columns.append(torch.where(j < depths, tokens.gather(1, node), from_output))
-                node = parents.gather(1, node)
-            context = torch.stack(columns[::-1], -1)  # [S, N, P], the newest last
+            depths = tree.depths[:, :, None]
+            # Each node's path by depth (its ancestor at depth k, itself included: one product over the verify
+            # mask; float64, exact for token ids, and never TF32), then j back from it: the path down to depth
+            # 1, then the output, newest first.
+            by_depth = torch.nn.functional.one_hot(tree.depths, tree.max_depth + 1).to(torch.float64)
+            path = torch.bmm(ancestors.to(torch.float64), by_depth * tree.tokens[:, :, None].to(torch.float64))
+            drafted = path.round().long().gather(2, (depths - j).clamp(0, tree.max_depth))
+            output = past.gather(1, (p - 1 - (j - depths)).clamp(0, p - 1).flatten(1)).view(s, n, p)
+            context = torch.where(j < depths, drafted, output).flip(-1)  # the newest last
         prefix = self.prefix[rows][:, None]  # [S, 1, W, P]
         hit = ((prefix == _ANY) | (prefix == context[:, :, None, :])).all(-1) & self.used[rows][:, None]  # [S, N, W]
         ban = torch.where(hit, float("-inf"), float("inf"))

@@ -685,10 +685,11 @@ class Speculator:
 
     def adjusted_logits(self, logits: torch.Tensor, sampling: SamplingTensors, rows: torch.Tensor | slice,
                         positions: torch.Tensor, tree: DraftTree | None = None) -> torch.Tensor:
-        """logits [S, N, V] of slots `rows` drawing at `positions` [S, N], after the requests' logit_bias,
-        penalties and min_tokens in vLLM's order (treeflash/penalties.py), each only where a running request
-        uses it (host-known flags: no device read). tree: the round's, whose nodes' drafted paths count toward
-        their penalties, what plain decoding would count at those positions; None at prefill, where nothing is
+        """logits [S, N, V] of slots `rows` drawing at `positions` [S, N], after the requests' logit_bias (and
+        allowed_token_ids, in the same row), bad_words, penalties and min_tokens in vLLM's order
+        (treeflash/penalties.py, treeflash/bad_words.py), each only where a running request uses it (host-known
+        flags: no device read). tree: the round's, whose nodes' drafted paths go into their bad-word pasts and
+        penalty counts, what plain decoding would see at those positions; None at prefill, where nothing is
         generated yet."""
         flags = sampling.flags
         if (flags.use_penalties and self.penalty_counts is None) or (flags.use_min_tokens and self.stop_suppression
@@ -699,14 +700,15 @@ class Speculator:
                              "with set_sampling_many first")
         if flags.use_logit_bias:
             logits = logits.float() + self.logit_bias[rows][:, None]
+        ancestors = None if tree is None or not (flags.use_bad_words or flags.use_penalties) or tree.size == 1 \
+            else self.ancestor_mask(tree)
         if flags.use_bad_words:
-            logits = self.bad_words.apply(logits, rows, *((None,) * 3 if tree is None else
-                                                          (tree.tokens, tree.parents, tree.depths)))
+            logits = self.bad_words.apply(logits, rows, tree, ancestors)
         if flags.use_penalties:
             counts = self.penalty_counts
             logits = penalize(logits, sampling.repetition, sampling.frequency, sampling.presence,
                               None if tree is None else counts.output[rows], counts.prompt[rows],
-                              None if tree is None else tree.tokens, None if tree is None else self.ancestor_mask(tree))
+                              None if tree is None else tree.tokens, ancestors)
         if flags.use_min_tokens:
             logits = self.stop_suppression.apply(logits, rows, positions)
         return logits
