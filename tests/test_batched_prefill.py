@@ -129,9 +129,9 @@ def _llm(paths, spec: str, budget: int | None, slots: int = 8) -> LLM:
 def _record_forwards(llm: LLM) -> list[list[tuple[int, int]]]:
     forwards, original = [], llm.engine.runner.prefill
 
-    def recording(pieces):
+    def recording(pieces, prompt_logprobs=False):
         forwards.append([(p.start, p.end) for p in pieces])
-        return original(pieces)
+        return original(pieces, prompt_logprobs)
 
     llm.engine.runner.prefill = recording
     return forwards

@@ -138,9 +138,9 @@ def test_a_long_prompt_is_prefilled_one_chunk_per_step_beside_running_requests(p
     prefilled = []
     original = engine.runner.prefill
 
-    def counting_prefill(pieces):
+    def counting_prefill(pieces, prompt_logprobs=False):
         prefilled.extend(p.end - p.start for p in pieces)
-        return original(pieces)
+        return original(pieces, prompt_logprobs)
 
     monkeypatch.setattr(engine.runner, "prefill", counting_prefill)
     short, running, newcomer = server._requests(
