@@ -25,7 +25,9 @@ L. log-probs, penalties, logit_bias and min_tokens (float32, none / dflash / ddt
    eager, requests without them keep their tokens, penalised greedy equals plain decoding's (and transformers'
    repetition penalty); with allowed_token_ids and a request asking for prompt log-probs graphed == eager,
    only allowed tokens, masked greedy equals plain decoding's, prompt log-probs match transformers'; with
-   bad words graphed == eager, none in the output, the same sample as plain decoding's; replayed
+   bad words graphed == eager, none in the output, the same sample as plain decoding's (drafts adjusted to
+   the requests' bias, penalties and min_tokens, the engine's default); the drafts' log-softmax kernel over
+   rows masked in whole pieces; replayed
    rounds with log-probs or penalties run without host sync; with --logprobs-timings SHAPES,
    graphed rounds without / with log-probs / with penalties and the rest / allowed tokens / bad words (batch 1
    and 8, AR step and DDTree-64, context 1024).
@@ -451,6 +453,22 @@ def check_logprobs(target: Path, drafter: Path, attention: str | None, shapes: l
             (a is None and b is None) or {t: x.logprob for t, x in a.items()} == {t: x.logprob for t, x in b.items()}
             for a, b in zip(*scored))
     if DEVICE == "cuda":
+        # The drafts' log-softmax over rows a request's mask leaves mostly -inf (adjusted drafts): whole
+        # 4,096-token pieces of a row masked, every 5,000th token finite.
+        from treeflash.vocab_rows import log_softmax_rows
+
+        gen = torch.Generator(device=DEVICE).manual_seed(0)
+        x = torch.randn(2, 15, 151936, device=DEVICE, generator=gen) * 3
+        keep = torch.zeros_like(x, dtype=torch.bool)
+        keep[..., ::5000] = True
+        x = x.masked_fill(~keep, float("-inf"))
+        for temperature in (None, torch.tensor([0.7, 1.3], device=DEVICE)):
+            got = log_softmax_rows(x, temperature)
+            ref = torch.log_softmax(x if temperature is None else x / temperature[:, None, None], -1)
+            results[f"log_softmax_rows, whole pieces masked, temperature {temperature is not None}: no NaN, "
+                    f"-inf where masked, torch's elsewhere"] = bool(
+                not got.isnan().any() and torch.isneginf(got[~keep]).all()
+                and torch.allclose(got[keep], ref[keep], atol=1e-5))
         for what, extra in (("log-probs", {"logprobs": 3}), ("penalties, logit_bias, min_tokens", penalties)):
             llm = LLM(target, device=DEVICE, dtype="float32", draft_model=drafter, spec="ddtree", tree_budget=16,
                       time_stages=False)

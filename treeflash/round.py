@@ -251,6 +251,9 @@ class Speculator:
         # min_tokens: each slot's stop tokens and first stop position, made when a request with it first comes.
         self.stop_suppression: StopSuppression | None = None
         self.bad_words: BadWords | None = None  # bad_words' sequences and each slot's recent output
+        # Drafts under the requests' logit bias, penalties and min_tokens where known before the tree
+        # (`adjusted_drafts`); False drafts blind to them (benchmarks/cpu-draft-adjustments compares the two).
+        self.adjust_drafts = True
         self._flags: SamplingFlags | None = SamplingFlags()  # None: stale, recomputed at next read
         self.auto_budgets = torch.tensor(AUTO_BUDGETS, device=self.device)
 
@@ -653,9 +656,36 @@ class Speculator:
         cache = _prefix(self.draft_cache, state.bonus.shape[0])
         logits = self.drafter.draft(self.target, state.bonus, state.seq_lens, cache, layout or self.layout, depths,
                                     self.draft_head)
+        logits = self.adjusted_drafts(logits, sampling, state)
         # Rank drafts by the drafter's guess of each request's *tempered* distribution. All-greedy
         # batches (host-known, part of a graph's key) have temperature 1.0 on every row: x / 1.0 is x.
         return draft_log_probs(logits, None if sampling.flags.all_greedy else sampling.temperature)
+
+    def adjusted_drafts(self, logits: torch.Tensor, sampling: SamplingTensors, state: SlotState) -> torch.Tensor:
+        """The drafter's logits [S, D, V'] (V': the draft vocabulary's, or the whole) under what the requests
+        change in the target's where it is known before the tree exists: the bias row (logit_bias,
+        allowed_token_ids), penalties from the output so far (not the drafted path) and min_tokens' stop tokens
+        by depth; bad words are not applied here. Only the drafts change, never the output (the target derives
+        every token), so this moves acceptance alone: a drafter blind to a repetition penalty keeps proposing
+        the repeats the target now avoids. A row left with no finite logit keeps the drafter's own."""
+        flags = sampling.flags
+        if not self.adjust_drafts or not (flags.use_logit_bias or flags.use_penalties or flags.use_min_tokens):
+            return logits
+        s, depths = logits.shape[:2]
+        cols = (lambda x: x) if self.draft_tokens is None else (lambda x: x[:, self.draft_tokens])  # noqa: E731
+        out = logits.float()
+        if flags.use_logit_bias:
+            out = out + cols(self.logit_bias[:s])[:, None]
+        if flags.use_penalties:
+            counts = self.penalty_counts
+            out = penalize(out, sampling.repetition, sampling.frequency, sampling.presence, cols(counts.output[:s]),
+                           cols(counts.prompt[:s]))
+        if flags.use_min_tokens:
+            # The drafted token at depth d + 1 is drawn at position seq_len + d + 1 (its parent's draw).
+            drawn_at = state.seq_lens[:s, None] + 1 + torch.arange(depths, device=logits.device)
+            early = drawn_at < self.stop_suppression.stops_from[:s, None]
+            out = out.masked_fill(early[:, :, None] & cols(self.stop_suppression.stop[:s])[:, None], float("-inf"))
+        return torch.where(torch.isfinite(out).any(-1, keepdim=True), out, logits.float())
 
     def build(self, bonus: torch.Tensor, logprobs: torch.Tensor | None, budget: int | None = None) -> DraftTree:
         if logprobs is None:

@@ -7,7 +7,8 @@ every row is cut into CHUNK-token pieces, a program each, and a second launch co
 - `log_softmax_rows`: the draft's log-probabilities. The first kernel takes each piece's maximum and
   sum of exponentials, the second the row's log-sum-exp and its piece's float32 log-probs, from logits
   in their own dtype, each row divided by its slot's temperature first: log_softmax(logits.float() /
-  temperature) up to float32 rounding (the order of the sums differs). torch's float32 copy and
+  temperature) up to float32 rounding (the order of the sums differs). A row may hold -inf (a request's
+  allowed tokens or banned ones), even whole pieces of it, as long as one token is finite. torch's float32 copy and
   log_softmax took 41.8 us at one slot (15 rows), this 8.0 (benchmarks/h200-draft-logprobs).
 - `max_rows`: each row's maximum and the index of its first occurrence, as `torch.max(dim=-1)` gives
   them (finite values; greedy's argmax over the target's logits, the DFlash chain's best drafts).
@@ -33,9 +34,9 @@ def _chunk_stats(X, Temperature, Max, Sum, vocab, stride, rows_per_slot, num_chu
     x = tl.load(X + row * stride + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
     if TEMPERED:
         x = x / tl.load(Temperature + row // rows_per_slot)
-    m = tl.max(x, 0)  # finite: every piece holds at least one token
+    m = tl.max(x, 0)  # -inf only where every token of the piece is masked (a row keeps at least one)
     tl.store(Max + row * num_chunks + chunk, m)
-    tl.store(Sum + row * num_chunks + chunk, tl.sum(tl.exp(x - m), 0))
+    tl.store(Sum + row * num_chunks + chunk, tl.sum(tl.exp(x - tl.where(m == float("-inf"), 0.0, m)), 0))
 
 
 @triton.jit
