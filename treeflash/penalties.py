@@ -77,9 +77,10 @@ def penalize(logits: torch.Tensor, repetition: torch.Tensor, frequency: torch.Te
     n sees node m: m is n or an ancestor of n, the verify mask) add each node's drafted path, root excluded.
     """
     s, n, vocab = logits.shape
-    counts = torch.zeros(s, n, vocab, device=logits.device) if output is None \
-        else output[:, None, :].to(torch.float32).expand(s, n, vocab).clone()
+    # [S, 1, V] broadcast where every node has the same past (no path: drafts, prefill); [S, N, V] with paths
+    counts = torch.zeros(s, 1, vocab, device=logits.device) if output is None else output[:, None, :].to(torch.float32)
     if tokens is not None and n > 1:
+        counts = counts.expand(s, n, vocab).clone()
         path = ancestors.clone()
         path[:, :, 0] = False  # the root's token is already in `output`
         counts.scatter_add_(2, tokens[:, None, :].expand(s, n, n), path.to(torch.float32))

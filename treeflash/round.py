@@ -685,7 +685,9 @@ class Speculator:
             drawn_at = state.seq_lens[:s, None] + 1 + torch.arange(depths, device=logits.device)
             early = drawn_at < self.stop_suppression.stops_from[:s, None]
             out = out.masked_fill(early[:, :, None] & cols(self.stop_suppression.stop[:s])[:, None], float("-inf"))
-        return torch.where(torch.isfinite(out).any(-1, keepdim=True), out, logits.float())
+        if flags.use_logit_bias:  # (only allowed_token_ids make -inf: neither penalties nor min_tokens' few)
+            out = torch.where(torch.isfinite(out).any(-1, keepdim=True), out, logits.float())
+        return out
 
     def build(self, bonus: torch.Tensor, logprobs: torch.Tensor | None, budget: int | None = None) -> DraftTree:
         if logprobs is None:
