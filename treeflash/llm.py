@@ -468,11 +468,13 @@ class LLM:
         return tok.encode(prompt, verbose=False)
 
     def new_requests(self, prompt_token_ids: Sequence[Sequence[int]], sampling_params: Sequence[SamplingParams],
-                     texts: Sequence[str | None] | None = None) -> list[Request]:
-        """Validated engine requests (not yet added) for other front ends, such as the server."""
-        return self._requests(None, list(sampling_params), prompt_token_ids, texts=texts)
+                     texts: Sequence[str | None] | None = None, tokenizer=None) -> list[Request]:
+        """Validated engine requests (not yet added) for other front ends, such as the server. tokenizer: the
+        caller's own instance of this model's tokenizer (bad words are tokenised; a thread of its own must
+        not share the engine's)."""
+        return self._requests(None, list(sampling_params), prompt_token_ids, texts=texts, tokenizer=tokenizer)
 
-    def _requests(self, prompts, sampling_params, prompt_token_ids, texts=None) -> list[Request]:
+    def _requests(self, prompts, sampling_params, prompt_token_ids, texts=None, tokenizer=None) -> list[Request]:
         """Validate everything before anything runs, so bad input loses nothing."""
         if (prompts is None) == (prompt_token_ids is None):
             raise ValueError("pass either prompts (text) or prompt_token_ids=[[...], ...], not both or neither")
@@ -524,6 +526,6 @@ class LLM:
                 id=self._next_id, prompt=text, prompt_ids=prompt, params=p,
                 seed=p.seed if p.seed is not None else new_seed(), stop_ids=frozenset(stops),
                 max_new_tokens=min(p.max_tokens, self.max_model_len - len(prompt)),
-                bad_words_ids=bad_word_sequences(p.bad_words, self.tokenizer) if p.bad_words else None))
+                bad_words_ids=bad_word_sequences(p.bad_words, tokenizer or self.tokenizer) if p.bad_words else None))
             self._next_id += 1
         return requests

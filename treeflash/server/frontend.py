@@ -146,7 +146,7 @@ class Frontend:
         ids = [p.ids for p in prompts for _ in range(body.n)]
         texts = [p.text for p in prompts for _ in range(body.n)]
         try:
-            return self.llm.new_requests(ids, params, texts)
+            return self.llm.new_requests(ids, params, texts, tokenizer=self.tokenizer)
         except ValueError as e:
             field = str(e).split(" ", 1)[0]
             raise bad_request(str(e), param=field if field in SamplingFields.model_fields else None) from None
