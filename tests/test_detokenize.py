@@ -100,6 +100,30 @@ def char_llm(tmp_path_factory):
     return LLM(str(path), device="cpu", max_num_seqs=2)
 
 
+def test_stop_reason_and_a_stop_string_kept_in_the_text(char_llm):
+    """vLLM's stop_reason (the stop string, the stop token's id, None for EOS and length) and
+    include_stop_str_in_output (the text ends with the stop string, streamed too); the tokens are the same."""
+    free = char_llm.generate("abc", SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))[0]
+    stop = free.text[20:23]
+    at = free.text.index(stop)
+    cut = char_llm.generate("abc", SamplingParams(temperature=0, max_tokens=40, ignore_eos=True,
+                                                  stop=["zzzzz", stop]))[0]
+    kept = char_llm.generate("abc", SamplingParams(temperature=0, max_tokens=40, ignore_eos=True,
+                                                   stop=["zzzzz", stop], include_stop_str_in_output=True))[0]
+    assert (cut.text, cut.stop_reason, cut.finish_reason) == (free.text[:at], stop, "stop")
+    assert (kept.text, kept.stop_reason) == (free.text[:at + len(stop)], stop) and kept.token_ids == cut.token_ids
+    chunks = list(char_llm.stream("abc", SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[stop],
+                                                        include_stop_str_in_output=True)))
+    assert "".join(c.text for c in chunks) == kept.text
+    token = free.token_ids[7]
+    by_id = char_llm.generate("abc", SamplingParams(temperature=0, max_tokens=40, ignore_eos=True,
+                                                    stop_token_ids=[token]))[0]
+    assert (by_id.stop_reason, by_id.finish_reason, by_id.token_ids[-1]) == (token, "stop", token)
+    assert free.stop_reason is None  # (max_tokens)
+    with pytest.raises(ValueError, match="include_stop_str_in_output"):
+        SamplingParams(include_stop_str_in_output=1)
+
+
 def test_stream_holds_back_a_possible_stop_string(char_llm):
     free = char_llm.generate("abc", SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))[0].text
     stop = free[20:23]

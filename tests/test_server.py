@@ -319,6 +319,12 @@ def test_stop_string_cuts_the_text_streamed_or_not(client, offline):
     assert (got.choices[0].text, got.choices[0].finish_reason) == (want, "stop")
     streamed = list(client.completions.create(**body, stream=True))
     assert "".join(c.choices[0].text for c in streamed) == want
+    # vLLM's stop_reason names the stop string; include_stop_str_in_output keeps it in the text
+    assert got.choices[0].model_extra["stop_reason"] == stop == streamed[-1].choices[0].model_extra["stop_reason"]
+    kept = client.completions.create(**{**body, "extra_body": {"ignore_eos": True, "include_stop_str_in_output": True}})
+    assert kept.choices[0].text == want + stop
+    chat = client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=5, temperature=0)
+    assert chat.choices[0].model_extra["stop_reason"] is None
 
 
 def test_32_concurrent_requests_with_mixed_sampling_all_complete_correctly(client, offline):
@@ -397,7 +403,7 @@ BAD = [  # (route, body, status, param)
     ("chat/completions", {"model": NAME, "messages": CHAT, "allowed_token_ids": [1, 99999]}, 400, "allowed_token_ids"),
     ("completions", {"model": NAME, "prompt": "x", "min_tokens": -1}, 400, "min_tokens"),
     ("completions", {"model": NAME, "prompt": "x", "min_tokens": 9, "max_tokens": 4}, 400, "min_tokens"),
-    ("completions", {"model": NAME, "prompt": "x", "include_stop_str_in_output": True}, 400,
+    ("completions", {"model": NAME, "prompt": "x", "include_stop_str_in_output": "yes"}, 400,
      "include_stop_str_in_output"),
     ("completions", {"model": NAME, "prompt": "x", "repetition_penalty": 0}, 400, "repetition_penalty"),
     ("completions", {"model": NAME, "prompt": "x", "presence_penalty": 2.5}, 400, "presence_penalty"),

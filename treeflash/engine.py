@@ -65,6 +65,7 @@ class Request:
     output_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     stop_string_at: int | None = None  # cut the text here when a stop string ended the request
+    stop_reason: int | str | None = None  # the stop string or stop token id that ended it (None: EOS, length)
     slot: int | None = None
     prefilled: int = 0  # prompt tokens already in the slot's caches; running once all are
     detok: IncrementalDetokenizer | None = None  # the generated text, grown token by token
@@ -669,6 +670,8 @@ class Engine:
                 pass  # (it ended the request)
             elif stops and token in request.stop_ids:
                 request.finish_reason = "stop"  # the stop token ends the text, it is not part of it
+                # vLLM's stop_reason: the stop token's id, None for EOS (unless also asked for)
+                request.stop_reason = token if token in (request.params.stop_token_ids or ()) else None
             elif by_token:
                 detok.push(token)
             else:
@@ -703,13 +706,14 @@ class Engine:
             return False
         text = detok.text + added
         start = max(0, before - max(len(s) for s in stops) + 1)
-        hits = [i for s in stops if (i := text.find(s, start)) >= 0]
+        hits = [(i, s) for s in stops if (i := text.find(s, start)) >= 0]
         if not hits:
             return False
         detok.push(token)
         if held:
             detok.flush()  # the text up to the cut is final now
-        request.stop_string_at = min(hits)
+        at, request.stop_reason = min(hits, key=lambda hit: hit[0])  # the earliest (the first listed of a tie)
+        request.stop_string_at = at + len(request.stop_reason) * request.params.include_stop_str_in_output
         detok.cut(request.stop_string_at)
         request.finish_reason = "stop"
         return True
@@ -744,7 +748,8 @@ class Engine:
         return RequestOutput(request.id, request.prompt, request.prompt_ids, list(request.output_ids),
                              self.text_of(request), request.finish_reason or "length", request.metrics,
                              request.last_tree, None if request.logprobs is None else list(request.logprobs),
-                             None if request.prompt_logprobs is None else list(request.prompt_logprobs))
+                             None if request.prompt_logprobs is None else list(request.prompt_logprobs),
+                             request.stop_reason)
 
 
 def default_budget_profile(engine: Engine) -> Path:

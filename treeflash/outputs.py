@@ -73,6 +73,9 @@ class RequestOutput:
     # SamplingParams.prompt_logprobs set: one entry per prompt token, None for the first (nothing predicts it),
     # then {token id: Logprob} as above (vLLM's PromptLogprobs); None otherwise.
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    # What ended a request whose finish_reason is "stop" (vLLM's): the stop string, or the stop token's id from
+    # stop_token_ids; None for EOS (and for "length")
+    stop_reason: int | str | None = None
 
     @property
     def cumulative_logprob(self) -> float | None:

@@ -71,6 +71,8 @@ class SamplingParams:
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    # True: a stop string that ends the request is kept at the end of its text (vLLM's; by default it is cut)
+    include_stop_str_in_output: bool = False
     # False: no text is made (RequestOutput.text is ""); token ids only, which saves a host-side
     # decode per token when many requests run (training data). Stop strings need the text.
     detokenize: bool = True
@@ -139,6 +141,8 @@ class SamplingParams:
             self.stop_token_ids = as_ints
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        if not isinstance(self.include_stop_str_in_output, bool):
+            raise ValueError(f"include_stop_str_in_output must be a bool, got {self.include_stop_str_in_output!r}")
         if not isinstance(self.detokenize, bool):
             raise ValueError(f"detokenize must be a bool, got {self.detokenize!r}")
         if self.stop and not self.detokenize:

@@ -196,7 +196,7 @@ async def _disconnected(request: Request) -> None:
 
 
 async def _collect(group: RequestGroup, fmt: _Formatter) -> dict:
-    texts, reasons = [""] * fmt.num_choices, [None] * fmt.num_choices
+    texts, reasons, stops = [""] * fmt.num_choices, [None] * fmt.num_choices, [None] * fmt.num_choices
     logprobs: list[list | None] = [None] * fmt.num_choices
     usage = fmt.new_usage()
     try:
@@ -206,13 +206,13 @@ async def _collect(group: RequestGroup, fmt: _Formatter) -> dict:
             if entries is not None:
                 logprobs[event.index] = (logprobs[event.index] or []) + entries
             if event.finish_reason is not None:
-                reasons[event.index] = event.finish_reason
+                reasons[event.index], stops[event.index] = event.finish_reason, event.stop_reason
                 fmt.count(usage, event)
     except ShuttingDown as e:
         raise APIError(503, str(e), type="server_error") from None
     except Exception as e:  # noqa: BLE001 (the engine failed; the server goes on)
         raise APIError(500, f"the engine failed on this request: {e}", type="server_error") from None
-    return fmt.final(texts, reasons, usage, logprobs)
+    return fmt.final(texts, reasons, usage, logprobs, stops)
 
 
 async def _stream(loop: EngineLoop, requests, fmt: _Formatter) -> AsyncIterator[str]:
@@ -228,7 +228,7 @@ async def _stream(loop: EngineLoop, requests, fmt: _Formatter) -> AsyncIterator[
                 yield fmt.sse(fmt.chunk(event.index, text=text, logprobs=entries))
             if event.finish_reason is not None:
                 fmt.count(usage, event)
-                yield fmt.sse(fmt.chunk(event.index, finish_reason=event.finish_reason))
+                yield fmt.sse(fmt.chunk(event.index, finish_reason=event.finish_reason, stop_reason=event.stop_reason))
         if fmt.include_usage:
             yield fmt.sse(fmt.usage_chunk(usage))
     except APIError as e:
@@ -289,17 +289,18 @@ class _Formatter:
     def _usage(self, usage: dict) -> p.Usage:
         return p.Usage(**usage, total_tokens=usage["prompt_tokens"] + usage["completion_tokens"])
 
-    def final(self, texts: list[str], reasons: list[str | None], usage: dict, logprobs: list[list | None]) -> dict:
+    def final(self, texts: list[str], reasons: list[str | None], usage: dict, logprobs: list[list | None],
+              stops: list[int | str | None]) -> dict:
         if self.chat:
             choices = [p.ChatChoice(index=i, message=p.AssistantMessage(content=t), finish_reason=r,
-                                    logprobs=self._logprobs(i, lp)) for i, (t, r, lp) in enumerate(zip(texts, reasons,
-                                                                                                        logprobs))]
+                                    logprobs=self._logprobs(i, lp), stop_reason=s)
+                       for i, (t, r, lp, s) in enumerate(zip(texts, reasons, logprobs, stops))]
             body = p.ChatCompletion(id=self.id, created=self.created, model=self.model, choices=choices,
                                     usage=self._usage(usage), prompt_logprobs=self._prompt_logprobs(0))
         else:
             choices = [p.CompletionChoice(index=i, text=t, finish_reason=r, logprobs=self._logprobs(i, lp),
-                                          prompt_logprobs=self._prompt_logprobs(i))
-                       for i, (t, r, lp) in enumerate(zip(texts, reasons, logprobs))]
+                                          stop_reason=s, prompt_logprobs=self._prompt_logprobs(i))
+                       for i, (t, r, lp, s) in enumerate(zip(texts, reasons, logprobs, stops))]
             body = p.Completion(id=self.id, created=self.created, model=self.model, choices=choices,
                                 usage=self._usage(usage))
         return body.model_dump()
@@ -324,7 +325,7 @@ class _Formatter:
                                     tokens=[e.token for e in entries], top_logprobs=tops)
 
     def chunk(self, index: int, text: str = "", role: bool = False, finish_reason: str | None = None,
-              logprobs: list[TokenLogprob] | None = None) -> dict:
+              logprobs: list[TokenLogprob] | None = None, stop_reason: int | str | None = None) -> dict:
         if self.chat:
             delta = p.Delta(role="assistant", content="") if role else p.Delta(content=text) if text else p.Delta()
             if logprobs and not text and not role:
@@ -337,6 +338,8 @@ class _Formatter:
         out = body.model_dump(exclude_none=True)
         out["choices"][0].update(logprobs=self._logprobs(index, logprobs).model_dump() if logprobs else None,
                                  finish_reason=finish_reason)
+        if finish_reason is not None:
+            out["choices"][0]["stop_reason"] = stop_reason
         if self.include_usage:
             out["usage"] = None  # OpenAI's convention: every chunk but the last has usage null
         return out

@@ -62,6 +62,7 @@ class Event:
     # still be held back, `Engine.text_delta`; over a choice's events they cover every generated token)
     logprobs: list[TokenLogprob] | None = None
     prompt: PromptLogprobs | None = None  # the choice's first event, where prompt log-probs were asked for
+    stop_reason: int | str | None = None  # with finish_reason "stop": the stop string or token id (None: EOS)
 
 
 class RequestGroup:
@@ -199,7 +200,7 @@ class EngineLoop:
             if text or logprobs or prompt or request.finished:
                 events.append((tracked.group, Event(tracked.index, text, request.finish_reason,
                                                     len(request.prompt_ids), len(request.output_ids), logprobs,
-                                                    prompt)))
+                                                    prompt, request.stop_reason)))
             if request.finished:
                 self._forget(request, now)
         self._set_gauges()

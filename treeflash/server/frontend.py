@@ -199,7 +199,8 @@ class Frontend:
                 presence_penalty=body.presence_penalty or 0.0, frequency_penalty=body.frequency_penalty or 0.0,
                 repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
                 logit_bias=_token_bias(body.logit_bias), min_tokens=body.min_tokens or 0,
-                allowed_token_ids=body.allowed_token_ids, bad_words=body.bad_words or None)
+                allowed_token_ids=body.allowed_token_ids, bad_words=body.bad_words or None,
+                include_stop_str_in_output=body.include_stop_str_in_output)
         except ValueError as e:
             raise bad_request(str(e), param=str(e).split(" ", 1)[0]) from None
 

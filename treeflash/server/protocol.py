@@ -23,7 +23,6 @@ class _Request(BaseModel):
 # the values that change nothing; any other value is refused by name (`Frontend`), never ignored. They arrive
 # as extra fields (`SamplingFields.model_extra`).
 UNSUPPORTED: dict[str, tuple] = {
-    "include_stop_str_in_output": (False,),
     "use_beam_search": (False,),
     "length_penalty": (1, 1.0),
     "truncate_prompt_tokens": (),
@@ -82,6 +81,7 @@ class SamplingFields(_Request):
     min_tokens: int | None = Field(None, ge=0)  # vLLM's: no stop before this many tokens
     allowed_token_ids: list[int] | None = None  # vLLM's: only these tokens can be generated
     bad_words: list[str] | None = None  # vLLM's: words never generated (treeflash/bad_words.py)
+    include_stop_str_in_output: bool = False  # vLLM's: a stop string that ends the text stays in it
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name for max_tokens
     stream: bool = False
@@ -179,6 +179,7 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None
+    stop_reason: int | str | None = None  # vLLM's: the stop string or stop token id that ended the choice
     prompt_logprobs: PromptLogprobs | None = None
 
 
@@ -201,6 +202,7 @@ class ChatChoice(BaseModel):
     message: AssistantMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None
+    stop_reason: int | str | None = None  # vLLM's, as CompletionChoice's
 
 
 class ChatCompletion(BaseModel):
@@ -223,6 +225,7 @@ class ChatChunkChoice(BaseModel):
     delta: Delta
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
+    stop_reason: int | str | None = None
 
 
 class ChatCompletionChunk(BaseModel):
