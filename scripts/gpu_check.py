@@ -29,8 +29,8 @@ L. log-probs, penalties, logit_bias and min_tokens (float32, none / dflash / ddt
    the requests' bias, penalties and min_tokens, the engine's default); the drafts' log-softmax kernel over
    rows masked in whole pieces; replayed
    rounds with log-probs or penalties run without host sync; with --logprobs-timings SHAPES,
-   graphed rounds without / with log-probs / with penalties and the rest / allowed tokens / bad words (batch 1
-   and 8, AR step and DDTree-64, context 1024).
+   graphed rounds without / with log-probs / with penalties and the rest / allowed tokens / bad words, the
+   second and third with drafts adjusted to them and blind (batch 1 and 8, AR step and DDTree-64, context 1024).
 P. graphs sharing one memory pool: rounds hop between graphs (buckets, budgets 0-256, one pool, one capture
    stream) and equal the same rounds run eagerly; a round's read-back survives other graphs' replays; graphs
    captured one per stage (time_stages) write no tensor made after them.
@@ -481,10 +481,14 @@ def check_logprobs(target: Path, drafter: Path, attention: str | None, shapes: l
             for method, budget in (("none", 64), ("ddtree", 64)):
                 sp = filled_speculator(target_model, drafter_model, SpecConfig(method, budget), batch, 1024, attention)
                 row = {}
-                for what, extra in (("plain", {}), ("log-probs", {"logprobs": 5}),
-                                    ("penalties, logit_bias, min_tokens", penalties),
-                                    ("allowed_token_ids", {"allowed_token_ids": list(range(0, 1000, 3))}),
-                                    ("bad_words", {"bad_words": ["(three sequences)"]})):
+                allowed = {"allowed_token_ids": list(range(0, 1000, 3))}
+                for what, extra, adjust in (("plain", {}, True), ("log-probs", {"logprobs": 5}, True),
+                                            ("penalties, logit_bias, min_tokens", penalties, True),
+                                            ("the same, blind drafts", penalties, False),
+                                            ("allowed_token_ids", allowed, True),
+                                            ("allowed_token_ids, blind drafts", allowed, False),
+                                            ("bad_words", {"bad_words": ["(three sequences)"]}, True)):
+                    sp.adjust_drafts = adjust
                     sp.set_sampling_many(list(range(batch)), [SamplingParams(temperature=0, **extra)] * batch,
                                          [0] * batch, [[1, 2, 3]] * batch, [{7}] * batch,
                                          [[[5], [7, 9], [1, 2, 3]]] * batch)
