@@ -124,6 +124,25 @@ def test_stop_reason_and_a_stop_string_kept_in_the_text(char_llm):
         SamplingParams(include_stop_str_in_output=1)
 
 
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(char_llm):
+    """vLLM's left truncation: the prompt's last k tokens, as if given alone; -1 keeps as many as leave one
+    token to generate, so an over-long prompt runs."""
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    want = char_llm.generate("the tail", params)[0]
+    got = char_llm.generate("a long head and then the tail", SamplingParams(
+        temperature=0, max_tokens=6, ignore_eos=True, truncate_prompt_tokens=len("the tail")))[0]
+    assert (got.prompt_token_ids, got.token_ids) == (want.prompt_token_ids, want.token_ids)
+    longest = char_llm.max_model_len - 1
+    over = "x" * (char_llm.max_model_len + 5)
+    with pytest.raises(ValueError, match="max_model_len"):
+        char_llm.generate(over, SamplingParams(max_tokens=1))
+    out = char_llm.generate(over, SamplingParams(temperature=0, max_tokens=1, truncate_prompt_tokens=-1))[0]
+    assert len(out.prompt_token_ids) == longest and len(out.token_ids) == 1
+    for bad in (0, -2, 1.5):
+        with pytest.raises(ValueError, match="truncate_prompt_tokens"):
+            SamplingParams(truncate_prompt_tokens=bad)
+
+
 def test_stream_holds_back_a_possible_stop_string(char_llm):
     free = char_llm.generate("abc", SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))[0].text
     stop = free[20:23]

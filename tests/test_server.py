@@ -293,6 +293,16 @@ def test_allowed_token_ids_give_the_offline_tokens(client, offline):
     assert got.text == want.text and set(got.text) <= set("abcde ")
 
 
+def test_truncate_prompt_tokens_keeps_the_prompts_tail(client, offline):
+    want = offline.generate("the tree", greedy(5, ignore_eos=True))[0]
+    got = client.completions.create(model=NAME, prompt="a long way to the tree", max_tokens=5, temperature=0,
+                                    echo=True, extra_body={"ignore_eos": True, "truncate_prompt_tokens": 8})
+    assert got.choices[0].text == "the tree" + want.text and got.usage.prompt_tokens == 8
+    over = client.completions.create(model=NAME, prompt=LONG, max_tokens=1, temperature=0,
+                                     extra_body={"truncate_prompt_tokens": -1})
+    assert over.usage.prompt_tokens == CONTEXT - 1 and over.usage.completion_tokens == 1
+
+
 def test_bad_words_give_the_offline_tokens(client, offline):
     free = offline.generate("the tree", greedy(12, ignore_eos=True))[0].text
     words = [free[2:4], free[6]]
@@ -403,6 +413,9 @@ BAD = [  # (route, body, status, param)
     ("chat/completions", {"model": NAME, "messages": CHAT, "allowed_token_ids": [1, 99999]}, 400, "allowed_token_ids"),
     ("completions", {"model": NAME, "prompt": "x", "min_tokens": -1}, 400, "min_tokens"),
     ("completions", {"model": NAME, "prompt": "x", "min_tokens": 9, "max_tokens": 4}, 400, "min_tokens"),
+    ("completions", {"model": NAME, "prompt": "x", "truncate_prompt_tokens": 0}, 400, "truncate_prompt_tokens"),
+    ("chat/completions", {"model": NAME, "messages": CHAT, "truncate_prompt_tokens": -3}, 400,
+     "truncate_prompt_tokens"),
     ("completions", {"model": NAME, "prompt": "x", "include_stop_str_in_output": "yes"}, 400,
      "include_stop_str_in_output"),
     ("completions", {"model": NAME, "prompt": "x", "repetition_penalty": 0}, 400, "repetition_penalty"),

@@ -20,7 +20,7 @@ from treeflash.models.parallel import check_shardable
 from treeflash.outputs import RequestOutput
 from treeflash.progress import Progress
 from treeflash.round import SpecConfig
-from treeflash.sampling import SamplingParams, as_int, new_seed
+from treeflash.sampling import SamplingParams, as_int, new_seed, truncate_prompt
 
 
 @dataclass(frozen=True)
@@ -498,6 +498,7 @@ class LLM:
         vocab = self.config.vocab_size
         requests = []
         for n, (text, prompt, p) in enumerate(zip(texts, ids, params)):
+            prompt = truncate_prompt(prompt, p.truncate_prompt_tokens, self.max_model_len)
             if not prompt:
                 raise ValueError(f"prompt {n} is empty")
             if not all(0 <= t < vocab for t in prompt):

@@ -93,6 +93,9 @@ class SamplingParams:
     bad_words: list[str] | None = None
     # No stop token can be drawn, and no stop string ends the request, before this many tokens (vLLM's)
     min_tokens: int = 0
+    # Keep only the prompt's last k tokens (vLLM's left truncation); -1: as many as the context holds with one
+    # token left to generate (`truncate_prompt`)
+    truncate_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
         # numpy and torch scalars are taken (as Python numbers), bools are not.
@@ -170,6 +173,10 @@ class SamplingParams:
             if not as_ints or any(i is None or i < 0 for i in as_ints):
                 raise ValueError(f"allowed_token_ids must be a non-empty list of token ids, got {ids!r}")
             self.allowed_token_ids = sorted(set(as_ints))
+        if self.truncate_prompt_tokens is not None and not (integer("truncate_prompt_tokens") == -1
+                                                            or self.truncate_prompt_tokens >= 1):
+            raise ValueError(f"truncate_prompt_tokens must be None, -1 (the context's length) or at least 1, got "
+                             f"{self.truncate_prompt_tokens}")
         if self.bad_words is not None:
             words = self.bad_words
             if isinstance(words, str) or not isinstance(words, (list, tuple)) or not all(
@@ -190,6 +197,14 @@ class SamplingParams:
     def greedy(self) -> bool:
         # Below this, logits / temperature overflow float32; such requests are greedy (as in vLLM).
         return self.temperature < GREEDY_BELOW
+
+
+def truncate_prompt(ids: list[int], k: int | None, max_model_len: int) -> list[int]:
+    """The prompt as truncate_prompt_tokens=k keeps it: its last k tokens (-1: max_model_len - 1, the most that
+    leaves a token to generate, where vLLM's -1 leaves none; None: all)."""
+    if k is None:
+        return ids
+    return ids[-(max_model_len - 1 if k == -1 else k):]
 
 
 def as_int(value) -> int | None:

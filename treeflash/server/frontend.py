@@ -14,7 +14,7 @@ from treeflash.checkpoint import load_tokenizer
 from treeflash.engine import Request
 from treeflash.llm import LLM
 from treeflash.logprobs import MAX_LOGPROBS
-from treeflash.sampling import SamplingParams
+from treeflash.sampling import SamplingParams, truncate_prompt
 from treeflash.server.errors import APIError, bad_request
 from treeflash.server.protocol import (CHAT_UNSUPPORTED, COMPLETION_UNSUPPORTED, UNSUPPORTED, ChatCompletionRequest,
                                        CompletionRequest, SamplingFields)
@@ -51,7 +51,7 @@ class Frontend:
             raise bad_request("suffix is not supported", param="suffix", code="unsupported")
         if body.best_of not in (None, 1, body.n):
             raise bad_request("best_of is not supported (use n)", param="best_of", code="unsupported")
-        prompts = self._completion_prompts(body.prompt)
+        prompts = self._truncated(body, self._completion_prompts(body.prompt))
         requests = self._requests(body, prompts, body.max_completion_tokens or body.max_tokens, default_max_tokens=16)
         if not body.echo:
             return requests, None
@@ -76,7 +76,7 @@ class Frontend:
         except Exception as e:  # noqa: BLE001 (a template may raise anything: it is the model's code)
             raise bad_request(f"the chat template refused these messages: {e}", param="messages") from None
         max_tokens = body.max_completion_tokens or body.max_tokens
-        return self._requests(body, [Prompt(ids, None)], max_tokens, default_max_tokens=None)
+        return self._requests(body, self._truncated(body, [Prompt(ids, None)]), max_tokens, default_max_tokens=None)
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.config.model_name:
@@ -92,6 +92,16 @@ class Frontend:
             neutral = endpoint_unsupported.get(name, UNSUPPORTED.get(name))
             if neutral is not None and value is not None and not _same(value, neutral):
                 raise bad_request(f"{name} is not supported", param=name, code="unsupported")
+
+    def _truncated(self, body: SamplingFields, prompts: list[Prompt]) -> list[Prompt]:
+        """The prompts as vLLM's truncate_prompt_tokens keeps them (before the context checks); a cut prompt's
+        text is its kept tokens' (an echo shows what the model saw)."""
+        k = body.truncate_prompt_tokens
+        if k is not None and not (k == -1 or k >= 1):
+            raise bad_request(f"truncate_prompt_tokens must be -1 (the context's length) or at least 1, got {k}",
+                              param="truncate_prompt_tokens")
+        kept = [truncate_prompt(p.ids, k, self.llm.max_model_len) for p in prompts]
+        return [p if len(ids) == len(p.ids) else Prompt(ids, None) for p, ids in zip(prompts, kept)]
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False) if self.tokenizer is not None else ""
@@ -196,6 +206,7 @@ class Frontend:
                 min_p=0.0 if body.min_p is None else body.min_p,
                 max_tokens=max_tokens, seed=body.seed, stop=body.stop, stop_token_ids=body.stop_token_ids,
                 ignore_eos=body.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+                truncate_prompt_tokens=body.truncate_prompt_tokens,
                 presence_penalty=body.presence_penalty or 0.0, frequency_penalty=body.frequency_penalty or 0.0,
                 repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
                 logit_bias=_token_bias(body.logit_bias), min_tokens=body.min_tokens or 0,

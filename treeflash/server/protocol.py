@@ -25,7 +25,6 @@ class _Request(BaseModel):
 UNSUPPORTED: dict[str, tuple] = {
     "use_beam_search": (False,),
     "length_penalty": (1, 1.0),
-    "truncate_prompt_tokens": (),
     "guided_json": (),
     "guided_regex": (),
     "guided_choice": (),
@@ -82,6 +81,7 @@ class SamplingFields(_Request):
     allowed_token_ids: list[int] | None = None  # vLLM's: only these tokens can be generated
     bad_words: list[str] | None = None  # vLLM's: words never generated (treeflash/bad_words.py)
     include_stop_str_in_output: bool = False  # vLLM's: a stop string that ends the text stays in it
+    truncate_prompt_tokens: int | None = None  # vLLM's: keep the prompt's last k tokens (-1: as many as fit)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name for max_tokens
     stream: bool = False
