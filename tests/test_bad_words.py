@@ -9,14 +9,13 @@ import random
 import pytest
 import torch
 
-from treeflash import LLM, SamplingParams
+from treeflash import SamplingParams
 from treeflash.bad_words import MAX_SEQUENCES, MAX_TOKENS, BadWords, bad_word_sequences
 from treeflash.tree import DraftTree, ancestor_mask
 from helpers import write_char_tokenizer
-from spec_helpers import chi_square, hf_greedy, install_oracle, load_hf, make_drafter, make_target
-from test_penalties import SamplingParams as _SP, exact_joint, sample_joint, small  # noqa: F401
+from spec_helpers import chi_square, install_oracle, load_hf, make_drafter, make_target
+from test_penalties import _llm, exact_joint, sample_joint, small  # noqa: F401
 
-CHARS = list(" abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?")
 PROMPTS = ["the cat", "a b c", "zz top"]
 
 
@@ -96,12 +95,6 @@ def pair(tmp_path_factory):
     return target, make_drafter(root / "drafter", target, 4), load_hf(target)
 
 
-def _llm(pair, spec, ngram=0):
-    extra = {"tree_budget": 8} if spec == "ddtree" else {}
-    return LLM(str(pair[0]), device="cpu", draft_model=str(pair[1]) if spec != "none" else None, spec=spec,
-               ngram_tokens=ngram, max_num_seqs=2, **extra)
-
-
 def _reference(hf, llm, prompt_ids, n, words):
     sequences = bad_word_sequences(words, llm.tokenizer)
     ids = list(prompt_ids)
@@ -144,7 +137,7 @@ BAD = [[3], [5, 2], [1, 4, 6]]  # (ROOT is 5: [5, 2] bans 2 at the first draw, a
 
 
 def test_sampled_joint_with_bad_words_is_exact_and_the_test_has_teeth(small):
-    params = _SP(temperature=1.0, bad_words=["(their sequences are given directly)"])
+    params = SamplingParams(temperature=1.0, bad_words=["(their sequences are given directly)"])
     counts, tau = sample_joint(small, params, bad_words=BAD)
     stat, df, threshold = chi_square(counts, exact_joint(small[0], params, bad_words=BAD))
     assert tau > 1.5, "the drafts should make rounds accept several tokens"

@@ -506,15 +506,11 @@ class LLM:
             if len(prompt) >= self.max_model_len:
                 raise ValueError(f"prompt {n} has {len(prompt)} tokens; max_model_len is {self.max_model_len} "
                                  f"(at least one token must fit after the prompt)")
-            bad = [t for t in p.stop_token_ids or [] if t >= vocab]
-            if bad:
-                raise ValueError(f"stop_token_ids {bad} are outside the vocabulary [0, {vocab})")
-            bad = sorted(t for t in p.logit_bias or {} if t >= vocab)
-            if bad:
-                raise ValueError(f"logit_bias names token ids {bad} outside the vocabulary [0, {vocab})")
-            bad = [t for t in p.allowed_token_ids or [] if t >= vocab]
-            if bad:
-                raise ValueError(f"allowed_token_ids {bad} are outside the vocabulary [0, {vocab})")
+            for name, ids in (("stop_token_ids", p.stop_token_ids), ("logit_bias", p.logit_bias),
+                              ("allowed_token_ids", p.allowed_token_ids)):
+                bad = sorted(t for t in ids or () if t >= vocab)
+                if bad:
+                    raise ValueError(f"{name} {bad} are outside the vocabulary [0, {vocab})")
             stops = set(p.stop_token_ids or []) | (set() if p.ignore_eos else set(self.eos_token_ids))
             if p.min_tokens and p.allowed_token_ids is not None and set(p.allowed_token_ids) <= stops:
                 raise ValueError(f"allowed_token_ids are all stop tokens, which min_tokens={p.min_tokens} holds back: "

@@ -110,8 +110,11 @@ class StopSuppression:
         self.stop[index] = to_device(token_rows(stop_ids, self.stop.shape[1]), self.stop.device)
         self.stops_from[index] = to_device(stops_from, self.stop.device, torch.long)
 
-    def apply(self, logits: torch.Tensor, rows: torch.Tensor | slice, positions: torch.Tensor) -> torch.Tensor:
+    def apply(self, logits: torch.Tensor, rows: torch.Tensor | slice, positions: torch.Tensor,
+              columns: torch.Tensor | None = None) -> torch.Tensor:
         """logits [S, N, V] of slots `rows` drawing tokens at `positions` [S, N]: stop tokens -inf before their
-        slot's first stop position. Capturable."""
+        slot's first stop position. columns: the token id of each of the V logits (a draft vocabulary's; None:
+        the whole vocabulary). Capturable."""
         early = positions < self.stops_from[rows][:, None]  # [S, N]
-        return logits.float().masked_fill(early[:, :, None] & self.stop[rows][:, None, :], float("-inf"))
+        stop = self.stop[rows] if columns is None else self.stop[rows][:, columns]
+        return logits.float().masked_fill(early[:, :, None] & stop[:, None, :], float("-inf"))

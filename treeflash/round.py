@@ -671,6 +671,7 @@ class Speculator:
         flags = sampling.flags
         if not self.adjust_drafts or not (flags.use_logit_bias or flags.use_penalties or flags.use_min_tokens):
             return logits
+        self._check_rows(flags)
         s, depths = logits.shape[:2]
         cols = (lambda x: x) if self.draft_tokens is None else (lambda x: x[:, self.draft_tokens])  # noqa: E731
         out = logits.float()
@@ -683,8 +684,7 @@ class Speculator:
         if flags.use_min_tokens:
             # The drafted token at depth d + 1 is drawn at position seq_len + d + 1 (its parent's draw).
             drawn_at = state.seq_lens[:s, None] + 1 + torch.arange(depths, device=logits.device)
-            early = drawn_at < self.stop_suppression.stops_from[:s, None]
-            out = out.masked_fill(early[:, :, None] & cols(self.stop_suppression.stop[:s])[:, None], float("-inf"))
+            out = self.stop_suppression.apply(out, slice(0, s), drawn_at, self.draft_tokens)
         if flags.use_logit_bias:  # (only allowed_token_ids make -inf: neither penalties nor min_tokens' few)
             out = torch.where(torch.isfinite(out).any(-1, keepdim=True), out, logits.float())
         return out
@@ -724,12 +724,7 @@ class Speculator:
         penalty counts, what plain decoding would see at those positions; None at prefill, where nothing is
         generated yet."""
         flags = sampling.flags
-        if (flags.use_penalties and self.penalty_counts is None) or (flags.use_min_tokens and self.stop_suppression
-                                                                     is None) or (flags.use_bad_words and
-                                                                                  self.bad_words is None):
-            # (sampling rows passed to `round` without set_sampling_many)
-            raise ValueError("penalties, min_tokens and bad_words need the slots' rows: write the requests' rows "
-                             "with set_sampling_many first")
+        self._check_rows(flags)
         if flags.use_logit_bias:
             logits = logits.float() + self.logit_bias[rows][:, None]
         ancestors = None if tree is None or not (flags.use_bad_words or flags.use_penalties) or tree.size == 1 \
@@ -744,6 +739,14 @@ class Speculator:
         if flags.use_min_tokens:
             logits = self.stop_suppression.apply(logits, rows, positions)
         return logits
+
+    def _check_rows(self, flags: SamplingFlags) -> None:
+        """Sampling rows passed to a round without set_sampling_many leave a flag's per-slot state unmade."""
+        if (flags.use_penalties and self.penalty_counts is None) or (flags.use_min_tokens and self.stop_suppression
+                                                                     is None) or (flags.use_bad_words and
+                                                                                  self.bad_words is None):
+            raise ValueError("penalties, min_tokens and bad_words need the slots' rows: write the requests' rows "
+                             "with set_sampling_many first")
 
     def ancestor_mask(self, tree: DraftTree) -> torch.Tensor:
         """The verify mask: `tree.ancestor_mask`, or on CUDA the same in one Triton launch."""

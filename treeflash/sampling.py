@@ -175,8 +175,8 @@ class SamplingParams:
             self.allowed_token_ids = sorted(set(as_ints))
         if self.truncate_prompt_tokens is not None and not (integer("truncate_prompt_tokens") == -1
                                                             or self.truncate_prompt_tokens >= 1):
-            raise ValueError(f"truncate_prompt_tokens must be None, -1 (the context's length) or at least 1, got "
-                             f"{self.truncate_prompt_tokens}")
+            raise ValueError(f"truncate_prompt_tokens must be None, -1 (as many as leave a token to generate) or at "
+                             f"least 1, got {self.truncate_prompt_tokens}")
         if self.bad_words is not None:
             words = self.bad_words
             if isinstance(words, str) or not isinstance(words, (list, tuple)) or not all(

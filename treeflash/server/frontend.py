@@ -96,10 +96,10 @@ class Frontend:
     def _truncated(self, body: SamplingFields, prompts: list[Prompt]) -> list[Prompt]:
         """The prompts as vLLM's truncate_prompt_tokens keeps them (before the context checks); a cut prompt's
         text is its kept tokens' (an echo shows what the model saw)."""
-        k = body.truncate_prompt_tokens
-        if k is not None and not (k == -1 or k >= 1):
-            raise bad_request(f"truncate_prompt_tokens must be -1 (the context's length) or at least 1, got {k}",
-                              param="truncate_prompt_tokens")
+        try:  # (its check is SamplingParams')
+            k = SamplingParams(truncate_prompt_tokens=body.truncate_prompt_tokens).truncate_prompt_tokens
+        except ValueError as e:
+            raise bad_request(str(e), param="truncate_prompt_tokens") from None
         kept = [truncate_prompt(p.ids, k, self.llm.max_model_len) for p in prompts]
         return [p if len(ids) == len(p.ids) else Prompt(ids, None) for p, ids in zip(prompts, kept)]
 
@@ -191,8 +191,7 @@ class Frontend:
         if asked is not None and body.stream:
             raise bad_request("prompt_logprobs is not available with stream: true (as in vLLM)",
                               param="prompt_logprobs")
-        if isinstance(body, CompletionRequest) and body.echo and isinstance(body.logprobs, int) \
-                and not isinstance(body.logprobs, bool):
+        if isinstance(body, CompletionRequest) and body.echo and body.logprobs is not None:  # (checked: an int)
             return body.logprobs if asked is None else max(asked, body.logprobs)
         return asked
 
