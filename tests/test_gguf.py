@@ -14,6 +14,7 @@ import torch
 from safetensors.numpy import load_file
 
 from treeflash.config import ModelConfig, UnsupportedModelError
+from treeflash import gguf_convert
 from treeflash.gguf_convert import cached_conversion, convert_gguf, gguf_cache_key, hf_tensor_name
 
 CHAT_TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -240,7 +241,13 @@ def test_cache_key_reads_the_whole_file(tmp_path: Path, monkeypatch: pytest.Monk
     assert cached_conversion(src) == cached_conversion(other) != first
     # The remembered digest is the file's own: a second look (memo hit) gives what a fresh read gives.
     memo = first.parent / ".digests"
-    assert cached_conversion(src).name.endswith(gguf_cache_key(src)) and any(memo.iterdir())
+    before = cached_conversion(src)
+    assert before.name.endswith(gguf_cache_key(src)) and any(memo.iterdir())
+    # A new converter's output is a new conversion, though the file's digest is remembered.
+    monkeypatch.setattr(gguf_convert, "_CONVERTER_VERSION", gguf_convert._CONVERTER_VERSION + 1)
+    newer = cached_conversion(src)
+    assert newer.name.endswith(gguf_cache_key(src)) and newer != before
+    assert json.loads((newer / "config.json").read_text())["transformers_version"] == transformers.__version__
 
 
 def test_tokenizer_comes_from_the_gguf_alone(tmp_path: Path) -> None:

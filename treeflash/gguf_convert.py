@@ -24,7 +24,7 @@ from treeflash.config import UnsupportedModelError, unsupported_architecture
 
 GGUF_MAGIC = b"GGUF"
 # Bump when the output layout changes, so stale cache entries are not reused.
-_CONVERTER_VERSION = 2  # 2: GGUF linear rope scaling read as llama.cpp reads it
+_CONVERTER_VERSION = 3  # 2: GGUF linear rope scaling read as llama.cpp reads it; 3: config.json names its writer
 _READ_BYTES = 1 << 22
 
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
@@ -274,6 +274,13 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, tokenizer: bool 
         raise ValueError(f"{path}: GGUF has no tokenizer (tokenizer.ggml.tokens is missing)")
     tensors = _hf_tensors(reader, path)
     config = _hf_config(reader, path, {k: v.shape for k, v in tensors.items()})
+    if tokenizer:
+        import transformers
+
+        # The version of transformers that writes the tokenizer, as save_pretrained records it; without it
+        # transformers >= 5 takes a Qwen2 tokenizer's directory for an old Mistral one and warns that its
+        # pre-tokenizer regex is wrong (it is not: the GGUF's own is kept).
+        config["transformers_version"] = transformers.__version__
     out.parent.mkdir(parents=True, exist_ok=True)
     # Not tempfile.mkdtemp: its 0700 mode would survive the rename and make a shared cache private.
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
@@ -334,9 +341,10 @@ def remember_cache_key(gguf_path: str | Path, memo_dir: str | Path, key: str) ->
 
 def _memo(path: Path, memo_dir: str | Path) -> Path:
     # A version of a file: its path, inode, size, mtime and ctime (any write changes the ctime, which no
-    # tool sets back).
+    # tool sets back), under this converter's version (a digest kept by an older converter names its output).
     st = path.stat()
-    version = f"{path.resolve()}:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+    version = (f"v{_CONVERTER_VERSION}:{path.resolve()}:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:"
+               f"{st.st_ctime_ns}")
     return Path(memo_dir) / hashlib.blake2b(version.encode(), digest_size=16).hexdigest()
 
 
