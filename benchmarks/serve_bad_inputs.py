@@ -19,6 +19,7 @@ def cases(model: str, context: int) -> list[tuple[str, str, str, object, dict | 
     """(what, method, route, body: bytes | dict | None, headers or None for the valid key)."""
     chat = [{"role": "user", "content": "Hi"}]
     long_text = "tree " * context
+    tool = {"type": "function", "function": {"name": "now", "parameters": {"type": "object"}}}
     return [
         ("malformed JSON", "POST", "chat/completions", b'{"model": "x", "messages": [', None),
         ("a JSON array, not an object", "POST", "chat/completions", b"[1, 2]", None),
@@ -64,6 +65,13 @@ def cases(model: str, context: int) -> list[tuple[str, str, str, object, dict | 
          {"model": model, "prompt": "x", "prompt_logprobs": 1, "stream": True}, None),
         ("guided_json (unsupported)", "POST", "completions",
          {"model": model, "prompt": "x", "guided_json": {"type": "object"}}, None),
+        ("tools for a template that shows none", "POST", "chat/completions",
+         {"model": model, "messages": chat, "tools": [tool]}, None),
+        ("tool_choice required", "POST", "chat/completions",
+         {"model": model, "messages": chat, "tools": [tool], "tool_choice": "required"}, None),
+        ("a tool call's arguments not JSON", "POST", "chat/completions",
+         {"model": model, "messages": chat + [{"role": "assistant", "content": None, "tool_calls": [
+             {"id": "c1", "type": "function", "function": {"name": "now", "arguments": "{tz: 1}"}}]}]}, None),
         ("stream_options without stream", "POST", "chat/completions",
          {"model": model, "messages": chat, "stream_options": {"include_usage": True}}, None),
         ("no API key", "GET", "models", None, {}),

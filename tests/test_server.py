@@ -8,11 +8,8 @@ plain decoding, and ends with SIGTERM while a stream is in flight.
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
-import socket
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-import treeflash
 from helpers import CHARS, make_tiny_target
+from server_helpers import Server
 from spec_helpers import make_drafter
 from treeflash import LLM, SamplingParams
 
@@ -34,6 +31,9 @@ CONTEXT = 4096  # long enough that a request can still be running when its clien
 TEMPLATE = ("{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}"
             "{% if add_generation_prompt %}assistant {% endif %}")
 CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "name a tree"}]
+TOOL = {"type": "function", "function": {"name": "now", "description": "the time", "parameters": {"type": "object"}}}
+CALL = {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+                                                               "function": {"name": "now", "arguments": "{}"}}]}
 
 
 # --- fixtures -------------------------------------------------------------------------------------
@@ -46,41 +46,6 @@ def model_dir(tmp_path_factory) -> Path:
     config["chat_template"] = TEMPLATE
     config_file.write_text(json.dumps(config))
     return path
-
-
-class Server:
-    """`treeflash serve ARGS` on a free loopback port, until stopped."""
-
-    def __init__(self, *args: str):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        root = str(Path(treeflash.__file__).resolve().parents[1])
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
-               "OMP_NUM_THREADS": "1"}
-        self.log = open(Path(args[0]).parent / f"server-{self.port}.log", "w+")
-        self.process = subprocess.Popen([sys.executable, "-m", "treeflash.cli", "serve", *args, "--port", str(self.port),
-                                         "--device", "cpu", "--log-level", "warning"],
-                                        env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 120
-        while True:
-            assert self.process.poll() is None, f"the server exited:\n{self.output()}"
-            assert time.monotonic() < deadline, f"the server did not come up:\n{self.output()}"
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
-
-    def output(self) -> str:
-        self.log.seek(0)
-        return self.log.read()
-
-    def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(60)
 
 
 @pytest.fixture(scope="module")
@@ -443,6 +408,21 @@ BAD = [  # (route, body, status, param)
     ("completions", {"model": NAME, "prompt": "x", "response_format": {"type": "json_object"}}, 400,
      "response_format"),
     ("chat/completions", {"model": NAME, "messages": [{"role": "assistant", "content": None}]}, 400, "messages[0]"),
+    # Tools: this model's template does not show them (nor render calls); forcing a call needs guided decoding.
+    ("chat/completions", {"model": NAME, "messages": CHAT, "tools": [TOOL]}, 400, "tools"),
+    ("chat/completions", {"model": NAME, "messages": CHAT, "tools": [TOOL],
+                          "tool_choice": {"type": "function", "function": {"name": "now"}}}, 400, "tool_choice"),
+    ("chat/completions", {"model": NAME, "messages": CHAT, "tools": [{"type": "retrieval"}]}, 400, "tools[0].type"),
+    ("chat/completions", {"model": NAME, "messages": CHAT, "tools": [{"type": "function", "function": {
+        "name": "two words"}}]}, 400, "tools[0].function.name"),
+    ("chat/completions", {"model": NAME, "messages": CHAT + [CALL], "tools": [TOOL]}, 400, "messages"),
+    ("chat/completions", {"model": NAME, "messages": CHAT + [{**CALL, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "now", "arguments": "{'tz': 1}"}}]}]}, 400,
+     "messages[2].tool_calls[0].function.arguments"),
+    ("chat/completions", {"model": NAME, "messages": [{**CHAT[1], "tool_calls": CALL["tool_calls"]}]}, 400,
+     "messages[0]"),
+    ("completions", {"model": NAME, "prompt": "x", "tools": [TOOL]}, 400, "tools"),
+    ("completions", {"model": NAME, "prompt": "x", "tool_choice": "required"}, 400, "tool_choice"),
     ("chat/completions", {"model": NAME, "messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content"),
 ]
 
@@ -495,6 +475,32 @@ def test_neutral_values_of_unsupported_fields_and_max_completion_tokens_are_hono
     # max_completion_tokens (OpenAI's newer name) counts on /v1/completions too, before max_tokens.
     want = offline.generate("ab", greedy(5, ignore_eos=True))[0]
     assert got.usage.completion_tokens == 5 and got.choices[0].text == want.text
+
+
+def test_tool_choice_none_hides_the_tools_and_the_reply_is_text(client, offline):
+    want = offline.chat(CHAT, greedy(8))[0]
+    got = client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=8, temperature=0, tools=[TOOL],
+                                         tool_choice="none", parallel_tool_calls=False)
+    assert got.choices[0].message.content == want.text and not got.choices[0].message.tool_calls
+    assert got.usage.prompt_tokens == len(want.prompt_token_ids)
+
+
+def test_tools_need_a_template_that_asks_for_tool_call_blocks(offline):
+    from treeflash.server.errors import APIError
+    from treeflash.server.frontend import Frontend, ServerConfig
+    from treeflash.server.protocol import ChatCompletionRequest
+
+    frontend = Frontend(offline, ServerConfig(model_name=NAME))
+    body = ChatCompletionRequest.model_validate({"messages": CHAT, "tools": [TOOL]})
+    frontend.tokenizer.chat_template = TEMPLATE + "{% if tools %}functions: {{ tools | tojson }}{% endif %}"
+    with pytest.raises(APIError, match="<tool_call>") as refused:  # shown, but calls would come in another form
+        frontend.chat_requests(body)
+    assert (refused.value.status, refused.value.param) == (400, "tools")
+    frontend.tokenizer.chat_template += " reply with <tool_call>{json}</tool_call>"
+    (request,), reader = frontend.chat_requests(body)
+    assert "assistant functions" in offline.tokenizer.decode(request.prompt_ids) and reader().parallel
+    with pytest.raises(ValueError, match="does not show tools"):
+        offline.chat(CHAT, greedy(2), tools=[TOOL])
 
 
 def test_neutral_prompt_building_fields_and_text_parts_on_lines_of_their_own(client, offline):

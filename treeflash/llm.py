@@ -71,6 +71,10 @@ def _dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype
 _CHAT_ROLES = ("system", "user", "assistant")
 
 
+class ToolsNotShownError(ValueError):
+    """Tools were given for a chat template that does not render them."""
+
+
 def _check_conversation(messages, where: str, template) -> None:
     """Refuse, naming the message, what a chat template would fail on or silently mis-render."""
     if not isinstance(messages, (list, tuple)) or not messages:
@@ -84,6 +88,8 @@ def _check_conversation(messages, where: str, template) -> None:
             raise ValueError(f"{where}[{i}]: this model's chat template does not render tool messages")
         if m.get("role") not in roles:
             raise ValueError(f"{where}[{i}]: role must be one of {', '.join(roles)}, got {m.get('role')!r}")
+        if m.get("tool_calls") and "tool_calls" not in str(template or ""):
+            raise ValueError(f"{where}[{i}]: this model's chat template does not render tool calls")
         content = m.get("content")
         if not isinstance(content, str):  # "" is a message too, as OpenAI's API takes it
             raise ValueError(f"{where}[{i}]: content must be a string, got {content!r}")
@@ -328,11 +334,14 @@ class LLM:
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | dict | Sequence[SamplingParams | dict] | None = None, *,
-             use_tqdm: bool = True) -> list[RequestOutput]:
+             use_tqdm: bool = True, tools: list[dict] | None = None) -> list[RequestOutput]:
         """Generate replies to one conversation (a list of {role, content}) or a list of them.
 
         Roles: system, user, assistant (and tool when the chat template handles tool messages); every
-        content a string (it may be empty). A bad message is a ValueError naming it before anything runs.
+        content a string (it may be empty); an assistant message may carry `tool_calls` where the template
+        renders them. A bad message is a ValueError naming it before anything runs.
+        tools: OpenAI's function definitions ({"type": "function", "function": {...}}), shown to the model by
+        its chat template; `treeflash.tool_calls.parse_tool_calls(output.text)` reads the calls of a reply.
         """
         if not isinstance(messages, (list, tuple)):
             raise ValueError(f"chat takes a list of {{'role': ..., 'content': ...}} messages (or a list of such "
@@ -344,7 +353,7 @@ class LLM:
         template = getattr(self.tokenizer, "chat_template", None)
         for n, conv in enumerate(conversations):
             _check_conversation(conv, "messages" if one else f"messages[{n}]", template)
-        ids = [self.chat_token_ids(c) for c in conversations]
+        ids = [self.chat_token_ids(c, tools=tools) for c in conversations]
         prompts = [self.tokenizer.decode(i) for i in ids]
         return self._run(self._requests(None, sampling_params, ids, texts=prompts), use_tqdm)
 
@@ -405,16 +414,25 @@ class LLM:
         torch.cuda.empty_cache()
         return captured
 
-    def chat_token_ids(self, messages: list[dict], tokenizer=None) -> list[int]:
+    def chat_token_ids(self, messages: list[dict], tokenizer=None, tools: list[dict] | None = None) -> list[int]:
         """The prompt token ids of one conversation under the model's chat template (checked first).
 
         tokenizer: another instance of this model's tokenizer (a thread of its own must not share one).
+        tools: OpenAI's function definitions, for the template to show the model; a template that would not
+        show them is a ValueError.
         """
         tok = tokenizer or self._need_tokenizer()
         _check_conversation(messages, "messages", getattr(tok, "chat_template", None))
         if not tok.chat_template:
             raise ValueError(f"{self.model_dir}: the tokenizer has no chat template")
         text = tok.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+        if tools:
+            shown = tok.apply_chat_template(list(messages), tools=list(tools), tokenize=False,
+                                            add_generation_prompt=True)
+            if shown == text:  # the model would never learn of them
+                raise ToolsNotShownError("this model's chat template does not show tools to the model, so it cannot "
+                                         "call them")
+            text = shown
         return tok.encode(text, add_special_tokens=False, verbose=False)  # _requests checks the length
 
     def close(self) -> None:

@@ -12,7 +12,7 @@ import hmac
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
@@ -27,8 +27,10 @@ from treeflash.server.engine_loop import EngineLoop, Event, RequestGroup, Shutti
 from treeflash.server.errors import APIError, bad_request, from_validation
 from treeflash.server.frontend import Frontend, ServerConfig
 from treeflash.server.metrics import CONTENT_TYPE, ServerMetrics
+from treeflash.tool_calls import ToolCall, ToolCallStream
 
-_FIELDS = {name for model in (p.CompletionRequest, p.ChatCompletionRequest, p.ChatMessage, p.TextPart, p.StreamOptions)
+_FIELDS = {name for model in (p.CompletionRequest, p.ChatCompletionRequest, p.ChatMessage, p.TextPart, p.StreamOptions,
+                               p.MessageToolCall, p.FunctionCall, p.Tool, p.FunctionDefinition, p.NamedToolChoice)
            for name in model.model_fields}
 
 
@@ -109,10 +111,10 @@ def build_app(llm: LLM, config: ServerConfig) -> FastAPI:
     @app.post("/v1/chat/completions", **v1)
     async def chat_completions(request: Request) -> Response:
         body = await _parse(request, p.ChatCompletionRequest, config.max_request_bytes)
-        requests = await validated(frontend.chat_requests, body)
+        requests, tool_reader = await validated(frontend.chat_requests, body)
         chat = _Formatter(config.model_name, chat=True, n=body.n, num_choices=len(requests),
                           include_usage=bool(body.stream_options and body.stream_options.include_usage),
-                          prompt_logprobs=body.prompt_logprobs is not None)
+                          prompt_logprobs=body.prompt_logprobs is not None, tool_reader=tool_reader)
         return await _respond(request, loop, requests, chat, body.stream)
 
     return app
@@ -223,12 +225,10 @@ async def _stream(loop: EngineLoop, requests, fmt: _Formatter) -> AsyncIterator[
             yield fmt.sse(fmt.chunk(index, role=True))
         usage = fmt.new_usage()
         async for event in group.events():
-            text, entries = fmt.with_echo(event)
-            if text or entries:
-                yield fmt.sse(fmt.chunk(event.index, text=text, logprobs=entries))
+            for chunk in fmt.event_chunks(event):
+                yield fmt.sse(chunk)
             if event.finish_reason is not None:
                 fmt.count(usage, event)
-                yield fmt.sse(fmt.chunk(event.index, finish_reason=event.finish_reason, stop_reason=event.stop_reason))
         if fmt.include_usage:
             yield fmt.sse(fmt.usage_chunk(usage))
     except APIError as e:
@@ -241,11 +241,25 @@ async def _stream(loop: EngineLoop, requests, fmt: _Formatter) -> AsyncIterator[
     yield "data: [DONE]\n\n"
 
 
+def _numbered(reader: ToolCallStream, step: tuple[str, list[ToolCall]]) -> tuple[str, list[p.DeltaToolCall]]:
+    """What one step of a choice's tool-call reader let through: its content, and the calls it completed
+    as stream deltas, numbered in the choice's calls."""
+    content, calls = step
+    first = reader.calls - len(calls)
+    return content, [p.DeltaToolCall(index=first + k, id=c.id, function=p.FunctionCallOut(
+        name=c.name, arguments=c.arguments)) for k, c in enumerate(calls)]
+
+
+def _reason(reason: str | None, reader: ToolCallStream) -> str | None:
+    return "tool_calls" if reason == "stop" and reader.calls else reason  # (OpenAI's, for a reply that calls)
+
+
 class _Formatter:
     """OpenAI response bodies and stream chunks for one call."""
 
     def __init__(self, model: str, chat: bool, n: int, num_choices: int, include_usage: bool,
-                 echo: list[str] | None = None, prompt_logprobs: bool = False):
+                 echo: list[str] | None = None, prompt_logprobs: bool = False,
+                 tool_reader: Callable[[], ToolCallStream] | None = None):
         self.model, self.chat, self.n, self.num_choices = model, chat, n, num_choices
         self.include_usage = include_usage
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
@@ -255,6 +269,8 @@ class _Formatter:
         self.echoed = [False] * num_choices
         self.prompt_logprobs = prompt_logprobs  # vLLM's field asked for: the engine's entries go in the body
         self.prompt_entries: list[list | None] = [None] * num_choices
+        self.tool_reader = tool_reader  # chat with tools: each choice's text is read for tool calls
+        self.readers = None if tool_reader is None else [tool_reader() for _ in range(num_choices)]
 
     def with_echo(self, event: Event) -> tuple[str, list[TokenLogprob] | None]:
         """The event's text and log-prob entries, the echoed prompt's in front at its choice's first event (its
@@ -268,6 +284,36 @@ class _Formatter:
         if entries is not None:
             entries = event.prompt.tokens + entries
         return self.echo[event.index] + event.text, entries
+
+    def event_chunks(self, event: Event) -> list[dict]:
+        """A stream's chunks for one engine event: its text (content, or tool calls read from it) and log-probs,
+        then, where the choice finished, the chunk with its finish reason."""
+        text, entries = self.with_echo(event)
+        reason, calls = event.finish_reason, []
+        if self.readers is not None:
+            reader = self.readers[event.index]
+            text, calls = _numbered(reader, reader.feed(text))
+            if reason is not None:
+                rest, more = _numbered(reader, reader.finish())
+                text, calls = text + rest, calls + more
+                reason = _reason(reason, reader)
+        out = []
+        if text or entries or calls:
+            out.append(self.chunk(event.index, text=text, logprobs=entries, tool_calls=calls))
+        if reason is not None:
+            out.append(self.chunk(event.index, finish_reason=reason, stop_reason=event.stop_reason))
+        return out
+
+    def _message(self, text: str, reason: str | None) -> tuple[p.AssistantMessage, str | None]:
+        """A finished choice's message (its tool calls read from the text, where asked) and finish reason."""
+        if self.tool_reader is None:
+            return p.AssistantMessage(content=text), reason
+        reader = self.tool_reader()
+        (content, calls), (rest, more) = reader.feed(text), reader.finish()
+        calls = [p.ToolCallOut(id=c.id, function=p.FunctionCallOut(name=c.name, arguments=c.arguments))
+                 for c in calls + more]
+        return p.AssistantMessage(content=content + rest or (None if calls else ""), tool_calls=calls), \
+            _reason(reason, reader)
 
     def _prompt_logprobs(self, index: int) -> list | None:
         """vLLM's prompt_logprobs of a choice: {token id: entry} per prompt token (None for the first)."""
@@ -292,9 +338,10 @@ class _Formatter:
     def final(self, texts: list[str], reasons: list[str | None], usage: dict, logprobs: list[list | None],
               stops: list[int | str | None]) -> dict:
         if self.chat:
-            choices = [p.ChatChoice(index=i, message=p.AssistantMessage(content=t), finish_reason=r,
-                                    logprobs=self._logprobs(i, lp), stop_reason=s)
-                       for i, (t, r, lp, s) in enumerate(zip(texts, reasons, logprobs, stops))]
+            choices = [p.ChatChoice(index=i, message=message, finish_reason=reason, logprobs=self._logprobs(i, lp),
+                                    stop_reason=s)
+                       for i, (t, r, lp, s) in enumerate(zip(texts, reasons, logprobs, stops))
+                       for message, reason in [self._message(t, r)]]
             body = p.ChatCompletion(id=self.id, created=self.created, model=self.model, choices=choices,
                                     usage=self._usage(usage), prompt_logprobs=self._prompt_logprobs(0))
         else:
@@ -325,11 +372,14 @@ class _Formatter:
                                     tokens=[e.token for e in entries], top_logprobs=tops)
 
     def chunk(self, index: int, text: str = "", role: bool = False, finish_reason: str | None = None,
-              logprobs: list[TokenLogprob] | None = None, stop_reason: int | str | None = None) -> dict:
+              logprobs: list[TokenLogprob] | None = None, stop_reason: int | str | None = None,
+              tool_calls: list[p.DeltaToolCall] = ()) -> dict:
         if self.chat:
             delta = p.Delta(role="assistant", content="") if role else p.Delta(content=text) if text else p.Delta()
             if logprobs and not text and not role:
                 delta = p.Delta(content="")  # (tokens whose text is still held back: their entries go now)
+            if tool_calls:
+                delta.tool_calls = list(tool_calls)
             choice = p.ChatChunkChoice(index=index, delta=delta, finish_reason=finish_reason)
             body = p.ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[choice])
         else:

@@ -8,16 +8,20 @@ with the LLM's, and Hugging Face fast tokenizers must not be used from two threa
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from treeflash.checkpoint import load_tokenizer
 from treeflash.engine import Request
-from treeflash.llm import LLM
+from treeflash.llm import LLM, ToolsNotShownError
 from treeflash.logprobs import MAX_LOGPROBS
 from treeflash.sampling import SamplingParams, truncate_prompt
 from treeflash.server.errors import APIError, bad_request
 from treeflash.server.protocol import (CHAT_UNSUPPORTED, COMPLETION_UNSUPPORTED, UNSUPPORTED, ChatCompletionRequest,
-                                       CompletionRequest, SamplingFields)
+                                       ChatMessage, CompletionRequest, NamedToolChoice, SamplingFields)
+from treeflash.tool_calls import ToolCallStream, template_writes_tool_calls
 
 CONTEXT = "context_length_exceeded"
 
@@ -58,25 +62,42 @@ class Frontend:
         texts = {id(p): p.text if p.text is not None else self._decode(p.ids) for p in prompts}
         return requests, [texts[id(p)] for p in prompts for _ in range(body.n)]
 
-    def chat_requests(self, body: ChatCompletionRequest) -> list[Request]:
+    def chat_requests(self, body: ChatCompletionRequest) -> tuple[list[Request], Callable[[], ToolCallStream] | None]:
+        """The engine requests (n choices), and where the replies are read for tool calls, what reads one."""
         self._check_common(body, CHAT_UNSUPPORTED)
-        if body.tools:
-            raise bad_request("tools are not supported", param="tools", code="unsupported")
         if body.response_format and body.response_format.get("type", "text") != "text":
             raise bad_request("only response_format {'type': 'text'} is supported", param="response_format",
                               code="unsupported")
+        tools = self._tools(body)
         tok = self._need_tokenizer("messages")
-        # OpenAI's "developer" role is its newer name for "system".
-        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                    for m in body.messages]
+        messages = [_template_message(m, i) for i, m in enumerate(body.messages)]
         try:
-            ids = self.llm.chat_token_ids(messages, tokenizer=tok)
-        except ValueError as e:  # no chat template
+            ids = self.llm.chat_token_ids(messages, tokenizer=tok, tools=tools)
+        except ToolsNotShownError as e:
+            raise bad_request(str(e), param="tools", code="unsupported") from None
+        except ValueError as e:  # no chat template, or a message it cannot render
             raise bad_request(str(e), param="messages") from None
         except Exception as e:  # noqa: BLE001 (a template may raise anything: it is the model's code)
             raise bad_request(f"the chat template refused these messages: {e}", param="messages") from None
+        if tools is not None and not template_writes_tool_calls(tok.chat_template):
+            raise bad_request("this model's chat template does not ask for calls in the <tool_call> format, the only "
+                              "one this server reads", param="tools", code="unsupported")
         max_tokens = body.max_completion_tokens or body.max_tokens
-        return self._requests(body, self._truncated(body, [Prompt(ids, None)]), max_tokens, default_max_tokens=None)
+        requests = self._requests(body, self._truncated(body, [Prompt(ids, None)]), max_tokens,
+                                  default_max_tokens=None)
+        return requests, None if tools is None else partial(ToolCallStream, parallel=body.parallel_tool_calls)
+
+    @staticmethod
+    def _tools(body: ChatCompletionRequest) -> list[dict] | None:
+        """The tools to show the model (None: none, or tool_choice "none")."""
+        choice = body.tool_choice
+        if choice == "required" or isinstance(choice, NamedToolChoice):
+            what = "'required'" if choice == "required" else "naming a function"
+            raise bad_request(f"tool_choice {what} is not supported: forcing a call needs guided decoding, which "
+                              f"this server does not do (use 'auto')", param="tool_choice", code="unsupported")
+        if not body.tools or choice == "none":
+            return None
+        return [t.model_dump(exclude_none=True) for t in body.tools]
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.config.model_name:
@@ -233,3 +254,28 @@ def _same(value, neutrals: tuple) -> bool:
     """value is one of `neutrals`, type and all (False is not 0, as JSON has it)."""
     return any(type(value) is type(n) and value == n for n in neutrals) or (
         isinstance(value, float) and any(type(n) is int and value == n for n in neutrals))
+
+
+def _template_message(m: ChatMessage, i: int) -> dict:
+    """A message as chat templates take it: OpenAI's "developer" is its newer name for "system", and a call's
+    arguments go as the object they encode (templates write them out with `tojson`)."""
+    out = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+    if m.tool_calls:
+        out["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+            "name": c.function.name, "arguments": _arguments(c.function.arguments, f"messages[{i}].tool_calls[{j}]")}}
+            for j, c in enumerate(m.tool_calls)]
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    if m.role == "tool" and m.name is not None:
+        out["name"] = m.name
+    return out
+
+
+def _arguments(text: str, where: str) -> dict:
+    try:
+        arguments = json.loads(text)
+    except ValueError as e:
+        raise bad_request(f"{where}.function.arguments is not JSON: {e}", param=f"{where}.function.arguments") from None
+    if not isinstance(arguments, dict):
+        raise bad_request(f"{where}.function.arguments must encode a JSON object", param=f"{where}.function.arguments")
+    return arguments

@@ -2,7 +2,7 @@
 
 Requests are parsed in strict mode: a string where a number belongs, a bool where an integer belongs
 or a NaN is an error, not a coercion. Unknown fields are ignored (clients send many optional ones);
-fields this server cannot honour (tools, guided decoding and vLLM's extensions in `UNSUPPORTED`)
+fields this server cannot honour (guided decoding, forced tool calls and vLLM's extensions in `UNSUPPORTED`)
 are refused by name in `frontend.py` unless left at a value that changes nothing.
 """
 
@@ -30,7 +30,6 @@ UNSUPPORTED: dict[str, tuple] = {
     "guided_choice": (),
     "guided_grammar": (),
     "structured_outputs": (),
-    "tool_choice": ("none", "auto"),
     "functions": ([],),
     "function_call": ("none", "auto"),
     "skip_special_tokens": (True,),
@@ -50,6 +49,8 @@ CHAT_UNSUPPORTED: dict[str, tuple] = {
 COMPLETION_UNSUPPORTED: dict[str, tuple] = {
     "add_special_tokens": (True,),
     "response_format": ({"type": "text"},),
+    "tools": ([],),  # (chat's: a prompt of text has no template to show them)
+    "tool_choice": ("none", "auto"),
 }
 
 
@@ -107,26 +108,67 @@ class TextPart(_Request):
     text: str
 
 
+class FunctionCall(_Request):
+    name: str = Field(min_length=1)
+    arguments: str  # a JSON object, as OpenAI sends it (`Frontend` checks it and hands the template a dict)
+
+
+class MessageToolCall(_Request):
+    """A call an earlier assistant message made (OpenAI's `tool_calls` entry)."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None  # None: refused below, named (OpenAI sends it with tool calls)
+    content: str | list[TextPart] | None = None  # None: only an assistant message with tool calls
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None  # an assistant message's
+    tool_call_id: str | None = None  # a tool message's: the call it answers
 
     @model_validator(mode="after")
     def _content_present(self) -> ChatMessage:
-        if self.content is None:
-            raise ValueError(f"a {self.role} message needs content" + (" (tool calls are not supported)"
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError(f"a {self.role} message cannot have tool_calls (only an assistant message)")
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a {self.role} message needs content" + (" or tool_calls"
                                                                         if self.role == "assistant" else ""))
         return self
 
     def text(self) -> str:
         # Text parts on lines of their own, as vLLM joins them (the same prompt as there).
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "\n".join(p.text for p in self.content)
+
+
+class FunctionDefinition(_Request):
+    model_config = ConfigDict(extra="allow")  # (newer OpenAI fields go to the template as they came)
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")  # OpenAI's rule
+    description: str | None = None
+    parameters: dict | None = None  # a JSON Schema object, shown to the model as it is
+    strict: bool | None = None
+
+
+class Tool(_Request):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedToolChoice(_Request):
+    type: Literal["function"]
+    function: dict
 
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    tools: list[dict] | None = None
+    tools: list[Tool] | None = None
+    # "auto" (the default with tools): the model may answer or call; "none": the tools are not shown to it;
+    # "required" and a named function would need guided decoding, and are refused (`Frontend`).
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True  # False: a reply's first call only
     response_format: dict | None = None
 
 
@@ -192,9 +234,25 @@ class Completion(BaseModel):
     usage: Usage | None = None
 
 
+class FunctionCallOut(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None  # None: a reply of tool calls alone
+    tool_calls: list[ToolCallOut] = []
+
+
+class DeltaToolCall(ToolCallOut):
+    index: int  # the call's place in the choice's calls (a call comes whole, in one chunk)
 
 
 class ChatChoice(BaseModel):
@@ -218,6 +276,7 @@ class ChatCompletion(BaseModel):
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatChunkChoice(BaseModel):
