@@ -393,13 +393,17 @@ BAD = [  # (route, body, status, param)
     ("chat/completions", {"model": NAME, "messages": CHAT, "tool_choice": "required"}, 400, "tool_choice"),
     ("chat/completions", {"model": NAME, "messages": CHAT, "functions": [{"name": "f", "parameters": {}}]}, 400,
      "functions"),
-    # How vLLM builds the prompt, asked for and ignored before (the prompt and answer came out unchanged).
-    ("chat/completions", {"model": NAME, "messages": CHAT, "add_generation_prompt": False}, 400,
-     "add_generation_prompt"),
+    # How vLLM builds the prompt: what this server cannot do, or a combination that makes no prompt.
     ("chat/completions", {"model": NAME, "messages": CHAT, "continue_final_message": True}, 400,
      "continue_final_message"),
-    ("chat/completions", {"model": NAME, "messages": CHAT, "chat_template_kwargs": {"enable_thinking": False}}, 400,
+    ("chat/completions", {"model": NAME, "messages": CHAT, "continue_final_message": True,
+                          "add_generation_prompt": False}, 400, "continue_final_message"),
+    ("chat/completions", {"model": NAME, "messages": CHAT, "chat_template_kwargs": {"tokenize": True}}, 400,
      "chat_template_kwargs"),
+    ("chat/completions", {"model": NAME, "messages": CHAT, "chat_template_kwargs": ["x"]}, 400,
+     "chat_template_kwargs"),
+    ("chat/completions", {"model": NAME, "messages": CHAT, "documents": [{"title": "a", "text": "b"}]}, 400,
+     "documents"),
     ("chat/completions", {"model": NAME, "messages": CHAT, "chat_template": "{{ 'x' }}"}, 400, "chat_template"),
     ("chat/completions", {"model": NAME, "messages": CHAT, "echo": True}, 400, "echo"),
     ("chat/completions", {"model": NAME, "messages": CHAT, "add_special_tokens": True}, 400, "add_special_tokens"),
@@ -483,6 +487,33 @@ def test_tool_choice_none_hides_the_tools_and_the_reply_is_text(client, offline)
                                          tool_choice="none", parallel_tool_calls=False)
     assert got.choices[0].message.content == want.text and not got.choices[0].message.tool_calls
     assert got.usage.prompt_tokens == len(want.prompt_token_ids)
+
+
+def test_prompt_building_fields_give_the_offline_prompt_and_reply(client, offline):
+    reply = CHAT + [{"role": "assistant", "content": "an oak"}]
+    for messages, fields in ((CHAT, {"add_generation_prompt": False}),
+                             (reply, {"add_generation_prompt": False, "continue_final_message": True}),
+                             (CHAT, {"chat_template_kwargs": {"enable_thinking": False}})):
+        want = offline.chat(messages, greedy(6, ignore_eos=True), **fields)[0]
+        got = client.chat.completions.create(model=NAME, messages=messages, max_tokens=6, temperature=0,
+                                             extra_body={**fields, "ignore_eos": True})
+        assert got.choices[0].message.content == want.text
+        assert got.usage.prompt_tokens == len(want.prompt_token_ids)
+    # (the template writes "role content " per message: going on with the reply drops the turn's end)
+    assert offline.tokenizer.decode(offline.chat_token_ids(reply, add_generation_prompt=False,
+                                                           continue_final_message=True)).endswith("assistant an oak")
+
+
+def test_chat_template_kwargs_and_documents_reach_the_template(offline):
+    from treeflash.server.frontend import Frontend, ServerConfig
+    from treeflash.server.protocol import ChatCompletionRequest
+
+    frontend = Frontend(offline, ServerConfig(model_name=NAME))
+    frontend.tokenizer.chat_template = ("{% if brief %}brief {% endif %}{% for d in documents or [] %}{{ d.text }} "
+                                        "{% endfor %}" + TEMPLATE)
+    body = {"messages": CHAT, "chat_template_kwargs": {"brief": True}, "documents": [{"title": "t", "text": "oaks"}]}
+    (request,), _ = frontend.chat_requests(ChatCompletionRequest.model_validate(body))
+    assert offline.tokenizer.decode(request.prompt_ids).startswith("brief oaks system be brief")
 
 
 def test_tools_need_a_template_that_asks_for_tool_call_blocks(offline):

@@ -1,5 +1,6 @@
 """Reading tool calls out of a reply (`treeflash/tool_calls.py`): the whole text's split, and the streamed split
-giving the same content and calls however the text arrives."""
+giving the same content and calls however the text arrives; then tool calls and the chat prompt's fields
+through `treeflash serve` with a real model whose template takes tools (Qwen2.5-Coder-0.5B-Instruct)."""
 
 from __future__ import annotations
 
@@ -189,3 +190,14 @@ def test_real_model_tool_choice_none_parallel_false_and_a_cut_call(qwen):
     assert cut.message.content.startswith("<tool_call>")
     streamed = list(_ask(qwen, max_tokens=10, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == cut.message.content
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_real_model_continues_its_final_message(qwen):
+    messages = [{"role": "user", "content": "Write a Python function that adds two numbers."},
+                {"role": "assistant", "content": "```python\ndef add("}]
+    reply = qwen.chat.completions.create(model="qwen", messages=messages, temperature=0, max_tokens=12, extra_body={
+        "add_generation_prompt": False, "continue_final_message": True, "prompt_logprobs": 0})
+    assert _prompt_text(reply).endswith("<|im_start|>assistant\n```python\ndef add(")  # no end of turn after it
+    assert reply.choices[0].message.content.startswith(" a, b")  # the parameters, not a new answer

@@ -71,8 +71,44 @@ def _dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype
 _CHAT_ROLES = ("system", "user", "assistant")
 
 
-class ToolsNotShownError(ValueError):
-    """Tools were given for a chat template that does not render them."""
+class ChatFieldError(ValueError):
+    """A chat argument the template cannot take as given, named (`field`); `unsupported`: it is well formed,
+    but this model's template does not render it."""
+
+    def __init__(self, message: str, field: str, unsupported: bool = False):
+        super().__init__(message)
+        self.field, self.unsupported = field, unsupported
+
+
+# apply_chat_template's own arguments, which chat_template_kwargs must not set behind the named ones' backs
+_TEMPLATE_ARGUMENTS = frozenset({"conversation", "messages", "tools", "documents", "add_generation_prompt",
+                                 "continue_final_message", "tokenize", "return_dict", "return_tensors", "chat_template",
+                                 "tokenizer_kwargs", "return_assistant_tokens_mask", "padding", "truncation",
+                                 "max_length"})
+
+
+def _template_options(messages, add_generation_prompt: bool, continue_final_message: bool,
+                      chat_template_kwargs: dict | None) -> dict:
+    """apply_chat_template's keyword arguments for a prompt, checked (ValueErrors that name the field)."""
+    for name, value in (("add_generation_prompt", add_generation_prompt),
+                        ("continue_final_message", continue_final_message)):
+        if not isinstance(value, bool):
+            raise ChatFieldError(f"{name} must be a bool, got {value!r}", name)
+    if add_generation_prompt and continue_final_message:
+        raise ChatFieldError("continue_final_message goes on with the last message, so add_generation_prompt must "
+                             "be false with it", "continue_final_message")
+    if continue_final_message and (messages[-1].get("role") != "assistant" or not messages[-1].get("content")):
+        raise ChatFieldError("continue_final_message needs a last message from the assistant, with content",
+                             "continue_final_message")
+    kwargs = chat_template_kwargs or {}
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise ChatFieldError(f"chat_template_kwargs must be a dict of names to values, got {chat_template_kwargs!r}",
+                             "chat_template_kwargs")
+    clash = sorted(set(kwargs) & _TEMPLATE_ARGUMENTS)
+    if clash:
+        raise ChatFieldError(f"chat_template_kwargs cannot set {', '.join(clash)} (give them as arguments of their "
+                             f"own)", "chat_template_kwargs")
+    return {**kwargs, "add_generation_prompt": add_generation_prompt, "continue_final_message": continue_final_message}
 
 
 def _check_conversation(messages, where: str, template) -> None:
@@ -334,7 +370,9 @@ class LLM:
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | dict | Sequence[SamplingParams | dict] | None = None, *,
-             use_tqdm: bool = True, tools: list[dict] | None = None) -> list[RequestOutput]:
+             use_tqdm: bool = True, tools: list[dict] | None = None, documents: list[dict] | None = None,
+             add_generation_prompt: bool = True, continue_final_message: bool = False,
+             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
         """Generate replies to one conversation (a list of {role, content}) or a list of them.
 
         Roles: system, user, assistant (and tool when the chat template handles tool messages); every
@@ -342,6 +380,8 @@ class LLM:
         renders them. A bad message is a ValueError naming it before anything runs.
         tools: OpenAI's function definitions ({"type": "function", "function": {...}}), shown to the model by
         its chat template; `treeflash.tool_calls.parse_tool_calls(output.text)` reads the calls of a reply.
+        documents, add_generation_prompt, continue_final_message, chat_template_kwargs: as vLLM's
+        (`chat_token_ids`).
         """
         if not isinstance(messages, (list, tuple)):
             raise ValueError(f"chat takes a list of {{'role': ..., 'content': ...}} messages (or a list of such "
@@ -353,7 +393,9 @@ class LLM:
         template = getattr(self.tokenizer, "chat_template", None)
         for n, conv in enumerate(conversations):
             _check_conversation(conv, "messages" if one else f"messages[{n}]", template)
-        ids = [self.chat_token_ids(c, tools=tools) for c in conversations]
+        ids = [self.chat_token_ids(c, tools=tools, documents=documents, add_generation_prompt=add_generation_prompt,
+                                   continue_final_message=continue_final_message,
+                                   chat_template_kwargs=chat_template_kwargs) for c in conversations]
         prompts = [self.tokenizer.decode(i) for i in ids]
         return self._run(self._requests(None, sampling_params, ids, texts=prompts), use_tqdm)
 
@@ -414,25 +456,31 @@ class LLM:
         torch.cuda.empty_cache()
         return captured
 
-    def chat_token_ids(self, messages: list[dict], tokenizer=None, tools: list[dict] | None = None) -> list[int]:
+    def chat_token_ids(self, messages: list[dict], tokenizer=None, tools: list[dict] | None = None, *,
+                       documents: list[dict] | None = None, add_generation_prompt: bool = True,
+                       continue_final_message: bool = False, chat_template_kwargs: dict | None = None) -> list[int]:
         """The prompt token ids of one conversation under the model's chat template (checked first).
 
         tokenizer: another instance of this model's tokenizer (a thread of its own must not share one).
-        tools: OpenAI's function definitions, for the template to show the model; a template that would not
-        show them is a ValueError.
+        tools, documents: OpenAI's function definitions, and documents for retrieval-augmented templates, for
+        the template to show the model; a template that would not show them is a ValueError.
+        add_generation_prompt: end with the assistant turn's header (the model answers next);
+        continue_final_message: end inside the last message (an assistant's), for the model to go on with it.
+        chat_template_kwargs: more variables for the template (Qwen3's enable_thinking, say).
         """
         tok = tokenizer or self._need_tokenizer()
         _check_conversation(messages, "messages", getattr(tok, "chat_template", None))
         if not tok.chat_template:
             raise ValueError(f"{self.model_dir}: the tokenizer has no chat template")
-        text = tok.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
-        if tools:
-            shown = tok.apply_chat_template(list(messages), tools=list(tools), tokenize=False,
-                                            add_generation_prompt=True)
-            if shown == text:  # the model would never learn of them
-                raise ToolsNotShownError("this model's chat template does not show tools to the model, so it cannot "
-                                         "call them")
-            text = shown
+        options = _template_options(messages, add_generation_prompt, continue_final_message, chat_template_kwargs)
+        text = tok.apply_chat_template(list(messages), tokenize=False, **options)
+        for name, given in (("tools", tools), ("documents", documents)):
+            if given:
+                shown = tok.apply_chat_template(list(messages), tokenize=False, **options, **{name: list(given)})
+                if shown == text:  # the model would never learn of them
+                    raise ChatFieldError(f"this model's chat template does not show {name} to the model", name,
+                                         unsupported=True)
+                text = shown
         return tok.encode(text, add_special_tokens=False, verbose=False)  # _requests checks the length
 
     def close(self) -> None:

@@ -15,7 +15,7 @@ from functools import partial
 
 from treeflash.checkpoint import load_tokenizer
 from treeflash.engine import Request
-from treeflash.llm import LLM, ToolsNotShownError
+from treeflash.llm import LLM, ChatFieldError
 from treeflash.logprobs import MAX_LOGPROBS
 from treeflash.sampling import SamplingParams, truncate_prompt
 from treeflash.server.errors import APIError, bad_request
@@ -72,9 +72,12 @@ class Frontend:
         tok = self._need_tokenizer("messages")
         messages = [_template_message(m, i) for i, m in enumerate(body.messages)]
         try:
-            ids = self.llm.chat_token_ids(messages, tokenizer=tok, tools=tools)
-        except ToolsNotShownError as e:
-            raise bad_request(str(e), param="tools", code="unsupported") from None
+            ids = self.llm.chat_token_ids(
+                messages, tokenizer=tok, tools=tools, documents=body.documents,
+                add_generation_prompt=body.add_generation_prompt, continue_final_message=body.continue_final_message,
+                chat_template_kwargs=body.chat_template_kwargs)
+        except ChatFieldError as e:
+            raise bad_request(str(e), param=e.field, code="unsupported" if e.unsupported else "invalid_value") from None
         except ValueError as e:  # no chat template, or a message it cannot render
             raise bad_request(str(e), param="messages") from None
         except Exception as e:  # noqa: BLE001 (a template may raise anything: it is the model's code)

@@ -37,12 +37,8 @@ UNSUPPORTED: dict[str, tuple] = {
 }
 # Those of one endpoint: how vLLM builds the prompt there (the neutral values are what this server does).
 CHAT_UNSUPPORTED: dict[str, tuple] = {
-    "add_generation_prompt": (True,),
-    "continue_final_message": (False,),
     "add_special_tokens": (False,),
-    "chat_template": (),
-    "chat_template_kwargs": ({},),
-    "documents": ([],),
+    "chat_template": (),  # (a template of the client's own: vLLM too refuses it unless told to trust requests)
     "reasoning_effort": (),
     "echo": (False,),
 }
@@ -170,6 +166,11 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True  # False: a reply's first call only
     response_format: dict | None = None
+    # vLLM's, for the chat template (`LLM.chat_token_ids`)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict | None = None
+    documents: list[dict] | None = None
 
 
 # --- responses ------------------------------------------------------------------------------------
