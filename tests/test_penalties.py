@@ -15,6 +15,7 @@ from treeflash import LLM, SamplingParams
 from treeflash.penalties import penalize
 from treeflash.round import SpecConfig, Speculator
 from treeflash.sampling import SamplingTensors, processed_probs
+from treeflash.structured import Grammar
 from spec_helpers import chi_square, first_emitted, install_oracle, load_hf, make_drafter, make_target
 
 PROMPTS = [[3, 5, 7, 11, 3, 5], [2, 4, 6], [9, 8, 7, 6, 5, 4, 3, 2, 1]]
@@ -182,11 +183,14 @@ def small(tmp_path_factory):
 
 
 def exact_joint(hf, params: SamplingParams, penalised: bool = True, masked: bool = True,
-                bad_words: list[list[int]] | None = None, own_path: bool = True) -> torch.Tensor:
+                bad_words: list[list[int]] | None = None, own_path: bool = True,
+                grammar: dict[int, dict[int, int]] | None = None) -> torch.Tensor:
     """p(y1, y2, y3) [V, V, V] with every position's penalties from its own past (the root counted as output),
     only params.allowed_token_ids (where given and masked) drawable, and no token that would end one of
     `bad_words` (token sequences, vLLM's rule over the output; own_path=False: over the root alone, at every
-    position, as a round blind to the drafted path would)."""
+    position, as a round blind to the drafted path would), and only the tokens `grammar` (an automaton
+    {state: {token: next state}}, y1 drawn in state 0) allows in the state the tokens before lead to
+    (own_path=False: state 0 at every position)."""
     joint = torch.zeros(V, V, V, dtype=torch.float64)
     st = SamplingTensors.build([params], [0], "cpu")
 
@@ -198,6 +202,14 @@ def exact_joint(hf, params: SamplingParams, penalised: bool = True, masked: bool
             allowed[params.allowed_token_ids] = True
             logits = logits.masked_fill(~allowed, float("-inf"))
         output = [ROOT] + (prefix if own_path else [])
+        if grammar is not None:
+            state = 0
+            for v in prefix if own_path else ():
+                state = grammar[state].get(v) if state is not None else None  # (None: a prefix of probability 0)
+            if state is not None:
+                allowed = torch.zeros(V, dtype=torch.bool)
+                allowed[list(grammar[state])] = True
+                logits = logits.masked_fill(~allowed, float("-inf"))
         for seq in bad_words or ():
             if len(seq) - 1 <= len(output) and output[len(output) - len(seq) + 1:] == seq[:-1]:
                 logits[seq[-1]] = float("-inf")
@@ -216,9 +228,10 @@ def exact_joint(hf, params: SamplingParams, penalised: bool = True, masked: bool
     return joint
 
 
-def sample_joint(small, params: SamplingParams, bad_words: list[list[int]] | None = None) -> tuple[torch.Tensor, float]:
+def sample_joint(small, params: SamplingParams, bad_words: list[list[int]] | None = None,
+                 grammar: dict[int, dict[int, int]] | None = None) -> tuple[torch.Tensor, float]:
     """Counts of (y1, y2, y3) over SLOTS seeds from DDTree-8 rounds with drafts near the target's law (with
-    `bad_words` as token sequences where given)."""
+    `bad_words` as token sequences, and `grammar` as an automaton in its state 0 at y1, where given)."""
     hf, target, drafter = small
     counts = torch.zeros(V ** DEPTH, dtype=torch.long)
     sp = Speculator(target, drafter, SpecConfig("ddtree", 8), slots=CHUNK, capacity=64, time_stages=False)
@@ -226,7 +239,8 @@ def sample_joint(small, params: SamplingParams, bad_words: list[list[int]] | Non
     for cache in (sp.cache, sp.draft_cache):
         for t in cache.keys + cache.values:
             t[1:] = t[:1]
-    table = exact_joint(hf, params, bad_words=bad_words)
+    table = exact_joint(hf, params, bad_words=bad_words, grammar=grammar)
+    automaton = None if grammar is None else Grammar.from_table(V, 0, grammar)
     marginals = torch.stack([table.sum((1, 2)), table.sum((0, 2)), table.sum((0, 1))]).add(1e-3).log().float()
     draft = torch.cat([marginals, torch.zeros(BLOCK - 1 - DEPTH, V)])
     g = torch.Generator().manual_seed(1)
@@ -235,7 +249,7 @@ def sample_joint(small, params: SamplingParams, bad_words: list[list[int]] | Non
     means = []
     for start in range(0, SLOTS, CHUNK):
         sp.set_sampling_many(list(range(CHUNK)), [params] * CHUNK, list(range(start, start + CHUNK)),
-                             [CONTEXT] * CHUNK, bad_words=[bad_words] * CHUNK)
+                             [CONTEXT] * CHUNK, bad_words=[bad_words] * CHUNK, grammars=[automaton] * CHUNK)
         if sp.penalty_counts is not None:
             sp.penalty_counts.output[:, ROOT] = 1  # the root was emitted before these rounds
         if sp.bad_words is not None:

@@ -389,7 +389,21 @@ BAD = [  # (route, body, status, param)
     ("chat/completions", {"model": NAME, "messages": CHAT, "logit_bias": {"5": 101}}, 400, "logit_bias"),
     ("chat/completions", {"model": NAME, "messages": CHAT, "logit_bias": {"five": 1.0}}, 400, "logit_bias"),
     ("completions", {"model": NAME, "prompt": "x", "logit_bias": {"99999": 1.0}}, 400, "logit_bias"),
-    ("completions", {"model": NAME, "prompt": "x", "guided_choice": ["a", "b"]}, 400, "guided_choice"),
+    ("completions", {"model": NAME, "prompt": "x", "guided_grammar": "root ::= x"}, 400, "guided_grammar"),
+    ("completions", {"model": NAME, "prompt": "x", "guided_choice": []}, 400, "guided_choice"),
+    ("completions", {"model": NAME, "prompt": "x", "guided_regex": "a", "guided_choice": ["a"]}, 400,
+     "guided_choice"),
+    ("chat/completions", {"model": NAME, "messages": CHAT, "structured_outputs": {"regex": "(a"}}, 400,
+     "structured_outputs"),
+    ("chat/completions", {"model": NAME, "messages": CHAT, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "n", "schema": {"type": "object", "properties": {"n": {"type": "integer"}}}}}}, 400,
+     "response_format"),  # (this vocabulary cannot spell "{")
+    ("chat/completions", {"model": NAME, "messages": CHAT, "response_format": {"type": "xml"}}, 400,
+     "response_format"),
+    ("chat/completions", {"model": NAME, "messages": CHAT, "response_format": {"type": "json_schema"}}, 400,
+     "response_format"),
+    ("chat/completions", {"model": NAME, "messages": CHAT, "guided_regex": "a+", "min_tokens": 2}, 400,
+     "guided_regex"),
     ("chat/completions", {"model": NAME, "messages": CHAT, "tool_choice": "required"}, 400, "tool_choice"),
     ("chat/completions", {"model": NAME, "messages": CHAT, "functions": [{"name": "f", "parameters": {}}]}, 400,
      "functions"),
@@ -411,11 +425,15 @@ BAD = [  # (route, body, status, param)
     ("completions", {"model": NAME, "prompt": "x", "add_special_tokens": False}, 400, "add_special_tokens"),
     ("completions", {"model": NAME, "prompt": "x", "response_format": {"type": "json_object"}}, 400,
      "response_format"),
+    ("completions", {"model": NAME, "prompt": "x", "guided_whitespace_pattern": " "}, 400,
+     "guided_whitespace_pattern"),
     ("chat/completions", {"model": NAME, "messages": [{"role": "assistant", "content": None}]}, 400, "messages[0]"),
     # Tools: this model's template does not show them (nor render calls); forcing a call needs guided decoding.
     ("chat/completions", {"model": NAME, "messages": CHAT, "tools": [TOOL]}, 400, "tools"),
     ("chat/completions", {"model": NAME, "messages": CHAT, "tools": [TOOL],
-                          "tool_choice": {"type": "function", "function": {"name": "now"}}}, 400, "tool_choice"),
+                          "tool_choice": {"type": "function", "function": {"name": "now"}}}, 400, "tools"),
+    ("chat/completions", {"model": NAME, "messages": CHAT, "tools": [TOOL],
+                          "tool_choice": {"type": "function", "function": {"name": "later"}}}, 400, "tool_choice"),
     ("chat/completions", {"model": NAME, "messages": CHAT, "tools": [{"type": "retrieval"}]}, 400, "tools[0].type"),
     ("chat/completions", {"model": NAME, "messages": CHAT, "tools": [{"type": "function", "function": {
         "name": "two words"}}]}, 400, "tools[0].function.name"),
@@ -479,6 +497,22 @@ def test_neutral_values_of_unsupported_fields_and_max_completion_tokens_are_hono
     # max_completion_tokens (OpenAI's newer name) counts on /v1/completions too, before max_tokens.
     want = offline.generate("ab", greedy(5, ignore_eos=True))[0]
     assert got.usage.completion_tokens == 5 and got.choices[0].text == want.text
+
+
+def test_structured_fields_give_the_offline_structured_tokens(client, offline):
+    choice = ["oak", "pine tree", "ash"]
+    want = offline.generate("name a tree", greedy(8, structured_outputs={"choice": choice}))[0]
+    got = client.completions.create(model=NAME, prompt="name a tree", max_tokens=8, temperature=0,
+                                    extra_body={"guided_choice": choice})
+    assert got.choices[0].text == want.text and want.text in choice and got.choices[0].finish_reason == "stop"
+    regex = r"[a-z]{3,6}( [a-z]{2,5})?"
+    want = offline.chat(CHAT, greedy(12, structured_outputs={"regex": regex}))[0]
+    for extra in ({"guided_regex": regex}, {"structured_outputs": {"regex": regex}}):
+        got = client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=12, temperature=0, extra_body=extra)
+        assert got.choices[0].message.content == want.text and re.fullmatch(regex, want.text)
+    streamed = client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=12, temperature=0, stream=True,
+                                              extra_body={"guided_regex": regex})
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == want.text
 
 
 def test_tool_choice_none_hides_the_tools_and_the_reply_is_text(client, offline):

@@ -201,3 +201,39 @@ def test_real_model_continues_its_final_message(qwen):
         "add_generation_prompt": False, "continue_final_message": True, "prompt_logprobs": 0})
     assert _prompt_text(reply).endswith("<|im_start|>assistant\n```python\ndef add(")  # no end of turn after it
     assert reply.choices[0].message.content.startswith(" a, b")  # the parameters, not a new answer
+
+
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "Get the local time in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+JOKE = [{"role": "user", "content": "Tell me a joke."}]
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_real_model_forced_calls_follow_the_tools_schemas(qwen):
+    for choice, names in (("required", {"get_weather", "get_time"}),
+                          ({"type": "function", "function": {"name": "get_time"}}, {"get_time"})):
+        reply = _ask(qwen, messages=JOKE, tools=[WEATHER, TIME], tool_choice=choice).choices[0]
+        assert reply.finish_reason == "tool_calls" and reply.message.content is None
+        assert reply.message.tool_calls and all(c.function.name in names for c in reply.message.tool_calls)
+        for call in reply.message.tool_calls:
+            arguments = json.loads(call.function.arguments)
+            assert set(arguments) == {"city"} and isinstance(arguments["city"], str)
+        streamed = list(_ask(qwen, messages=JOKE, tools=[WEATHER, TIME], tool_choice=choice, stream=True))
+        calls = [c for chunk in streamed if chunk.choices for c in chunk.choices[0].delta.tool_calls or []]
+        assert [(c.function.name, c.function.arguments) for c in calls] == \
+            [(c.function.name, c.function.arguments) for c in reply.message.tool_calls]
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_real_model_reply_follows_a_json_schema(qwen):
+    schema = {"type": "object", "required": ["name", "age", "city"],
+              "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "city": {"type": "string"}}}
+    reply = qwen.chat.completions.create(
+        model="qwen", messages=[{"role": "user", "content": "Invent a person: name, age and city."}], temperature=0,
+        max_tokens=80, response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema}})
+    person = json.loads(reply.choices[0].message.content)
+    assert reply.choices[0].finish_reason == "stop"
+    assert set(person) == {"name", "age", "city"} and isinstance(person["age"], int)

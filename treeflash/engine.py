@@ -50,6 +50,7 @@ from treeflash.round import PREDICTED_SCALE, PREFILL_CHUNK, PrefillPiece, RoundR
     rows_per_round
 from treeflash.runner import PREFILL_MIN_TOKENS, GraphRunner
 from treeflash.sampling import SamplingParams
+from treeflash.structured import Grammar
 from treeflash.tree_view import render_tree
 
 
@@ -76,6 +77,7 @@ class Request:
     # params.prompt_logprobs set: None for the first prompt token, then one entry per prompt token prefilled
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     bad_words_ids: list[list[int]] | None = None  # params.bad_words as token sequences (treeflash/bad_words.py)
+    grammar: Grammar | None = None  # params.structured_outputs as a token automaton (treeflash/structured.py)
 
     def __post_init__(self) -> None:
         if self.params.logprobs is not None and self.logprobs is None:
@@ -555,7 +557,8 @@ class Engine:
             if ready:  # their sampling rows, which the forward's first-token draw reads
                 self.speculator.set_sampling_many([r.slot for r in ready], [r.params for r in ready],
                                                   [r.seed for r in ready], [r.prompt_ids for r in ready],
-                                                  [r.stop_ids for r in ready], [r.bad_words_ids for r in ready])
+                                                  [r.stop_ids for r in ready], [r.bad_words_ids for r in ready],
+                                                  [r.grammar for r in ready])
             # The forward, each slot's commit and every finished prompt's first token: one graph replay on
             # a GPU (Speculator.prefill_and_start); the tokens' read-back is the step's wait for it.
             scored = any(r.prompt_logprobs is not None for r, _, _ in group)

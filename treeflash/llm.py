@@ -12,6 +12,7 @@ import torch
 
 from treeflash import lookup
 from treeflash.bad_words import bad_word_sequences
+from treeflash.structured import Grammar, GrammarCompiler
 from treeflash.checkpoint import load_drafter, load_target, load_tokenizer, resolve_model_dir
 from treeflash.config import ModelConfig, config_int_list, read_json_object
 from treeflash.default_model import default_draft_model
@@ -328,6 +329,7 @@ class LLM:
         self.max_num_seqs = max_num_seqs
         self.eos_token_ids = self._eos_ids()
         self._next_id = 0
+        self._grammars: GrammarCompiler | None = None  # structured outputs' compiler, made at first use
         # One engine for the life of this object: caches, buffers and slots are reused by every call.
         engine_config = EngineConfig(
             max_num_seqs=max_num_seqs, max_model_len=self.max_model_len,
@@ -483,6 +485,14 @@ class LLM:
                 text = shown
         return tok.encode(text, add_special_tokens=False, verbose=False)  # _requests checks the length
 
+    def _grammar(self, params: SamplingParams, stop_ids: frozenset[int], tokenizer=None) -> Grammar | None:
+        """A request's structured outputs as a token automaton (compiled once per structure and stop tokens)."""
+        if params.structured_outputs is None:
+            return None
+        if self._grammars is None:  # (the vocabulary is read once, at the first structured request)
+            self._grammars = GrammarCompiler(tokenizer or self.tokenizer, self.config.vocab_size)
+        return self._grammars.compile(params.structured_outputs, stop_ids)
+
     def close(self) -> None:
         """Stop the tensor-parallel workers, if any (also done on garbage collection and at exit)."""
         if getattr(self, "parallel", None) is not None:
@@ -585,10 +595,13 @@ class LLM:
                 raise ValueError("stop strings need a tokenizer; this model directory has none")
             if p.bad_words and self.tokenizer is None:
                 raise ValueError("bad_words need a tokenizer; this model directory has none")
+            if p.structured_outputs is not None and self.tokenizer is None:
+                raise ValueError("structured_outputs need a tokenizer; this model directory has none")
             requests.append(Request(
                 id=self._next_id, prompt=text, prompt_ids=prompt, params=p,
                 seed=p.seed if p.seed is not None else new_seed(), stop_ids=frozenset(stops),
                 max_new_tokens=min(p.max_tokens, self.max_model_len - len(prompt)),
-                bad_words_ids=bad_word_sequences(p.bad_words, tokenizer or self.tokenizer) if p.bad_words else None))
+                bad_words_ids=bad_word_sequences(p.bad_words, tokenizer or self.tokenizer) if p.bad_words else None,
+                grammar=self._grammar(p, frozenset(stops), tokenizer)))
             self._next_id += 1
         return requests

@@ -95,7 +95,7 @@ def check_logprobs(value, name: str = "logprobs") -> int | None:
 
 
 # --- token text and bytes, for the OpenAI formats ---------------------------------------------------------
-def _byte_decoder() -> dict[str, int]:
+def byte_decoder() -> dict[str, int]:
     """Byte-level BPE's character for each byte, inverted (GPT-2's printable mapping)."""
     printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) \
         + list(range(ord("®"), ord("ÿ") + 1))
@@ -118,7 +118,7 @@ class TokenPieces:
         self.tokenizer = tokenizer
         self._text: dict[int, str] = {}
         self._bytes: dict[int, list[int]] = {}
-        self._decoder = _byte_decoder()
+        self._decoder = byte_decoder()
 
     def text(self, token: int) -> str:
         if token not in self._text:

@@ -23,6 +23,7 @@ import torch
 from treeflash.attention import FLEX_BLOCK, FLEX_DECODE_TOKENS, SDPA_KV_BLOCK, SplitKVMask, check_backend, \
     default_backend, round_layout
 from treeflash.bad_words import BadWords
+from treeflash.structured import GrammarSlots
 from treeflash.budget import AUTO_BUDGETS, NO_DRAFT, expected_drafts
 from treeflash.kv_cache import KVCache, append_layout
 from treeflash.logprobs import emitted_logprobs, pack
@@ -251,6 +252,7 @@ class Speculator:
         # min_tokens: each slot's stop tokens and first stop position, made when a request with it first comes.
         self.stop_suppression: StopSuppression | None = None
         self.bad_words: BadWords | None = None  # bad_words' sequences and each slot's recent output
+        self.structure: GrammarSlots | None = None  # structured outputs' automata and each slot's state
         # Drafts under the requests' logit bias, penalties and min_tokens where known before the tree
         # (`adjusted_drafts`); False drafts blind to them (benchmarks/cpu-draft-adjustments compares the two).
         self.adjust_drafts = True
@@ -284,18 +286,22 @@ class Speculator:
     # --- sampling rows ---------------------------------------------------------------------------
     def set_sampling_many(self, slots: list[int], params: list[SamplingParams | None],
                           seeds: list[int], prompts: list[list[int]] | None = None,
-                          stop_ids: list | None = None, bad_words: list | None = None) -> SamplingTensors:
+                          stop_ids: list | None = None, bad_words: list | None = None,
+                          grammars: list | None = None) -> SamplingTensors:
         """Write requests' sampling parameters into their slots' static rows (None: the slot is free) and
         mark the flags stale (recomputed once, when a round reads them); returns the requests' rows.
         prompts: the requests' prompts, which a repetition penalty counts as seen (where any has a penalty;
         None: no prompt token counts). stop_ids: each request's stop tokens (EOS included unless it ignores
         it), which min_tokens holds back; min_tokens needs both. bad_words: each request's bad words as token
-        sequences (`bad_word_sequences`), which params.bad_words needs."""
+        sequences (`bad_word_sequences`), which params.bad_words needs. grammars: each request's automaton
+        (`GrammarCompiler.compile`), which params.structured_outputs needs."""
         if stop_ids is None or prompts is None:
             if any(p is not None and p.min_tokens for p in params):
                 raise ValueError("min_tokens needs the requests' prompts and stop token ids")
         if bad_words is None and any(p is not None and p.bad_words for p in params):
             raise ValueError("bad_words needs the requests' token sequences (bad_word_sequences)")
+        if grammars is None and any(p is not None and p.structured_outputs is not None for p in params):
+            raise ValueError("structured_outputs needs the requests' automata (GrammarCompiler.compile)")
         rows = SamplingTensors.build([p or IDLE for p in params], seeds, self.device)
         index = to_device(slots, self.device, torch.long)
         for f in dataclasses.fields(SamplingTensors):
@@ -329,6 +335,11 @@ class Speculator:
         if self.bad_words is not None:
             self.bad_words.start(slots, [seqs if p is not None and p.bad_words else None
                                          for p, seqs in zip(params, bad_words or [None] * len(slots))])
+        if self.structure is None and any(p is not None and p.structured_outputs is not None for p in params):
+            self.structure = GrammarSlots(self.slots, self.target.config.vocab_size, self.device)
+        if self.structure is not None:
+            self.structure.start(slots, [g if p is not None and p.structured_outputs is not None else None
+                                         for p, g in zip(params, grammars or [None] * len(slots))])
         if self.penalty_counts is not None:
             self.penalty_counts.start(slots, [prompt if p is not None and p.penalized else None
                                               for p, prompt in zip(params, prompts or [None] * len(slots))])
@@ -398,6 +409,8 @@ class Speculator:
             self.penalty_counts.first(batch.slots, batch.done, first)
         if self.flags.use_bad_words:
             self.bad_words.first(batch.slots, batch.done, first)
+        if self.flags.use_structure:
+            self.structure.first(batch.slots, batch.done, first)
         self.state.bonus[batch.slots] = torch.where(batch.done, first, self.state.bonus[batch.slots])
         parts = [first[:, None]] + ([pack(logits, first)] if self.flags.logprobs else [])
         if prompt_next is not None:
@@ -617,6 +630,8 @@ class Speculator:
             self.penalty_counts.add(accepted.emitted, accepted.accepted)
         if sampling.flags.use_bad_words:
             self.bad_words.add(accepted.emitted, accepted.accepted)
+        if sampling.flags.use_structure:
+            self.structure.add(accepted.emitted, accepted.accepted)
         # (before the last lap: a stage-split capture ends its graphs there)
         rows = readback(accepted, predicted, packed, readback_out)
         lap("commit")
@@ -718,8 +733,8 @@ class Speculator:
     def adjusted_logits(self, logits: torch.Tensor, sampling: SamplingTensors, rows: torch.Tensor | slice,
                         positions: torch.Tensor, tree: DraftTree | None = None) -> torch.Tensor:
         """logits [S, N, V] of slots `rows` drawing at `positions` [S, N], after the requests' logit_bias (and
-        allowed_token_ids, in the same row), bad_words, penalties and min_tokens in vLLM's order
-        (treeflash/penalties.py, treeflash/bad_words.py), each only where a running request uses it (host-known
+        allowed_token_ids, in the same row), structured outputs, bad_words, penalties and min_tokens in vLLM's
+        order (treeflash/structured.py, treeflash/penalties.py, treeflash/bad_words.py), each only where a running request uses it (host-known
         flags: no device read). tree: the round's, whose nodes' drafted paths go into their bad-word pasts and
         penalty counts, what plain decoding would see at those positions; None at prefill, where nothing is
         generated yet."""
@@ -727,6 +742,8 @@ class Speculator:
         self._check_rows(flags)
         if flags.use_logit_bias:
             logits = logits.float() + self.logit_bias[rows][:, None]
+        if flags.use_structure:
+            logits = self.structure.apply(logits, rows, tree)
         ancestors = None if tree is None or not (flags.use_bad_words or flags.use_penalties) or tree.size == 1 \
             else self.ancestor_mask(tree)
         if flags.use_bad_words:
@@ -744,9 +761,10 @@ class Speculator:
         """Sampling rows passed to a round without set_sampling_many leave a flag's per-slot state unmade."""
         if (flags.use_penalties and self.penalty_counts is None) or (flags.use_min_tokens and self.stop_suppression
                                                                      is None) or (flags.use_bad_words and
-                                                                                  self.bad_words is None):
-            raise ValueError("penalties, min_tokens and bad_words need the slots' rows: write the requests' rows "
-                             "with set_sampling_many first")
+                                                                                  self.bad_words is None) or (
+                flags.use_structure and self.structure is None):
+            raise ValueError("penalties, min_tokens, bad_words and structured outputs need the slots' rows: write the "
+                             "requests' rows with set_sampling_many first")
 
     def ancestor_mask(self, tree: DraftTree) -> torch.Tensor:
         """The verify mask: `tree.ancestor_mask`, or on CUDA the same in one Triton launch."""

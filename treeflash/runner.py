@@ -200,7 +200,8 @@ class GraphRunner:
         """One round over slots [0, num_slots): a replay when a graph fits, else the eager round (over
         `kv_rows` cache rows where given: `Speculator.round`; a graph spans the whole cache)."""
         bucket = self.bucket(num_slots)
-        if not self.enabled or bucket not in self.buckets:
+        # (a structured request's automata table is rebuilt as requests come: such rounds run eagerly)
+        if not self.enabled or bucket not in self.buckets or self.speculator.flags.use_structure:
             return self.speculator.round(num_slots, budget, kv_rows=kv_rows)
         captured = self.graph(bucket, budget)
         if not captured.stages:
@@ -260,7 +261,8 @@ class GraphRunner:
         log-probs of it (read nothing back here). prompt_logprobs: some piece's request asks for them; the
         pieces then run eagerly and each read-back ends in its positions' packed log-probs [T x COLUMNS]."""
         sp = self.speculator
-        shape = self.prefill_shape(pieces) if self.enabled and not prompt_logprobs else None
+        shape = self.prefill_shape(pieces) if self.enabled and not prompt_logprobs \
+            and not sp.flags.use_structure else None
         if shape is None:
             return sp.prefill_and_start(sp.prefill_batch(pieces), sp.attend_width(max(p.end for p in pieces)),
                                         sp.real_tokens(pieces),
@@ -371,10 +373,12 @@ class _NoClock:
 
 def _save(sp: Speculator) -> tuple:
     """What a warm-up round changes for real and must give back: the slots' lengths and roots, the
-    generated-token counts penalties keep (a round adds what it emits) and bad_words' recent tokens."""
+    generated-token counts penalties keep (a round adds what it emits), bad_words' recent tokens and the
+    structured outputs' states."""
     counts = sp.penalty_counts.output.clone() if sp.penalty_counts is not None else None
     past = sp.bad_words.past.clone() if sp.bad_words is not None else None
-    return sp.state.seq_lens.clone(), sp.state.bonus.clone(), counts, past
+    states = sp.structure.state.clone() if sp.structure is not None else None
+    return sp.state.seq_lens.clone(), sp.state.bonus.clone(), counts, past, states
 
 
 def _restore(sp: Speculator, saved: tuple) -> None:
@@ -384,3 +388,5 @@ def _restore(sp: Speculator, saved: tuple) -> None:
         sp.penalty_counts.output.copy_(saved[2])
     if saved[3] is not None:
         sp.bad_words.past.copy_(saved[3])
+    if saved[4] is not None:
+        sp.structure.state.copy_(saved[4])

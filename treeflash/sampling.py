@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from treeflash.logprobs import check_logprobs
+from treeflash.structured import StructuredOutputsParams
 from treeflash.transfer import to_device
 
 GREEDY_BELOW = 1e-5  # temperatures below this decode greedily
@@ -96,6 +97,9 @@ class SamplingParams:
     # Keep only the prompt's last k tokens (vLLM's left truncation); -1: as many as the context holds with one
     # token left to generate (`truncate_prompt`)
     truncate_prompt_tokens: int | None = None
+    # What the reply must be: a JSON schema, a regular expression or one of some strings (vLLM's;
+    # treeflash/structured.py): every token outside the structure's next ones gets no probability
+    structured_outputs: StructuredOutputsParams | dict | None = None
 
     def __post_init__(self) -> None:
         # numpy and torch scalars are taken (as Python numbers), bools are not.
@@ -183,6 +187,21 @@ class SamplingParams:
                     isinstance(w, str) and w for w in words):
                 raise ValueError(f"bad_words must be a list of non-empty strings, got {words!r}")
             self.bad_words = list(words) or None
+        if isinstance(self.structured_outputs, dict):
+            unknown = sorted(set(self.structured_outputs) - {"json", "regex", "choice", "json_object"})
+            if unknown:
+                raise ValueError(f"structured_outputs has unknown fields {unknown} (json, regex, choice, json_object)")
+            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+        if self.structured_outputs is not None:
+            if not isinstance(self.structured_outputs, StructuredOutputsParams):
+                raise ValueError(f"structured_outputs must be a StructuredOutputsParams or a dict of its fields, got "
+                                 f"{self.structured_outputs!r}")
+            # Each of these masks tokens too: with a structure the two could leave a state no token at all.
+            clash = [name for name, on in (("allowed_token_ids", self.allowed_token_ids is not None),
+                                           ("bad_words", bool(self.bad_words)), ("min_tokens", self.min_tokens > 0))
+                     if on]
+            if clash:
+                raise ValueError(f"structured_outputs cannot be combined with {', '.join(clash)}")
 
     @property
     def masked(self) -> bool:
@@ -233,6 +252,7 @@ class SamplingFlags:
     use_logit_bias: bool = False  # some request has a logit_bias or allowed_token_ids: rounds add the slots' bias rows
     use_min_tokens: bool = False  # some request has min_tokens: rounds suppress stop tokens drawn too early
     use_bad_words: bool = False  # some request has bad_words: rounds mask each node's banned tokens
+    use_structure: bool = False  # some request has structured_outputs: rounds mask each node by its state
 
     @staticmethod
     def of(params: list[SamplingParams]) -> "SamplingFlags":
@@ -247,7 +267,8 @@ class SamplingFlags:
                              use_penalties=any(p.penalized for p in params),
                              use_logit_bias=any(p.masked for p in params),
                              use_min_tokens=any(p.min_tokens > 0 for p in params),
-                             use_bad_words=any(p.bad_words for p in params))
+                             use_bad_words=any(p.bad_words for p in params),
+                             use_structure=any(p.structured_outputs is not None for p in params))
 
 
 @dataclass(frozen=True)

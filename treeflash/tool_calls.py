@@ -1,9 +1,11 @@
 """Tool calls in a model's reply, read from the text it generated (the Hermes format).
 
 Models whose chat template shows them tools (Qwen2.5, Qwen3, Hermes and their kin) are trained to answer a
-call as `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, one block per call. Nothing here
-changes what is generated: the tokens are the model's, as with any other request, and the reply's text is
-split afterwards into the content (whatever lies outside the blocks, stripped) and the calls.
+call as `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, one block per call. Reading changes
+nothing that is generated: the tokens are the model's, as with any other request, and the reply's text is
+split afterwards into the content (whatever lies outside the blocks, stripped) and the calls. Where a call
+is forced (OpenAI's tool_choice "required", or a named function), `call_structure` gives the structured
+output that holds the reply to call blocks (treeflash/structured.py).
 
 A block whose JSON is not a call (no name, arguments not an object, not JSON) stays in the content as the
 model wrote it, and so does a block the reply ends inside (a length cut, say): nothing is dropped, and
@@ -16,6 +18,8 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass, field
+
+from treeflash.structured import StructuredOutputsParams
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
@@ -66,6 +70,22 @@ class ToolCallStream:
         delta, self.sent = content[self.sent:], max(self.sent, len(content))
         new, self.calls = calls[self.calls:], len(calls)
         return delta, new
+
+
+def call_structure(tools: list[dict], name: str | None = None, several: bool = False) -> StructuredOutputsParams:
+    """The structure of a reply that is a call (OpenAI's tool_choice "required", or naming `name`): a block
+    calling one of the tools with arguments to its parameters' schema; `several`: one or more blocks."""
+    from outlines_core.json_schema import build_regex_from_schema
+
+    calls = [{"type": "object", "required": ["name", "arguments"],
+              "properties": {"name": {"const": f["name"]}, "arguments": f.get("parameters") or {"type": "object"}}}
+             for f in (t["function"] for t in tools) if name is None or f["name"] == name]
+    try:
+        call = build_regex_from_schema(json.dumps({"anyOf": calls}))
+    except Exception as e:  # noqa: BLE001 (a parameters schema outlines-core cannot translate)
+        raise ValueError(f"the tools' parameters cannot be held to: {e}") from None
+    block = f"{OPEN}\n{call}\n{CLOSE}"
+    return StructuredOutputsParams(regex=block + (f"(\n{block})*" if several else ""))
 
 
 def _split(text: str, final: bool) -> tuple[str, list[ToolCall]]:

@@ -21,7 +21,8 @@ from treeflash.sampling import SamplingParams, truncate_prompt
 from treeflash.server.errors import APIError, bad_request
 from treeflash.server.protocol import (CHAT_UNSUPPORTED, COMPLETION_UNSUPPORTED, UNSUPPORTED, ChatCompletionRequest,
                                        ChatMessage, CompletionRequest, NamedToolChoice, SamplingFields)
-from treeflash.tool_calls import ToolCallStream, template_writes_tool_calls
+from treeflash.structured import StructuredOutputsParams
+from treeflash.tool_calls import ToolCallStream, call_structure, template_writes_tool_calls
 
 CONTEXT = "context_length_exceeded"
 
@@ -65,10 +66,7 @@ class Frontend:
     def chat_requests(self, body: ChatCompletionRequest) -> tuple[list[Request], Callable[[], ToolCallStream] | None]:
         """The engine requests (n choices), and where the replies are read for tool calls, what reads one."""
         self._check_common(body, CHAT_UNSUPPORTED)
-        if body.response_format and body.response_format.get("type", "text") != "text":
-            raise bad_request("only response_format {'type': 'text'} is supported", param="response_format",
-                              code="unsupported")
-        tools = self._tools(body)
+        tools, forced = self._tools(body)
         tok = self._need_tokenizer("messages")
         messages = [_template_message(m, i) for i, m in enumerate(body.messages)]
         try:
@@ -87,20 +85,29 @@ class Frontend:
                               "one this server reads", param="tools", code="unsupported")
         max_tokens = body.max_completion_tokens or body.max_tokens
         requests = self._requests(body, self._truncated(body, [Prompt(ids, None)]), max_tokens,
-                                  default_max_tokens=None)
+                                  default_max_tokens=None, forced=forced)
         return requests, None if tools is None else partial(ToolCallStream, parallel=body.parallel_tool_calls)
 
     @staticmethod
-    def _tools(body: ChatCompletionRequest) -> list[dict] | None:
-        """The tools to show the model (None: none, or tool_choice "none")."""
+    def _tools(body: ChatCompletionRequest) -> tuple[list[dict] | None, StructuredOutputsParams | None]:
+        """The tools to show the model (None: none, or tool_choice "none"), and where tool_choice forces a call
+        ("required", or a named function), the structure that holds the reply to call blocks."""
         choice = body.tool_choice
-        if choice == "required" or isinstance(choice, NamedToolChoice):
-            what = "'required'" if choice == "required" else "naming a function"
-            raise bad_request(f"tool_choice {what} is not supported: forcing a call needs guided decoding, which "
-                              f"this server does not do (use 'auto')", param="tool_choice", code="unsupported")
+        forcing = choice == "required" or isinstance(choice, NamedToolChoice)
         if not body.tools or choice == "none":
-            return None
-        return [t.model_dump(exclude_none=True) for t in body.tools]
+            if forcing:
+                raise bad_request("tool_choice forces a call, but no tools were given", param="tool_choice")
+            return None, None
+        tools = [t.model_dump(exclude_none=True) for t in body.tools]
+        if not forcing:
+            return tools, None
+        name = choice.function.get("name") if isinstance(choice, NamedToolChoice) else None
+        if isinstance(choice, NamedToolChoice) and name not in {t["function"]["name"] for t in tools}:
+            raise bad_request(f"tool_choice names {name!r}, which is not one of the tools", param="tool_choice")
+        try:
+            return tools, call_structure(tools, name, several=name is None and body.parallel_tool_calls)
+        except ValueError as e:
+            raise bad_request(str(e), param="tools") from None
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.config.model_name:
@@ -154,7 +161,7 @@ class Frontend:
         return out
 
     def _requests(self, body: SamplingFields, prompts: list[Prompt], max_tokens: int | None,
-                  default_max_tokens: int | None) -> list[Request]:
+                  default_max_tokens: int | None, forced: StructuredOutputsParams | None = None) -> list[Request]:
         choices = len(prompts) * body.n
         if choices > self.config.max_choices:
             raise bad_request(f"n x prompts is {choices}; at most {self.config.max_choices} choices per request",
@@ -162,6 +169,7 @@ class Frontend:
         if body.seed is not None and body.seed + body.n > 1 << 64:
             raise bad_request(f"with n = {body.n}, seed must be at most 2**64 - n = {(1 << 64) - body.n} (choice j "
                               f"gets seed + j), got {body.seed}", param="seed")
+        structure, source = self._structure(body, forced)
         limit = self.llm.max_model_len
         params = []
         for p in prompts:
@@ -174,7 +182,7 @@ class Frontend:
                 raise bad_request(f"the prompt has {len(p.ids)} tokens and {max_tokens} more were asked for; "
                                   f"this model's context is {limit} tokens", param="max_tokens", code=CONTEXT)
             base = self._sampling(body, max_tokens or default_max_tokens or room, self._logprobs(body),
-                                  self._prompt_logprobs(body))
+                                  self._prompt_logprobs(body), structure, source)
             for j in range(body.n):  # n choices = n requests; a seeded call gives choice j seed + j
                 params.append(base if body.seed is None else dataclasses.replace(base, seed=body.seed + j))
         ids = [p.ids for p in prompts for _ in range(body.n)]
@@ -182,8 +190,42 @@ class Frontend:
         try:
             return self.llm.new_requests(ids, params, texts, tokenizer=self.tokenizer)
         except ValueError as e:
-            field = str(e).split(" ", 1)[0]
+            field = source if str(e).startswith("structured outputs") else str(e).split(" ", 1)[0]
             raise bad_request(str(e), param=field if field in SamplingFields.model_fields else None) from None
+
+    @staticmethod
+    def _structure(body: SamplingFields, forced: StructuredOutputsParams | None = None
+                   ) -> tuple[StructuredOutputsParams | dict | None, str | None]:
+        """What the reply must be, and the field that says so: at most one of response_format (json_schema or
+        json_object), vLLM's guided_json / guided_regex / guided_choice / structured_outputs, and a forced tool
+        call (tool_choice)."""
+        given = []
+        if forced is not None:
+            given.append(("tool_choice", forced))
+        form = body.response_format
+        if form is not None:
+            kind = form.get("type")
+            if kind == "json_object":
+                given.append(("response_format", {"json_object": True}))
+            elif kind == "json_schema":
+                spec = form.get("json_schema")
+                schema = spec.get("schema") if isinstance(spec, dict) else None
+                if not isinstance(schema, dict):
+                    raise bad_request("response_format json_schema needs json_schema.schema, a JSON schema object",
+                                      param="response_format")
+                given.append(("response_format", {"json": schema}))
+            elif kind != "text":
+                raise bad_request(f"response_format type must be text, json_object or json_schema, got {kind!r}",
+                                  param="response_format")
+        for name, key in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice")):
+            if getattr(body, name) is not None:
+                given.append((name, {key: getattr(body, name)}))
+        if body.structured_outputs is not None:
+            given.append(("structured_outputs", body.structured_outputs))
+        if len(given) > 1:
+            raise bad_request(f"{' and '.join(name for name, _ in given)} each say what the reply must be; give one",
+                              param=given[1][0])
+        return (given[0][1], given[0][0]) if given else (None, None)
 
     @staticmethod
     def _logprobs(body: SamplingFields) -> int | None:
@@ -220,7 +262,8 @@ class Frontend:
         return asked
 
     def _sampling(self, body: SamplingFields, max_tokens: int, logprobs: int | None = None,
-                  prompt_logprobs: int | None = None) -> SamplingParams:
+                  prompt_logprobs: int | None = None, structure: StructuredOutputsParams | dict | None = None,
+                  source: str | None = None) -> SamplingParams:
         try:
             return SamplingParams(
                 temperature=1.0 if body.temperature is None else body.temperature,
@@ -234,9 +277,10 @@ class Frontend:
                 repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
                 logit_bias=_token_bias(body.logit_bias), min_tokens=body.min_tokens or 0,
                 allowed_token_ids=body.allowed_token_ids, bad_words=body.bad_words or None,
-                include_stop_str_in_output=body.include_stop_str_in_output)
+                include_stop_str_in_output=body.include_stop_str_in_output, structured_outputs=structure)
         except ValueError as e:
-            raise bad_request(str(e), param=str(e).split(" ", 1)[0]) from None
+            field = str(e).split(" ", 1)[0]
+            raise bad_request(str(e), param=source if field.startswith("structured_outputs") else field) from None
 
     def _need_tokenizer(self, param: str):
         if self.tokenizer is None:

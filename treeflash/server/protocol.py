@@ -25,11 +25,8 @@ class _Request(BaseModel):
 UNSUPPORTED: dict[str, tuple] = {
     "use_beam_search": (False,),
     "length_penalty": (1, 1.0),
-    "guided_json": (),
-    "guided_regex": (),
-    "guided_choice": (),
     "guided_grammar": (),
-    "structured_outputs": (),
+    "guided_whitespace_pattern": (),
     "functions": ([],),
     "function_call": ("none", "auto"),
     "skip_special_tokens": (True,),
@@ -44,7 +41,6 @@ CHAT_UNSUPPORTED: dict[str, tuple] = {
 }
 COMPLETION_UNSUPPORTED: dict[str, tuple] = {
     "add_special_tokens": (True,),
-    "response_format": ({"type": "text"},),
     "tools": ([],),  # (chat's: a prompt of text has no template to show them)
     "tool_choice": ("none", "auto"),
 }
@@ -90,6 +86,13 @@ class SamplingFields(_Request):
     # vLLM's: each prompt token's log-prob (but the first's) with this many of the most likely tokens' (0..20);
     # not with stream (as vLLM). The response's `prompt_logprobs` (a choice's here, the body's in chat) holds them.
     prompt_logprobs: int | None = None
+    # What the reply must be (at most one of them; `Frontend._structure`): OpenAI's response_format (json_schema,
+    # json_object or text), vLLM's guided_* fields and their newer structured_outputs {json|regex|choice}.
+    response_format: dict | None = None
+    guided_json: dict | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    structured_outputs: dict | None = None
 
 
 class CompletionRequest(SamplingFields):
@@ -165,7 +168,6 @@ class ChatCompletionRequest(SamplingFields):
     # "required" and a named function would need guided decoding, and are refused (`Frontend`).
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True  # False: a reply's first call only
-    response_format: dict | None = None
     # vLLM's, for the chat template (`LLM.chat_token_ids`)
     add_generation_prompt: bool = True
     continue_final_message: bool = False

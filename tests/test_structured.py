@@ -1,0 +1,175 @@
+"""Structured outputs (treeflash/structured.py): the reply is held to its structure, every method gives what
+plain decoding with the same structure gives (each tree node masked in the state its drafted path leads to),
+and the sampled joint law passes the chi-square test, which rejects the law of masks blind to the path."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import pytest
+import torch
+
+from treeflash import SamplingParams
+from treeflash.structured import Grammar, GrammarCompiler, GrammarSlots, StructuredOutputsParams
+from treeflash.tree import DraftTree
+from helpers import CHARS, write_char_tokenizer
+from spec_helpers import chi_square, install_oracle, load_hf, make_drafter, make_target
+from test_penalties import _llm, exact_joint, sample_joint, small  # noqa: F401
+
+PROMPTS = ["the cat", "a b c", "zz top"]
+
+
+def test_params_take_exactly_one_valid_structure():
+    assert StructuredOutputsParams(choice=["a", "b"]).pattern() == "(a|b)"
+    assert StructuredOutputsParams(choice=["a.b", "c d?"]).pattern() == r"(a\.b|c d\?)"  # literal text
+    assert SamplingParams(structured_outputs={"regex": "[ab]+"}).structured_outputs.regex == "[ab]+"
+    for bad in ({}, {"regex": "a", "choice": ["a"]}, {"choice": []}, {"choice": [""]}, {"regex": ""},
+                {"json": "{not json"}, {"json": 3}, {"json_object": "yes"}, {"grammar": "root ::= x"}):
+        with pytest.raises(ValueError, match="structured_outputs"):
+            SamplingParams(structured_outputs=bad)
+    for clash in ({"allowed_token_ids": [1]}, {"bad_words": ["a"]}, {"min_tokens": 1}):
+        with pytest.raises(ValueError, match="cannot be combined"):
+            SamplingParams(structured_outputs={"choice": ["a"]}, **clash)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("structured")
+    target = make_target(root / "target", vocab=64, head_scale=4.0)
+    write_char_tokenizer(target, 64)
+    return target, make_drafter(root / "drafter", target, 4), load_hf(target)
+
+
+def test_the_compiled_automaton_spells_exactly_the_structure(pair):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(pair[0]))
+    compiler = GrammarCompiler(tok, 64)
+    grammar = compiler.compile(StructuredOutputsParams(choice=["ab", "a c"]), frozenset({0}))
+    assert compiler.compile(StructuredOutputsParams(choice=["ab", "a c"]), frozenset({0})) is grammar  # cached
+    char = {c: i + 1 for i, c in enumerate(CHARS)}
+    allowed = lambda state: {t for t in range(64) if grammar.allowed[state, t // 8] >> (t % 8) & 1}  # noqa: E731
+    step = lambda state, t: int(grammar.next[list(grammar.keys).index(state * 64 + t)])  # noqa: E731
+    state = grammar.initial
+    assert allowed(state) == {char["a"]}
+    state = step(state, char["a"])
+    assert allowed(state) == {char["b"], char[" "]}
+    done = step(state, char["b"])
+    assert allowed(done) == {0}  # the whole match: only the stop token
+    assert step(done, 0) == done
+    with pytest.raises(ValueError, match="cannot build"):  # "{" is no character of this vocabulary
+        compiler.compile(StructuredOutputsParams(json_object=True), frozenset({0}))
+
+
+def _random_grammar(rng: random.Random, states: int, vocab: int) -> dict[int, dict[int, int]]:
+    return {s: {t: rng.randrange(states) for t in rng.sample(range(vocab), rng.randint(1, vocab - 1))}
+            for s in range(states)}
+
+
+def test_every_node_of_random_trees_is_masked_in_its_own_paths_state():
+    rng = random.Random(0)
+    slots, n, vocab, depth = 3, 12, 7, 4
+    tables = [_random_grammar(rng, 5, vocab), None, _random_grammar(rng, 3, vocab)]
+    grammars = [Grammar.from_table(vocab, 1 if t else 0, t) if t else None for t in tables]
+    structure = GrammarSlots(slots, vocab, "cpu")
+    structure.start([0, 1, 2], grammars)
+    # the slots' outputs so far, walked in on the device as rounds would
+    outputs = [[], [], []]
+    for s, table in enumerate(tables):
+        state = 1 if table else None
+        for _ in range(3 if table else 0):
+            token = rng.choice(list(table[state]))
+            outputs[s].append(token)
+            state = table[state][token]
+    emitted = torch.tensor([o + [0] * (3 - len(o)) for o in outputs])
+    structure.add(emitted, torch.tensor([len(o) for o in outputs]))
+    parents = torch.zeros(slots, n, dtype=torch.long)
+    depths = torch.zeros(slots, n, dtype=torch.long)
+    for s in range(slots):
+        for i in range(1, n):
+            parents[s, i] = rng.randrange(i) if rng.random() < 0.8 else 0
+            depths[s, i] = min(depths[s, parents[s, i]] + 1, depth)
+            if depths[s, i] == depth and depths[s, parents[s, i]] == depth:
+                parents[s, i], depths[s, i] = 0, 1
+    tokens = torch.randint(0, vocab, (slots, n))
+    tree = DraftTree(tokens, parents, depths, torch.ones(slots, n, dtype=torch.bool), torch.zeros(slots, n), depth)
+    masked = structure.apply(torch.zeros(slots, n, vocab), slice(0, slots), tree)
+    for s, table in enumerate(tables):
+        for i in range(n):
+            path, j = [], i
+            while j != 0:
+                path.append(int(tokens[s, j]))
+                j = int(parents[s, j])
+            state = 1 if table else None
+            for t in outputs[s] + path[::-1]:
+                state = table[state].get(t) if table and state is not None else state
+            want = set(range(vocab)) if table is None or state is None else set(table[state])
+            got = {t for t in range(vocab) if masked[s, i, t] == 0}
+            assert got == want, (s, i)
+
+
+def _reference(hf, llm, prompt_ids, n, params):
+    """Greedy decoding over transformers' logits, masked with outlines-core's own index of the pattern."""
+    from outlines_core import Index, Vocabulary
+
+    tok = llm.tokenizer
+    vocabulary = Vocabulary(0, {CHARS[i - 1]: [i] for i in range(1, 64) if i - 1 < len(CHARS)})
+    index = Index(params.structured_outputs.pattern(), vocabulary)
+    state, ids = index.get_initial_state(), list(prompt_ids)
+    for _ in range(n):
+        with torch.no_grad():
+            logits = hf(torch.tensor([ids])).logits[0, -1]
+        allowed = torch.zeros(64, dtype=torch.bool)
+        allowed[index.get_allowed_tokens(state)] = True
+        token = int(logits.masked_fill(~allowed, float("-inf")).argmax())
+        ids.append(token)
+        if token == tok.eos_token_id:
+            break
+        state = index.get_next_state(state, token)
+    return ids[len(prompt_ids):]
+
+
+@pytest.mark.parametrize("spec, ngram", [("dflash", 0), ("ddtree", 0), ("ddtree", 4)])
+def test_every_method_gives_plain_decodings_tokens_with_a_structure(pair, spec, ngram, monkeypatch):
+    plain_llm = _llm(pair, "none")
+    structures = [{"regex": r"(ab|cd)+ [a-z]{2,9}7"}, {"choice": ["tree", "oak tree", "pine"]},
+                  {"regex": r"[a-z ]{4,40}"}]
+    params = [SamplingParams(temperature=0, max_tokens=16, structured_outputs=structures[0]),
+              SamplingParams(temperature=1.0, max_tokens=16, seed=4, structured_outputs=structures[1]),
+              SamplingParams(temperature=0, max_tokens=16, structured_outputs=structures[2])]
+    plain = plain_llm.generate(PROMPTS, params)
+    free = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    want = plain_llm.generate(PROMPTS[1], free)[0].token_ids
+    for prompt, out, p in zip(PROMPTS, plain, params):
+        if p.temperature == 0:
+            assert out.token_ids == _reference(pair[2], plain_llm, plain_llm.encode(prompt), 16, p)
+    assert re.fullmatch(structures[0]["regex"], plain[0].text) or plain[0].finish_reason == "length"
+    assert plain[1].text in structures[1]["choice"] and plain[1].finish_reason == "stop"
+    assert re.fullmatch(structures[2]["regex"], plain[2].text)
+    install_oracle(monkeypatch, {tuple(o.prompt_token_ids): o.prompt_token_ids + o.token_ids for o in plain}, 64,
+                   decoy_rate=0.3)
+    outs = _llm(pair, spec, ngram).generate(PROMPTS, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+    assert sum(o.metrics.mean_acceptance_length for o in outs) / len(outs) > 1.5
+    # The request beside a structured one keeps its tokens.
+    mixed = _llm(pair, spec, ngram).generate(PROMPTS, [params[0], free, params[2]])
+    assert mixed[1].token_ids == want and mixed[0].token_ids == plain[0].token_ids
+
+
+GRAMMAR = {0: {0: 1, 2: 0, 3: 0, 5: 2, 6: 1}, 1: {4: 0, 5: 2, 2: 1, 7: 2}, 2: {0: 0, 1: 1, 3: 2, 4: 2, 6: 0}}
+
+
+def test_sampled_joint_with_a_structure_is_exact_and_the_test_has_teeth(small):
+    params = SamplingParams(temperature=1.0, structured_outputs={"regex": "(the automaton is given directly)"})
+    counts, tau = sample_joint(small, params, grammar=GRAMMAR)
+    stat, df, threshold = chi_square(counts, exact_joint(small[0], params, grammar=GRAMMAR, penalised=False))
+    assert tau > 1.5, "the drafts should make rounds accept several tokens"
+    assert stat < threshold, (stat, df, threshold)
+    joint = counts.view(8, 8, 8)
+    assert joint[1].sum() == joint[0, 0, 0].sum() == 0  # 1 is not allowed first; after 0 (state 1) nor is 0
+    # Against the law whose masks look at the slot's state alone (blind to each node's drafted path): rejected.
+    stat, _, threshold = chi_square(counts, exact_joint(small[0], params, grammar=GRAMMAR, penalised=False,
+                                                        own_path=False))
+    assert stat > threshold

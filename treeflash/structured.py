@@ -1,0 +1,268 @@
+"""Structured outputs (vLLM's): a reply held to a JSON schema, a regular expression or a list of choices,
+lossless under speculation.
+
+A request's structure becomes a token automaton over the vocabulary (outlines-core compiles the regular
+expression, a JSON schema's through its own translation, against the tokenizer's byte strings): in each
+state, the tokens that keep the text on its way to a match, and the state each one leads to; in a state
+where the text is a whole match, the request's stop tokens too. A drawn token's distribution is the
+target's with every other token at -inf, as plain decoding would mask it at that point of the text.
+
+In a draft tree each node draws after its own drafted path, so each node is masked in the state that path
+leads to (from the slot's state, one transition per depth); a drafted token the structure forbids gets no
+probability at its parent and can never be accepted, so the tokens stay plain decoding's. After a round the
+slot's state follows the emitted tokens.
+
+On the device the automata of every slot's request share one table (`GrammarSlots`): per state a bit row
+of its allowed tokens, and the transitions as sorted keys (state x V + token) with their next states, looked
+up by binary search; state 0 allows every token and leads to itself (slots without a structure, and the
+nodes below a forbidden token, whose masks never matter). The table is rebuilt when a request with a
+structure starts, so rounds holding such a request run eagerly (no CUDA graph).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from treeflash.logprobs import byte_decoder
+from treeflash.transfer import to_device
+
+MAX_STATES = 1 << 16  # states an automaton may have (json_object's, at 1,623, is the largest seen)
+
+
+@dataclass(frozen=True)
+class StructuredOutputsParams:
+    """What a reply must be (exactly one): vLLM's `StructuredOutputsParams` fields.
+
+    json: a JSON schema (a dict, or its JSON text); regex: a regular expression the whole reply matches
+    (Rust regex syntax, as outlines-core reads it); choice: one of these strings exactly; json_object: any
+    JSON object (a schema of {"type": "object"}: nesting to a fixed depth, as outlines-core writes it).
+    """
+
+    json: dict | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    json_object: bool | None = None
+
+    def __post_init__(self):
+        given = [name for name in ("json", "regex", "choice", "json_object")
+                 if getattr(self, name) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError(f"structured_outputs needs exactly one of json, regex, choice, json_object; got "
+                             f"{', '.join(given) or 'none'}")
+        if self.json is not None:
+            if isinstance(self.json, str):
+                try:
+                    schema = json.loads(self.json)
+                except ValueError as e:
+                    raise ValueError(f"structured_outputs.json is not JSON: {e}") from None
+            else:
+                schema = self.json
+            if not isinstance(schema, (dict, bool)):
+                raise ValueError(f"structured_outputs.json must be a JSON schema (an object), got {self.json!r}")
+        if self.regex is not None and (not isinstance(self.regex, str) or not self.regex):
+            raise ValueError(f"structured_outputs.regex must be a non-empty string, got {self.regex!r}")
+        if self.choice is not None and (not isinstance(self.choice, (list, tuple)) or not self.choice or not all(
+                isinstance(c, str) and c for c in self.choice)):
+            raise ValueError(f"structured_outputs.choice must be a non-empty list of non-empty strings, got "
+                             f"{self.choice!r}")
+        if self.json_object not in (None, True, False):
+            raise ValueError(f"structured_outputs.json_object must be a bool, got {self.json_object!r}")
+
+    def pattern(self) -> str:
+        """The regular expression the reply must match."""
+        from outlines_core.json_schema import build_regex_from_schema
+
+        if self.regex is not None:
+            return self.regex
+        if self.choice is not None:
+            return "(" + "|".join(_escape(c) for c in self.choice) + ")"
+        schema = {"type": "object"} if self.json_object else self.json
+        try:
+            return build_regex_from_schema(schema if isinstance(schema, str) else json.dumps(schema))
+        except Exception as e:  # noqa: BLE001 (outlines-core's own errors name what it cannot translate)
+            raise ValueError(f"structured_outputs.json: {e}") from None
+
+
+def _escape(text: str) -> str:
+    # Rust's regex syntax allows escaping any ASCII punctuation; letters, digits and the rest stay literal.
+    return "".join("\\" + c if c.isascii() and not c.isalnum() and not c.isspace() else c for c in text)
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """A token automaton over a vocabulary of V tokens, states 0..S-1 from `initial`: `allowed` [S, ceil(V/8)]
+    uint8, bit t % 8 of byte t // 8 set where token t may come next; `keys` int64 sorted (state x V + token)
+    and `next` int64, each allowed transition (stop tokens at a whole match lead back to their state)."""
+
+    vocab_size: int
+    initial: int
+    allowed: np.ndarray
+    keys: np.ndarray
+    next: np.ndarray
+
+    @property
+    def num_states(self) -> int:
+        return self.allowed.shape[0]
+
+    @staticmethod
+    def from_table(vocab_size: int, initial: int, table: dict[int, dict[int, int]]) -> "Grammar":
+        """The automaton of states 0..S-1 with transitions table[state] = {token: next state}."""
+        rows = np.array([s for s, out in table.items() for _ in out], dtype=np.int64)
+        tokens = np.array([t for out in table.values() for t in out], dtype=np.int64)
+        nexts = np.array([to for out in table.values() for to in out.values()], dtype=np.int64)
+        keys = rows * vocab_size + tokens
+        order = np.argsort(keys)
+        bits = np.zeros((max(table) + 1, vocab_size), dtype=bool)
+        bits[rows, tokens] = True
+        return Grammar(vocab_size, initial, np.packbits(bits, axis=1, bitorder="little"), keys[order], nexts[order])
+
+
+class GrammarCompiler:
+    """Compiles structures for one tokenizer (its vocabulary read once) and keeps the last `cache_size`
+    automata: a JSON-object structure takes seconds to compile, and requests repeat their schemas."""
+
+    def __init__(self, tokenizer, vocab_size: int, cache_size: int = 32):
+        from outlines_core import Vocabulary
+
+        self.vocab_size = vocab_size
+        special = set(tokenizer.all_special_ids)
+        self._eos = min(special) if special else vocab_size  # a stand-in end token: its transitions are dropped
+        pieces: dict[bytes, list[int]] = {}
+        decoder = byte_decoder()
+        for token in range(min(len(tokenizer), vocab_size)):
+            if token not in special:
+                pieces.setdefault(_token_bytes(tokenizer, token, decoder), []).append(token)
+        pieces.pop(b"", None)  # (a token of no text could follow itself forever)
+        self._vocabulary = Vocabulary(self._eos, pieces)
+        self._cache: OrderedDict[tuple, Grammar] = OrderedDict()
+        self.cache_size = cache_size
+
+    def compile(self, params: StructuredOutputsParams, stop_ids: frozenset[int]) -> Grammar:
+        pattern = params.pattern()
+        key = (pattern, tuple(sorted(stop_ids)))
+        if key in self._cache:
+            self._cache.move_to_end(key)
+            return self._cache[key]
+        grammar = self._build(pattern, sorted(stop_ids))
+        self._cache[key] = grammar
+        if len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+        return grammar
+
+    def _build(self, pattern: str, stop_ids: list[int]) -> Grammar:
+        from outlines_core import Index
+
+        try:
+            index = Index(pattern, self._vocabulary)
+        except Exception as e:  # noqa: BLE001 (a pattern it cannot parse, or one no token sequence can spell)
+            raise ValueError(f"structured outputs: cannot build an automaton for {pattern[:200]!r}: {e}") from None
+        transitions = index.get_transitions()
+        final = index.get_final_states()
+        states = sorted(set(transitions) | set(final))
+        if len(states) > MAX_STATES:
+            raise ValueError(f"structured outputs: the automaton has {len(states)} states; at most {MAX_STATES}")
+        number = {s: i for i, s in enumerate(states)}
+        table = {number[s]: {t: number[to] for t, to in transitions.get(s, {}).items() if t != self._eos}
+                 for s in states}
+        for state in final:  # (at a whole match, any stop token ends the reply)
+            table[number[state]].update({t: number[state] for t in stop_ids if t < self.vocab_size})
+        dead = [s for s, out in table.items() if not out]
+        if dead:
+            raise ValueError(f"structured outputs: {pattern[:200]!r} reaches a state where no token may follow "
+                             f"(and the text is no whole match a stop token could end)")
+        return Grammar.from_table(self.vocab_size, number[index.get_initial_state()], table)
+
+
+def _token_bytes(tokenizer, token: int, decoder: dict[str, int]) -> bytes:
+    """The bytes a token adds to the text: byte-level BPE's characters mapped back to bytes (`decoder`),
+    SentencePiece's '▁' as a space and <0xNN> as that byte, else the token's decoded text."""
+    piece = tokenizer.convert_ids_to_tokens(token)
+    if isinstance(piece, str) and piece:
+        if piece.startswith("<0x") and piece.endswith(">") and len(piece) == 6:
+            try:
+                return bytes([int(piece[3:5], 16)])
+            except ValueError:
+                pass
+        if all(c in decoder for c in piece):
+            return bytes(decoder[c] for c in piece)
+        if "▁" in piece:
+            return piece.replace("▁", " ").encode("utf-8")
+    return tokenizer.decode([token]).encode("utf-8")
+
+
+class GrammarSlots:
+    """The automata of the requests in the slots, in one table on the device, and each slot's state (a row of
+    the table; 0: no structure)."""
+
+    def __init__(self, slots: int, vocab_size: int, device):
+        self.vocab_size, self.device = vocab_size, device
+        self.grammars: list[Grammar | None] = [None] * slots
+        self.offsets = [0] * slots  # each slot's first row in the table
+        self.state = torch.zeros(slots, dtype=torch.long, device=device)
+        width = (vocab_size + 7) // 8
+        self._byte = torch.arange(vocab_size, device=device) // 8
+        self._bit = (torch.arange(vocab_size, device=device) % 8).to(torch.uint8)
+        self.allowed = torch.full((1, width), 255, dtype=torch.uint8, device=device)
+        self.keys = torch.full((1,), torch.iinfo(torch.long).max, dtype=torch.long, device=device)  # (a sentinel)
+        self.next = torch.zeros(1, dtype=torch.long, device=device)
+
+    def start(self, slots: list[int], grammars: list[Grammar | None]) -> None:
+        """New requests in `slots` with their automata (None: no structure), in their initial states; the
+        table is rebuilt, the other slots' states moved with their rows."""
+        for slot, grammar in zip(slots, grammars):
+            self.grammars[slot] = grammar
+        offsets, row = [], 1
+        for grammar in self.grammars:
+            offsets.append(row if grammar is not None else 0)
+            row += grammar.num_states if grammar is not None else 0
+        moved = torch.tensor([new - old for new, old in zip(offsets, self.offsets)], dtype=torch.long)
+        self.state.add_(to_device(moved, self.device) * (self.state > 0))
+        self.offsets = offsets
+        parts = [(g, off) for g, off in zip(self.grammars, offsets) if g is not None]
+        v = self.vocab_size
+        self.allowed = to_device(torch.from_numpy(np.concatenate(
+            [np.full((1, self.allowed.shape[1]), 255, np.uint8)] + [g.allowed for g, _ in parts])), self.device)
+        self.keys = to_device(torch.from_numpy(np.concatenate(
+            [g.keys + off * v for g, off in parts] + [np.array([np.iinfo(np.int64).max])])), self.device)
+        self.next = to_device(torch.from_numpy(np.concatenate([g.next + off for g, off in parts] + [np.zeros(1, np.int64)])),
+                              self.device)
+        initial = [offsets[s] + g.initial if g is not None else 0 for s, g in zip(slots, grammars)]
+        self.state[to_device(slots, self.device, torch.long)] = to_device(initial, self.device, torch.long)
+
+    def step(self, state: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """The states `tokens` lead to from `state` (same shapes); 0 where the token is not allowed (a
+        forbidden draft's subtree: never accepted) and from state 0."""
+        query = state * self.vocab_size + tokens
+        at = torch.searchsorted(self.keys, query.flatten()).view(query.shape).clamp(max=self.keys.numel() - 1)
+        return torch.where(self.keys[at] == query, self.next[at], torch.zeros_like(at))
+
+    def first(self, slots: torch.Tensor, done: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Prefill drew each finished prompt's first token: its slot's state follows it."""
+        state = self.state[slots]
+        self.state[slots] = torch.where(done, self.step(state, tokens), state)
+
+    def add(self, emitted: torch.Tensor, accepted: torch.Tensor) -> None:
+        """A round emitted emitted[s, :accepted[s]] for slots [0, S): each slot's state follows them."""
+        s = emitted.shape[0]
+        state = self.state[:s]
+        for k in range(emitted.shape[1]):
+            state = torch.where(k < accepted, self.step(state, emitted[:, k]), state)
+        self.state[:s] = state
+
+    def apply(self, logits: torch.Tensor, rows: torch.Tensor | slice, tree=None) -> torch.Tensor:
+        """logits [S, N, V] of slots `rows`: each node's tokens its path's state forbids at -inf. tree: the
+        round's (each node in the state its drafted path leads to); None: every node in the slot's state."""
+        root = self.state[rows][:, None]
+        s, n = logits.shape[:2]
+        state = root.expand(s, n)
+        if tree is not None and tree.size > 1 and tree.max_depth > 0:
+            for _ in range(tree.max_depth):  # (parents precede children: depth d is right after d passes)
+                state = torch.where(tree.depths == 0, root, self.step(state.gather(1, tree.parents), tree.tokens))
+        bits = self.allowed[state].index_select(-1, self._byte)  # [S, N, V] the byte of each token's bit
+        allowed = (bits >> self._bit) & 1
+        return logits.float().masked_fill(allowed == 0, float("-inf"))
