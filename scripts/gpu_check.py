@@ -31,6 +31,11 @@ L. log-probs, penalties, logit_bias and min_tokens (float32, none / dflash / ddt
    rounds with log-probs or penalties run without host sync; with --logprobs-timings SHAPES,
    graphed rounds without / with log-probs / with penalties and the rest / allowed tokens / bad words, the
    second and third with drafts adjusted to them and blind (batch 1 and 8, AR step and DDTree-64, context 1024).
+S. structured outputs (float32, none / dflash / ddtree-16 / ddtree-64 + lookup, drafts adjusted and blind): a
+   random token automaton over the tiny vocabulary on a greedy and a sampled request beside two free ones;
+   every method gives none's tokens, the structured ones stay inside the automaton, the free ones keep the
+   tokens they get in a batch without a structure (graphed), and rounds without a structured request replay
+   graphs again.
 P. graphs sharing one memory pool: rounds hop between graphs (buckets, budgets 0-256, one pool, one capture
    stream) and equal the same rounds run eagerly; a round's read-back survives other graphs' replays; graphs
    captured one per stage (time_stages) write no tensor made after them.
@@ -351,6 +356,57 @@ def replays_without_sync(runner: GraphRunner, slots: int) -> bool | str:
     finally:
         torch.cuda.set_sync_debug_mode("default")
     return True
+
+
+# --- S: structured outputs -----------------------------------------------------------------------------
+def check_structured(target: Path, drafter: Path) -> dict:
+    import random
+
+    from treeflash.structured import Grammar
+
+    rng = random.Random(0)
+    vocab, states = 300, 6
+    table = {s: {t: rng.randrange(states) for t in rng.sample(range(vocab), 40)} for s in range(states)}
+    grammar = Grammar.from_table(vocab, 0, table)
+
+    class Fixed:  # (the tiny models have no tokenizer: the automaton is given, not compiled)
+        def compile(self, params, stop_ids):
+            return grammar
+
+    structured = {"regex": "(the automaton above)"}
+    params = [dataclasses.replace(greedy(30), structured_outputs=structured),
+              SamplingParams(temperature=0.9, max_tokens=30, seed=5, ignore_eos=True, structured_outputs=structured),
+              greedy(30), SamplingParams(temperature=0.8, max_tokens=30, seed=9, ignore_eos=True)]
+    prompts = PROMPTS + [[11, 13, 17, 19, 23]]
+    results, reference = {}, None
+    for spec, budget, ngram in [("none", 64, 0), ("dflash", 64, 0), ("ddtree", 16, 0), ("ddtree", 64, 6)]:
+        for adjust in (True, False):
+            llm = LLM(target, device=DEVICE, dtype="float32", draft_model=None if spec == "none" else drafter,
+                      spec=spec, max_num_seqs=4, ngram_tokens=ngram, **({"tree_budget": budget} if spec == "ddtree" else {}))
+            llm.tokenizer, llm._grammars = _TokenWords(), Fixed()
+            llm.engine.speculator.adjust_drafts = adjust
+            free = [o.token_ids for o in llm.generate(prompt_token_ids=prompts[2:], sampling_params=params[2:],
+                                                      use_tqdm=False)]
+            graphs_before = len(llm.engine.runner.graphs)
+            tokens = [o.token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=params,
+                                                        use_tqdm=False)]
+            llm.generate(prompt_token_ids=prompts[2:], sampling_params=params[2:], use_tqdm=False)
+            name = f"{spec}-{budget}" + (f" + lookup {ngram}" if ngram else "") + ("" if adjust else ", blind drafts")
+            reference = reference or tokens
+            results[f"{name}: == none's tokens"] = tokens == reference
+            ok = True
+            for out in tokens[:2]:
+                state = 0
+                for t in out:
+                    if t not in table[state]:
+                        ok = False
+                        break
+                    state = table[state][t]
+            results[f"{name}: structured tokens follow the automaton"] = ok
+            results[f"{name}: the free requests keep their tokens"] = tokens[2:] == free
+            results[f"{name}: graphs captured without a structured request"] = \
+                DEVICE != "cuda" or len(llm.engine.runner.graphs) >= graphs_before > 0
+    return results
 
 
 # --- L: log-probs ------------------------------------------------------------------------------------
@@ -725,7 +781,7 @@ def main() -> int:
     ap.add_argument("--smollm2", type=Path, default=None, help="path of the SmolLM2 GGUF on the GPU machine")
     ap.add_argument("--out", type=Path, default=Path("gpu_check.json"))
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--sections", default="ABCEFLP", help="which of A B C E F L P T to run (default all but T)")
+    ap.add_argument("--sections", default="ABCEFLPS", help="which of A B C E F L P S T to run (default all but T)")
     ap.add_argument("--attentions", default="flex,sdpa,splitkv,hybrid",
                     help="attention backends section E checks (C and F: the first)")
     ap.add_argument("--timings", default="", help="comma-separated shapes for G: smollm2-135m,qwen3-8b")
@@ -760,7 +816,7 @@ def main() -> int:
         save(section, value)
 
     with tempfile.TemporaryDirectory() as tmp:
-        targets = tiny_targets(Path(tmp)) if set(args.sections) & set("ABCEFLP") else {}
+        targets = tiny_targets(Path(tmp)) if set(args.sections) & set("ABCEFLPS") else {}
         drafter = tiny_drafter(Path(tmp)) if targets else None
         if "T" in args.sections and cuda:
             run("T. tree kernel == build_tree", check_tree_kernel)
@@ -770,6 +826,8 @@ def main() -> int:
         if "L" in args.sections:
             run("L. log-probs and penalties", check_logprobs, targets["qwen3"], drafter, None,
                 [s for s in args.logprobs_timings.split(",") if s] if cuda else [])
+        if "S" in args.sections:
+            run("S. structured outputs", check_structured, targets["qwen3"], drafter)
         if "P" in args.sections:
             run("P. graphs sharing one memory pool", check_shared_pool, targets["qwen3"], drafter)
         if "F" in args.sections and cuda:

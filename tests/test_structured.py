@@ -158,6 +158,36 @@ def test_every_method_gives_plain_decodings_tokens_with_a_structure(pair, spec, 
     assert mixed[1].token_ids == want and mixed[0].token_ids == plain[0].token_ids
 
 
+@pytest.mark.parametrize("spec", ["dflash", "ddtree"])
+def test_drafts_under_the_structure_or_blind_give_plain_decodings_tokens(pair, spec):
+    params = [SamplingParams(temperature=0, max_tokens=16, structured_outputs={"regex": r"(ab|cd)+ [a-z]{2,9}7"}),
+              SamplingParams(temperature=0.9, max_tokens=16, seed=2, structured_outputs={"regex": "[a-e ]{3,20}"})]
+    plain = [o.token_ids for o in _llm(pair, "none").generate(PROMPTS[:2], params)]
+    for adjust in (True, False):
+        llm = _llm(pair, spec)
+        llm.engine.speculator.adjust_drafts = adjust
+        assert [o.token_ids for o in llm.generate(PROMPTS[:2], params)] == plain
+
+
+def test_drafts_are_masked_along_their_most_likely_allowed_chain():
+    vocab = 6
+    table = {0: {1: 1, 2: 0}, 1: {3: 2, 4: 0}, 2: {5: 2, 0: 0}}
+    structure = GrammarSlots(2, vocab, "cpu")
+    structure.start([0, 1], [Grammar.from_table(vocab, 0, table), None])
+    logits = torch.randn(2, 3, vocab, generator=torch.Generator().manual_seed(0))
+    logits[0, 0, 1] = 9.0  # depth 1 picks 1 (state 1), depth 2 then 3 or 4, whichever the drafter prefers
+    got = structure.apply_drafts(logits, slice(0, 2))
+    assert torch.isfinite(got[0, 0]).tolist() == [t in (1, 2) for t in range(vocab)]
+    assert torch.isfinite(got[0, 1]).tolist() == [t in (3, 4) for t in range(vocab)]
+    third = 2 if logits[0, 1, 3] > logits[0, 1, 4] else 0
+    assert torch.isfinite(got[0, 2]).tolist() == [t in table[third] for t in range(vocab)]
+    assert torch.equal(got[1], logits[1])  # no structure
+    # A draft vocabulary without the allowed tokens: that depth keeps the drafter's own logits.
+    columns = torch.tensor([0, 3, 4, 5])
+    got = structure.apply_drafts(logits[:, :, :4], slice(0, 2), columns)
+    assert torch.equal(got[0, 0], logits[0, 0, :4])
+
+
 GRAMMAR = {0: {0: 1, 2: 0, 3: 0, 5: 2, 6: 1}, 1: {4: 0, 5: 2, 2: 1, 7: 2}, 2: {0: 0, 1: 1, 3: 2, 4: 2, 6: 0}}
 
 
@@ -173,3 +203,28 @@ def test_sampled_joint_with_a_structure_is_exact_and_the_test_has_teeth(small):
     stat, _, threshold = chi_square(counts, exact_joint(small[0], params, grammar=GRAMMAR, penalised=False,
                                                         own_path=False))
     assert stat > threshold
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_the_default_pair_gives_plain_decodings_structured_replies():
+    """SmolLM2-135M-Instruct with its shipped drafter (DDTree and the chain) against the target alone."""
+    from treeflash import LLM
+
+    person = {"type": "object", "required": ["name", "age"],
+              "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}}
+    chats = [[{"role": "user", "content": "Invent a person with a name and an age, as JSON."}],
+             [{"role": "user", "content": "Is Paris the capital of France? Answer yes or no."}],
+             [{"role": "user", "content": "Write a phone number."}]]
+    params = [SamplingParams(temperature=0, max_tokens=48, structured_outputs={"json": person}),
+              SamplingParams(temperature=0.8, seed=3, max_tokens=8, structured_outputs={"choice": ["yes", "no"]}),
+              SamplingParams(temperature=0, max_tokens=16, structured_outputs={"regex": r"\d{3}-\d{3}-\d{4}"})]
+    plain = [LLM(spec="none", device="cpu").chat(c, p, use_tqdm=False)[0] for c, p in zip(chats, params)]
+    got = json.loads(plain[0].text)
+    assert set(got) == {"name", "age"} and isinstance(got["age"], int)
+    assert plain[1].text in ("yes", "no") and re.fullmatch(r"\d{3}-\d{3}-\d{4}", plain[2].text)
+    for spec in ("ddtree", "dflash"):
+        llm = LLM(spec=spec, device="cpu")
+        outs = [llm.chat(c, p, use_tqdm=False)[0] for c, p in zip(chats, params)]
+        assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+        assert outs[0].metrics.mean_acceptance_length > 1.5

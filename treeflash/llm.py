@@ -486,7 +486,9 @@ class LLM:
         return tok.encode(text, add_special_tokens=False, verbose=False)  # _requests checks the length
 
     def _grammar(self, params: SamplingParams, stop_ids: frozenset[int], tokenizer=None) -> Grammar | None:
-        """A request's structured outputs as a token automaton (compiled once per structure and stop tokens)."""
+        """A request's structured outputs as a token automaton (compiled once per structure and stop tokens):
+        `stop_ids` (the request's stop tokens and EOS, even where it ignores EOS, as vLLM's structures allow it)
+        may come where the text is a whole match."""
         if params.structured_outputs is None:
             return None
         if self._grammars is None:  # (the vocabulary is read once, at the first structured request)
@@ -602,6 +604,6 @@ class LLM:
                 seed=p.seed if p.seed is not None else new_seed(), stop_ids=frozenset(stops),
                 max_new_tokens=min(p.max_tokens, self.max_model_len - len(prompt)),
                 bad_words_ids=bad_word_sequences(p.bad_words, tokenizer or self.tokenizer) if p.bad_words else None,
-                grammar=self._grammar(p, frozenset(stops), tokenizer)))
+                grammar=self._grammar(p, frozenset(stops) | frozenset(self.eos_token_ids), tokenizer)))
             self._next_id += 1
         return requests

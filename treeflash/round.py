@@ -680,11 +680,13 @@ class Speculator:
         """The drafter's logits [S, D, V'] (V': the draft vocabulary's, or the whole) under what the requests
         change in the target's where it is known before the tree exists: the bias row (logit_bias,
         allowed_token_ids), penalties from the output so far (not the drafted path) and min_tokens' stop tokens
-        by depth; bad words are not applied here. Only the drafts change, never the output (the target derives
-        every token), so this moves acceptance alone: a drafter blind to a repetition penalty keeps proposing
-        the repeats the target now avoids. A row left with no finite logit keeps the drafter's own."""
+        by depth, and a structure along the drafts' most likely chain (`GrammarSlots.apply_drafts`); bad words
+        are not applied here. Only the drafts change, never the output (the target derives every token), so
+        this moves acceptance alone: a drafter blind to a repetition penalty keeps proposing the repeats the
+        target now avoids. A row left with no finite logit keeps the drafter's own."""
         flags = sampling.flags
-        if not self.adjust_drafts or not (flags.use_logit_bias or flags.use_penalties or flags.use_min_tokens):
+        if not self.adjust_drafts or not (flags.use_logit_bias or flags.use_penalties or flags.use_min_tokens
+                                          or flags.use_structure):
             return logits
         self._check_rows(flags)
         s, depths = logits.shape[:2]
@@ -702,6 +704,8 @@ class Speculator:
             out = self.stop_suppression.apply(out, slice(0, s), drawn_at, self.draft_tokens)
         if flags.use_logit_bias:  # (only allowed_token_ids make -inf: neither penalties nor min_tokens' few)
             out = torch.where(torch.isfinite(out).any(-1, keepdim=True), out, logits.float())
+        if flags.use_structure:
+            out = self.structure.apply_drafts(out, slice(0, s), self.draft_tokens)
         return out
 
     def build(self, bonus: torch.Tensor, logprobs: torch.Tensor | None, budget: int | None = None) -> DraftTree:

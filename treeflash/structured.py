@@ -254,6 +254,28 @@ class GrammarSlots:
             state = torch.where(k < accepted, self.step(state, emitted[:, k]), state)
         self.state[:s] = state
 
+    def allowed_rows(self, state: torch.Tensor) -> torch.Tensor:
+        """[..., V] uint8, 1 where `state` (any shape) allows the token."""
+        return (self.allowed[state].index_select(-1, self._byte) >> self._bit) & 1
+
+    def apply_drafts(self, logits: torch.Tensor, rows: slice, columns: torch.Tensor | None = None) -> torch.Tensor:
+        """The drafter's logits [S, D, V'] (columns: the draft vocabulary's tokens, or None for all), each depth
+        masked in the state the depths above lead to along their most likely allowed draft: exact for the
+        depth-1 drafts and that chain, a guess for the other branches (drafts only; the target derives every
+        token). A depth whose allowed tokens all lie outside the draft vocabulary keeps the drafter's own."""
+        state = self.state[rows]
+        out = []
+        for d in range(logits.shape[1]):
+            allowed = self.allowed_rows(state)
+            if columns is not None:
+                allowed = allowed[:, columns]
+            masked = logits[:, d].float().masked_fill(allowed == 0, float("-inf"))
+            masked = torch.where(torch.isfinite(masked).any(-1, keepdim=True), masked, logits[:, d].float())
+            out.append(masked)
+            best = masked.argmax(-1)
+            state = self.step(state, best if columns is None else columns[best])
+        return torch.stack(out, 1)
+
     def apply(self, logits: torch.Tensor, rows: torch.Tensor | slice, tree=None) -> torch.Tensor:
         """logits [S, N, V] of slots `rows`: each node's tokens its path's state forbids at -inf. tree: the
         round's (each node in the state its drafted path leads to); None: every node in the slot's state."""
@@ -263,6 +285,4 @@ class GrammarSlots:
         if tree is not None and tree.size > 1 and tree.max_depth > 0:
             for _ in range(tree.max_depth):  # (parents precede children: depth d is right after d passes)
                 state = torch.where(tree.depths == 0, root, self.step(state.gather(1, tree.parents), tree.tokens))
-        bits = self.allowed[state].index_select(-1, self._byte)  # [S, N, V] the byte of each token's bit
-        allowed = (bits >> self._bit) & 1
-        return logits.float().masked_fill(allowed == 0, float("-inf"))
+        return logits.float().masked_fill(self.allowed_rows(state) == 0, float("-inf"))
