@@ -71,8 +71,8 @@ def cases(model: str, context: int) -> list[tuple[str, str, str, object, dict | 
          {"model": model, "messages": chat, "guided_regex": "(ab"}, None),
         ("tools for a template that shows none", "POST", "chat/completions",
          {"model": model, "messages": chat, "tools": [tool]}, None),
-        ("tool_choice required", "POST", "chat/completions",
-         {"model": model, "messages": chat, "tools": [tool], "tool_choice": "required"}, None),
+        ("tool_choice required without tools", "POST", "chat/completions",
+         {"model": model, "messages": chat, "tool_choice": "required"}, None),
         ("a tool call's arguments not JSON", "POST", "chat/completions",
          {"model": model, "messages": chat + [{"role": "assistant", "content": None, "tool_calls": [
              {"id": "c1", "type": "function", "function": {"name": "now", "arguments": "{tz: 1}"}}]}]}, None),
