@@ -548,6 +548,11 @@ def test_chat_template_kwargs_and_documents_reach_the_template(offline):
     body = {"messages": CHAT, "chat_template_kwargs": {"brief": True}, "documents": [{"title": "t", "text": "oaks"}]}
     (request,), _ = frontend.chat_requests(ChatCompletionRequest.model_validate(body))
     assert offline.tokenizer.decode(request.prompt_ids).startswith("brief oaks system be brief")
+    # tools and documents together: both shown
+    frontend.tokenizer.chat_template = "{% if tools %}tools {% endif %}" + frontend.tokenizer.chat_template + \
+        " <tool_call></tool_call>"
+    (request,), _ = frontend.chat_requests(ChatCompletionRequest.model_validate({**body, "tools": [TOOL]}))
+    assert offline.tokenizer.decode(request.prompt_ids).startswith("tools brief oaks system be brief")
 
 
 def test_tools_need_a_template_that_asks_for_tool_call_blocks(offline):

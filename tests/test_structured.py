@@ -14,8 +14,9 @@ import torch
 from treeflash import SamplingParams
 from treeflash.structured import Grammar, GrammarCompiler, GrammarSlots, StructuredOutputsParams
 from treeflash.tree import DraftTree
-from helpers import CHARS, write_char_tokenizer
-from spec_helpers import chi_square, install_oracle, load_hf, make_drafter, make_target
+from helpers import CHARS
+from spec_helpers import chi_square, install_oracle
+from test_bad_words import pair  # noqa: F401 (a char-level target with a tokenizer, and a drafter)
 from test_penalties import _llm, exact_joint, sample_joint, small  # noqa: F401
 
 PROMPTS = ["the cat", "a b c", "zz top"]
@@ -32,14 +33,6 @@ def test_params_take_exactly_one_valid_structure():
     for clash in ({"allowed_token_ids": [1]}, {"bad_words": ["a"]}, {"min_tokens": 1}):
         with pytest.raises(ValueError, match="cannot be combined"):
             SamplingParams(structured_outputs={"choice": ["a"]}, **clash)
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("structured")
-    target = make_target(root / "target", vocab=64, head_scale=4.0)
-    write_char_tokenizer(target, 64)
-    return target, make_drafter(root / "drafter", target, 4), load_hf(target)
 
 
 def test_the_compiled_automaton_spells_exactly_the_structure(pair):

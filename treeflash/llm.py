@@ -12,7 +12,6 @@ import torch
 
 from treeflash import lookup
 from treeflash.bad_words import bad_word_sequences
-from treeflash.structured import Grammar, GrammarCompiler
 from treeflash.checkpoint import load_drafter, load_target, load_tokenizer, resolve_model_dir
 from treeflash.config import ModelConfig, config_int_list, read_json_object
 from treeflash.default_model import default_draft_model
@@ -22,6 +21,7 @@ from treeflash.outputs import RequestOutput
 from treeflash.progress import Progress
 from treeflash.round import SpecConfig
 from treeflash.sampling import SamplingParams, as_int, new_seed, truncate_prompt
+from treeflash.structured import Grammar, GrammarCompiler
 
 
 @dataclass(frozen=True)
@@ -478,7 +478,8 @@ class LLM:
         text = tok.apply_chat_template(list(messages), tokenize=False, **options)
         for name, given in (("tools", tools), ("documents", documents)):
             if given:
-                shown = tok.apply_chat_template(list(messages), tokenize=False, **options, **{name: list(given)})
+                options[name] = list(given)
+                shown = tok.apply_chat_template(list(messages), tokenize=False, **options)
                 if shown == text:  # the model would never learn of them
                     raise ChatFieldError(f"this model's chat template does not show {name} to the model", name,
                                          unsupported=True)

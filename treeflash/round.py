@@ -23,7 +23,6 @@ import torch
 from treeflash.attention import FLEX_BLOCK, FLEX_DECODE_TOKENS, SDPA_KV_BLOCK, SplitKVMask, check_backend, \
     default_backend, round_layout
 from treeflash.bad_words import BadWords
-from treeflash.structured import GrammarSlots
 from treeflash.budget import AUTO_BUDGETS, NO_DRAFT, expected_drafts
 from treeflash.kv_cache import KVCache, append_layout
 from treeflash.logprobs import emitted_logprobs, pack
@@ -34,6 +33,7 @@ from treeflash.models.kernels import COMPILED, EAGER, pin_triton_cache_dir, prep
     use_fast_path
 from treeflash.models.transformer import Transformer
 from treeflash.sampling import SamplingFlags, SamplingParams, SamplingTensors, derive
+from treeflash.structured import GrammarSlots
 from treeflash.transfer import to_device
 from treeflash.tree import DraftTree, Walk, ancestor_mask, build_chain, build_tree, root_only, walk
 
