@@ -124,6 +124,18 @@ def test_stop_reason_and_a_stop_string_kept_in_the_text(char_llm):
         SamplingParams(include_stop_str_in_output=1)
 
 
+def test_skip_special_tokens_false_writes_them_into_the_text(char_llm):
+    forced = dict(temperature=0, max_tokens=3, ignore_eos=True, logit_bias={0: 100.0})  # id 0: the special <eos>
+    kept = char_llm.generate("ab", SamplingParams(**forced, skip_special_tokens=False))[0]
+    dropped = char_llm.generate("ab", SamplingParams(**forced))[0]
+    assert kept.token_ids == dropped.token_ids == [0, 0, 0]
+    assert (kept.text, dropped.text) == ("<eos><eos><eos>", "")
+    chunks = list(char_llm.stream("ab", SamplingParams(**forced, skip_special_tokens=False)))
+    assert "".join(c.text for c in chunks) == kept.text
+    with pytest.raises(ValueError, match="skip_special_tokens"):
+        SamplingParams(skip_special_tokens="no")
+
+
 def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(char_llm):
     """vLLM's left truncation: the prompt's last k tokens, as if given alone; -1 keeps as many as leave one
     token to generate, so an over-long prompt runs."""

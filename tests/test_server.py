@@ -421,10 +421,11 @@ BAD = [  # (route, body, status, param)
     ("chat/completions", {"model": NAME, "messages": CHAT, "chat_template": "{{ 'x' }}"}, 400, "chat_template"),
     ("chat/completions", {"model": NAME, "messages": CHAT, "echo": True}, 400, "echo"),
     ("chat/completions", {"model": NAME, "messages": CHAT, "add_special_tokens": True}, 400, "add_special_tokens"),
-    ("chat/completions", {"model": NAME, "messages": CHAT, "skip_special_tokens": False}, 400, "skip_special_tokens"),
+    ("chat/completions", {"model": NAME, "messages": CHAT, "skip_special_tokens": "no"}, 400, "skip_special_tokens"),
     ("completions", {"model": NAME, "prompt": "x", "add_special_tokens": False}, 400, "add_special_tokens"),
-    ("completions", {"model": NAME, "prompt": "x", "response_format": {"type": "json_object"}}, 400,
-     "response_format"),
+    ("completions", {"model": NAME, "prompt": "x", "response_format": {"type": "json_schema", "json_schema": {
+        "name": "n", "schema": {"type": "object", "properties": {"n": {"type": "integer"}}}}}}, 400,
+     "response_format"),  # (this vocabulary cannot spell "{")
     ("completions", {"model": NAME, "prompt": "x", "guided_whitespace_pattern": " "}, 400,
      "guided_whitespace_pattern"),
     ("chat/completions", {"model": NAME, "messages": [{"role": "assistant", "content": None}]}, 400, "messages[0]"),
@@ -513,6 +514,16 @@ def test_structured_fields_give_the_offline_structured_tokens(client, offline):
     streamed = client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=12, temperature=0, stream=True,
                                               extra_body={"guided_regex": regex})
     assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == want.text
+
+
+def test_skip_special_tokens_false_keeps_them_in_the_text(client):
+    forced = {"ignore_eos": True, "logit_bias": {"0": 100}}  # id 0: the special <eos>
+    got = client.completions.create(model=NAME, prompt="ab", max_tokens=2, temperature=0,
+                                    extra_body={**forced, "skip_special_tokens": False})
+    assert got.choices[0].text == "<eos><eos>"
+    streamed = client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=2, temperature=0, stream=True,
+                                              extra_body={**forced, "skip_special_tokens": False})
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == "<eos><eos>"
 
 
 def test_tool_choice_none_hides_the_tools_and_the_reply_is_text(client, offline):

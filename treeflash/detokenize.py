@@ -23,8 +23,8 @@ HOLD_LIMIT, TAIL = 8, 4
 class IncrementalDetokenizer:
     """The generated text of one request, grown token by token. `text` is final up to its end."""
 
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer, skip_special_tokens: bool = True):
+        self.tokenizer, self.skip_special_tokens = tokenizer, skip_special_tokens
         self.ids: list[int] = []
         self.text = ""
         self._prefix = 0  # the window starts here: earlier tokens are never decoded again
@@ -114,4 +114,4 @@ class IncrementalDetokenizer:
         return "", self._prefix, self._read
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True) if ids else ""
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens) if ids else ""

@@ -723,7 +723,7 @@ class Engine:
 
     def _detok(self, request: Request) -> IncrementalDetokenizer | None:
         if request.detok is None and self.tokenizer is not None and request.params.detokenize:
-            request.detok = IncrementalDetokenizer(self.tokenizer)
+            request.detok = IncrementalDetokenizer(self.tokenizer, request.params.skip_special_tokens)
         return request.detok
 
     # --- text ------------------------------------------------------------------------------------

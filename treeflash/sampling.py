@@ -77,6 +77,8 @@ class SamplingParams:
     # False: no text is made (RequestOutput.text is ""); token ids only, which saves a host-side
     # decode per token when many requests run (training data). Stop strings need the text.
     detokenize: bool = True
+    # False: special tokens (EOS, chat markers) are written into the text too (vLLM's; by default they are left out)
+    skip_special_tokens: bool = True
     # None: no log-probs; n: each generated token's log-prob and rank under the target's raw distribution,
     # with the n most likely tokens' (0 <= n <= 20; treeflash/logprobs.py).
     logprobs: int | None = None
@@ -152,6 +154,8 @@ class SamplingParams:
             raise ValueError(f"include_stop_str_in_output must be a bool, got {self.include_stop_str_in_output!r}")
         if not isinstance(self.detokenize, bool):
             raise ValueError(f"detokenize must be a bool, got {self.detokenize!r}")
+        if not isinstance(self.skip_special_tokens, bool):
+            raise ValueError(f"skip_special_tokens must be a bool, got {self.skip_special_tokens!r}")
         if self.stop and not self.detokenize:
             raise ValueError("stop strings need detokenize=True (they are matched in the text)")
         self.logprobs = check_logprobs(self.logprobs)

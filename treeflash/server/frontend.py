@@ -277,7 +277,8 @@ class Frontend:
                 repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
                 logit_bias=_token_bias(body.logit_bias), min_tokens=body.min_tokens or 0,
                 allowed_token_ids=body.allowed_token_ids, bad_words=body.bad_words or None,
-                include_stop_str_in_output=body.include_stop_str_in_output, structured_outputs=structure)
+                include_stop_str_in_output=body.include_stop_str_in_output, structured_outputs=structure,
+                skip_special_tokens=body.skip_special_tokens)
         except ValueError as e:
             field = str(e).split(" ", 1)[0]
             raise bad_request(str(e), param=source if field.startswith("structured_outputs") else field) from None

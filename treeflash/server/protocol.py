@@ -29,7 +29,6 @@ UNSUPPORTED: dict[str, tuple] = {
     "guided_whitespace_pattern": (),
     "functions": ([],),
     "function_call": ("none", "auto"),
-    "skip_special_tokens": (True,),
     "spaces_between_special_tokens": (True,),
 }
 # Those of one endpoint: how vLLM builds the prompt there (the neutral values are what this server does).
@@ -74,6 +73,7 @@ class SamplingFields(_Request):
     allowed_token_ids: list[int] | None = None  # vLLM's: only these tokens can be generated
     bad_words: list[str] | None = None  # vLLM's: words never generated (treeflash/bad_words.py)
     include_stop_str_in_output: bool = False  # vLLM's: a stop string that ends the text stays in it
+    skip_special_tokens: bool = True  # vLLM's: False writes special tokens into the text too
     truncate_prompt_tokens: int | None = None  # vLLM's: keep the prompt's last k tokens (-1: as many as fit)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name for max_tokens
