@@ -526,6 +526,27 @@ def test_skip_special_tokens_false_keeps_them_in_the_text(client):
     assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == "<eos><eos>"
 
 
+def test_tokenize_gives_the_ids_the_endpoints_run_and_detokenize_their_text(server, client, offline):
+    auth = {"Authorization": f"Bearer {KEY}"}
+    got = httpx.post(server.url + "/tokenize", headers=auth, json={"model": NAME, "prompt": "the tree"}).json()
+    assert got == {"count": len(offline.encode("the tree")), "max_model_len": CONTEXT,
+                   "tokens": offline.encode("the tree")}
+    chat = httpx.post(server.url + "/tokenize", headers=auth, json={"messages": CHAT}).json()
+    reply = client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=1)
+    assert chat["tokens"] == offline.chat_token_ids(CHAT) and chat["count"] == reply.usage.prompt_tokens
+    cut = httpx.post(server.url + "/tokenize", headers=auth, json={"messages": CHAT, "add_generation_prompt": False})
+    assert cut.json()["tokens"] == offline.chat_token_ids(CHAT, add_generation_prompt=False)
+    text = httpx.post(server.url + "/detokenize", headers=auth, json={"model": NAME, "tokens": chat["tokens"]}).json()
+    assert text == {"prompt": offline.tokenizer.decode(chat["tokens"])}
+    for route, body, param in (("tokenize", {"prompt": "a", "messages": CHAT}, None),
+                               ("tokenize", {}, None), ("detokenize", {"tokens": [1, 99999]}, "tokens"),
+                               ("detokenize", {"tokens": "12"}, "tokens"), ("tokenize", {"prompt": "a", "model": "x"},
+                                                                            "model")):
+        answer = httpx.post(f"{server.url}/{route}", headers=auth, json=body)
+        assert answer.status_code in (400, 404) and answer.json()["error"]["param"] == param, (route, body)
+    assert httpx.post(server.url + "/tokenize", json={"prompt": "a"}).status_code == 401
+
+
 def test_tool_choice_none_hides_the_tools_and_the_reply_is_text(client, offline):
     want = offline.chat(CHAT, greedy(8))[0]
     got = client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=8, temperature=0, tools=[TOOL],

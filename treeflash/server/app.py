@@ -1,4 +1,5 @@
-"""The HTTP routes: OpenAI's /v1/models, /v1/completions, /v1/chat/completions, plus /health, /metrics.
+"""The HTTP routes: OpenAI's /v1/models, /v1/completions, /v1/chat/completions, plus /health, /metrics and
+vLLM's /tokenize and /detokenize.
 
 Every answer other than 200 carries OpenAI's error body. Requests are validated completely before the
 engine sees them; a streamed call submits its requests when its stream starts and aborts them when
@@ -30,7 +31,8 @@ from treeflash.server.metrics import CONTENT_TYPE, ServerMetrics
 from treeflash.tool_calls import ToolCall, ToolCallStream
 
 _FIELDS = {name for model in (p.CompletionRequest, p.ChatCompletionRequest, p.ChatMessage, p.TextPart, p.StreamOptions,
-                               p.MessageToolCall, p.FunctionCall, p.Tool, p.FunctionDefinition, p.NamedToolChoice)
+                               p.MessageToolCall, p.FunctionCall, p.Tool, p.FunctionDefinition, p.NamedToolChoice,
+                               p.TokenizeRequest, p.DetokenizeRequest)
            for name in model.model_fields}
 
 
@@ -116,6 +118,19 @@ def build_app(llm: LLM, config: ServerConfig) -> FastAPI:
                           include_usage=bool(body.stream_options and body.stream_options.include_usage),
                           prompt_logprobs=body.prompt_logprobs is not None, tool_reader=tool_reader)
         return await _respond(request, loop, requests, chat, body.stream)
+
+    # vLLM's: the prompt token ids the endpoints would run (a completion prompt, or chat messages under the
+    # template), and the text of token ids; behind the API key, as /v1 is.
+    @app.post("/tokenize", dependencies=v1["dependencies"])
+    async def tokenize(request: Request) -> dict:
+        body = await _parse(request, p.TokenizeRequest, config.max_request_bytes)
+        ids = await validated(frontend.tokenize, body)
+        return p.TokenizeResponse(count=len(ids), max_model_len=llm.max_model_len, tokens=ids).model_dump()
+
+    @app.post("/detokenize", dependencies=v1["dependencies"])
+    async def detokenize(request: Request) -> dict:
+        body = await _parse(request, p.DetokenizeRequest, config.max_request_bytes)
+        return p.DetokenizeResponse(prompt=await validated(frontend.detokenize, body)).model_dump()
 
     return app
 

@@ -20,7 +20,8 @@ from treeflash.logprobs import MAX_LOGPROBS
 from treeflash.sampling import SamplingParams, truncate_prompt
 from treeflash.server.errors import APIError, bad_request
 from treeflash.server.protocol import (CHAT_UNSUPPORTED, COMPLETION_UNSUPPORTED, UNSUPPORTED, ChatCompletionRequest,
-                                       ChatMessage, CompletionRequest, NamedToolChoice, SamplingFields)
+                                       ChatMessage, CompletionRequest, DetokenizeRequest, NamedToolChoice,
+                                       SamplingFields, TokenizeRequest)
 from treeflash.structured import StructuredOutputsParams
 from treeflash.tool_calls import ToolCallStream, call_structure, template_writes_tool_calls
 
@@ -68,9 +69,20 @@ class Frontend:
         self._check_common(body, CHAT_UNSUPPORTED)
         tools, forced = self._tools(body)
         tok = self._need_tokenizer("messages")
+        ids = self._chat_ids(body, tools, tok)
+        if tools is not None and not template_writes_tool_calls(tok.chat_template):
+            raise bad_request("this model's chat template does not ask for calls in the <tool_call> format, the only "
+                              "one this server reads", param="tools", code="unsupported")
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        requests = self._requests(body, self._truncated(body, [Prompt(ids, None)]), max_tokens,
+                                  default_max_tokens=None, forced=forced)
+        return requests, None if tools is None else partial(ToolCallStream, parallel=body.parallel_tool_calls)
+
+    def _chat_ids(self, body: ChatCompletionRequest | TokenizeRequest, tools: list[dict] | None, tok) -> list[int]:
+        """The chat prompt's token ids under the model's template, or the 400 that says what it refused."""
         messages = [_template_message(m, i) for i, m in enumerate(body.messages)]
         try:
-            ids = self.llm.chat_token_ids(
+            return self.llm.chat_token_ids(
                 messages, tokenizer=tok, tools=tools, documents=body.documents,
                 add_generation_prompt=body.add_generation_prompt, continue_final_message=body.continue_final_message,
                 chat_template_kwargs=body.chat_template_kwargs)
@@ -80,13 +92,6 @@ class Frontend:
             raise bad_request(str(e), param="messages") from None
         except Exception as e:  # noqa: BLE001 (a template may raise anything: it is the model's code)
             raise bad_request(f"the chat template refused these messages: {e}", param="messages") from None
-        if tools is not None and not template_writes_tool_calls(tok.chat_template):
-            raise bad_request("this model's chat template does not ask for calls in the <tool_call> format, the only "
-                              "one this server reads", param="tools", code="unsupported")
-        max_tokens = body.max_completion_tokens or body.max_tokens
-        requests = self._requests(body, self._truncated(body, [Prompt(ids, None)]), max_tokens,
-                                  default_max_tokens=None, forced=forced)
-        return requests, None if tools is None else partial(ToolCallStream, parallel=body.parallel_tool_calls)
 
     @staticmethod
     def _tools(body: ChatCompletionRequest) -> tuple[list[dict] | None, StructuredOutputsParams | None]:
@@ -108,6 +113,24 @@ class Frontend:
             return tools, call_structure(tools, name, several=name is None and body.parallel_tool_calls)
         except ValueError as e:
             raise bad_request(str(e), param="tools") from None
+
+    def tokenize(self, body: TokenizeRequest) -> list[int]:
+        """The prompt token ids the server's endpoints would run for this prompt or these messages."""
+        self.check_model(body.model)
+        if body.prompt is not None:
+            try:
+                return self.llm.encode(body.prompt, tokenizer=self._need_tokenizer("prompt"))
+            except Exception as e:  # noqa: BLE001 (a lone surrogate, say: the tokenizer's TypeError)
+                raise bad_request(f"the prompt cannot be tokenised: {e}", param="prompt") from None
+        tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+        return self._chat_ids(body, tools, self._need_tokenizer("messages"))
+
+    def detokenize(self, body: DetokenizeRequest) -> str:
+        self.check_model(body.model)
+        vocab = self.llm.config.vocab_size
+        if not all(0 <= t < vocab for t in body.tokens):
+            raise bad_request(f"tokens has ids outside the vocabulary [0, {vocab})", param="tokens")
+        return self._need_tokenizer("tokens").decode(body.tokens)
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.config.model_name:

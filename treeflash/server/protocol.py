@@ -175,6 +175,30 @@ class ChatCompletionRequest(SamplingFields):
     documents: list[dict] | None = None
 
 
+class TokenizeRequest(_Request):
+    """vLLM's /tokenize: a completion prompt, or chat messages with the chat endpoint's prompt fields."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    tools: list[Tool] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict | None = None
+    documents: list[dict] | None = None
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give either prompt or messages")
+        return self
+
+
+class DetokenizeRequest(_Request):
+    model: str | None = None
+    tokens: TokenIds
+
+
 # --- responses ------------------------------------------------------------------------------------
 class Usage(BaseModel):
     prompt_tokens: int
@@ -297,6 +321,16 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
 
 
 class ModelCard(BaseModel):
