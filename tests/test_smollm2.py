@@ -5,6 +5,7 @@ second LLM with a drafter are marked `slow` (over ~20 s on 2 busy cores)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -118,8 +119,21 @@ def test_cli_chat_streams_the_seeded_templated_reply_and_show_tree_needs_a_draft
     assert result.stderr.splitlines()[-2].startswith(f"[none] {len(expected.token_ids)} tokens in ")
 
 
+def test_cli_holds_the_reply_to_a_structure(llm: LLM, tmp_path) -> None:
+    result = run_cli("generate", "Is water wet?", "--chat", "--temperature", "0", "--choice", "yes", "--choice", "no")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.rstrip("\n") in ("yes", "no")
+    schema = tmp_path / "city.json"
+    schema.write_text('{"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}')
+    result = run_cli("generate", "Name a city.", "--chat", "--temperature", "0", "--json-schema", str(schema))
+    assert result.returncode == 0, result.stderr
+    assert set(json.loads(result.stdout)) == {"city"}
+
+
 @pytest.mark.parametrize("args, message", [
     (["generate", "x", "--top-p", "1.5"], "top_p"),
+    (["generate", "x", "--json-schema", "/nonexistent/schema.json"], "cannot read"),
+    (["generate", "x", "--regex", "(ab"], "cannot build an automaton"),
     (["generate", "x", "--model", "/nonexistent/model"], "no such model"),
     (["generate", "x", "--model", "other.gguf", "--spec", "ddtree"], "draft_model"),  # a model but no drafter
     (["generate", "x", "--device", "tpu"], "device must be 'cpu' or 'cuda'"),

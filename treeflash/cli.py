@@ -166,6 +166,27 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
                    help="subtract it times each token's count so far, in [-2, 2] (default 0)")
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable; default: none)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", metavar="SCHEMA",
+                       help="hold the reply to this JSON schema: a file, or the schema's JSON text itself")
+    shape.add_argument("--regex", help="hold the reply to this regular expression (the whole reply matches it)")
+    shape.add_argument("--choice", action="append", default=None,
+                       help="hold the reply to one of these strings (repeatable)")
+
+
+def _structure(args) -> dict | None:
+    """SamplingParams.structured_outputs from --json-schema / --regex / --choice (None: none given)."""
+    if args.json_schema is not None:
+        text = args.json_schema
+        if not text.lstrip().startswith("{"):
+            try:
+                text = Path(text).read_text()
+            except OSError as e:
+                raise ValueError(f"--json-schema: cannot read {args.json_schema!r} ({e.strerror})") from None
+        return {"json": text}
+    if args.regex is not None:
+        return {"regex": args.regex}
+    return {"choice": args.choice} if args.choice else None
 
 
 SERVE_DESCRIPTION = """\
@@ -479,7 +500,7 @@ def _generate(args) -> int:
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                             max_tokens=args.max_tokens, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos,
                             repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
-                            frequency_penalty=args.frequency_penalty)
+                            frequency_penalty=args.frequency_penalty, structured_outputs=_structure(args))
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
               draft_model=args.draft_model, spec=args.spec, tree_budget=args.tree_budget, max_num_seqs=1,
