@@ -221,3 +221,18 @@ def test_the_default_pair_gives_plain_decodings_structured_replies():
         outs = [llm.chat(c, p, use_tqdm=False)[0] for c, p in zip(chats, params)]
         assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
         assert outs[0].metrics.mean_acceptance_length > 1.5
+
+
+def test_the_table_holds_the_running_requests_automata_only():
+    grammar = Grammar.from_table(6, 0, {0: {1: 1, 2: 0}, 1: {3: 0}})
+    structure = GrammarSlots(3, 6, "cpu")
+    structure.start([0, 2], [grammar, grammar])
+    structure.add(torch.tensor([[1, 0], [0, 0], [0, 0]]), torch.tensor([1, 0, 0]))  # slot 0 now in its state 1
+    assert structure.allowed.shape[0] == 1 + 2 * 2 and structure.state.tolist() == [2, 0, 3]
+    structure.start([2], [None])  # slot 2 freed: its rows go, slot 0's state keeps its meaning
+    assert structure.allowed.shape[0] == 1 + 2 and structure.state.tolist() == [2, 0, 0]
+    masked = structure.apply(torch.zeros(3, 1, 6), slice(0, 3))
+    assert torch.isfinite(masked[0, 0]).tolist() == [t == 3 for t in range(6)] and torch.isfinite(masked[2]).all()
+    tables = (structure.allowed, structure.keys)
+    structure.start([1], [None])  # no structure before or after: nothing rebuilt
+    assert (structure.allowed, structure.keys) == tables

@@ -213,7 +213,10 @@ class GrammarSlots:
 
     def start(self, slots: list[int], grammars: list[Grammar | None]) -> None:
         """New requests in `slots` with their automata (None: no structure), in their initial states; the
-        table is rebuilt, the other slots' states moved with their rows."""
+        table is rebuilt, the other slots' states moved with their rows (freed slots, given None, drop
+        theirs: the table holds the running requests' automata only)."""
+        if all(g is None for g in grammars) and all(self.grammars[s] is None for s in slots):
+            return  # (slots without a structure, before and after: nothing to rebuild)
         for slot, grammar in zip(slots, grammars):
             self.grammars[slot] = grammar
         offsets, row = [], 1
