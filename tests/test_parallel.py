@@ -129,12 +129,13 @@ def test_uneven_splits_are_refused_before_any_weight_or_process(tmp_path, monkey
 # --- two processes --------------------------------------------------------------------------------
 def test_tp2_greedy_and_seeded_sample_equal_tp1(models):
     """The quick representative: qwen3 + ddtree, greedy and a seeded sample (with log-probs, one with penalties
-    and a logit bias), in one TP=2 LLM."""
+    and a logit bias, one held to a regular expression), in one TP=2 LLM."""
     target, drafter = models["qwen3"]
     sample = [SamplingParams(temperature=0.8, top_p=0.9, seed=7 + i, max_tokens=20, ignore_eos=True, logprobs=2)
               for i in range(len(PROMPTS))]
     sample[0] = dataclasses.replace(sample[0], repetition_penalty=1.3, presence_penalty=0.5, logit_bias={5: 2.0})
     sample[1] = dataclasses.replace(sample[1], prompt_logprobs=1)
+    sample[2] = dataclasses.replace(sample[2], structured_outputs={"regex": "[a-e ]+"})  # (workers get the automaton)
     with one_thread():
         single = LLM(str(target), device="cpu", draft_model=str(drafter), tree_budget=6, max_num_seqs=2)
         want_greedy = [o.token_ids for o in single.generate(prompt_token_ids=PROMPTS, sampling_params=GREEDY)]
@@ -144,6 +145,7 @@ def test_tp2_greedy_and_seeded_sample_equal_tp1(models):
             assert [o.token_ids for o in llm.generate(prompt_token_ids=PROMPTS, sampling_params=GREEDY)] == want_greedy
             got = llm.generate(prompt_token_ids=PROMPTS, sampling_params=sample)
             assert [o.token_ids for o in got] == [o.token_ids for o in want]
+            assert set(got[2].text) <= set("abcde ") and got[2].text
             for a, b in zip(got, want):  # (float32 sums in another order: log-probs agree to rounding)
                 assert [e.keys() for e in a.logprobs] == [e.keys() for e in b.logprobs]
                 assert a.cumulative_logprob == pytest.approx(b.cumulative_logprob, abs=1e-4)
