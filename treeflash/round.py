@@ -253,8 +253,9 @@ class Speculator:
         self.stop_suppression: StopSuppression | None = None
         self.bad_words: BadWords | None = None  # bad_words' sequences and each slot's recent output
         self.structure: GrammarSlots | None = None  # structured outputs' automata and each slot's state
-        # Drafts under the requests' logit bias, penalties and min_tokens where known before the tree
-        # (`adjusted_drafts`); False drafts blind to them (benchmarks/cpu-draft-adjustments compares the two).
+        # Drafts under the requests' logit bias, penalties, min_tokens and structures where known before the
+        # tree (`adjusted_drafts`); False drafts blind to them (benchmarks/cpu-draft-adjustments and
+        # benchmarks/cpu-structured compare the two).
         self.adjust_drafts = True
         self._flags: SamplingFlags | None = SamplingFlags()  # None: stale, recomputed at next read
         self.auto_budgets = torch.tensor(AUTO_BUDGETS, device=self.device)
@@ -738,10 +739,10 @@ class Speculator:
                         positions: torch.Tensor, tree: DraftTree | None = None) -> torch.Tensor:
         """logits [S, N, V] of slots `rows` drawing at `positions` [S, N], after the requests' logit_bias (and
         allowed_token_ids, in the same row), structured outputs, bad_words, penalties and min_tokens in vLLM's
-        order (treeflash/structured.py, treeflash/penalties.py, treeflash/bad_words.py), each only where a running request uses it (host-known
-        flags: no device read). tree: the round's, whose nodes' drafted paths go into their bad-word pasts and
-        penalty counts, what plain decoding would see at those positions; None at prefill, where nothing is
-        generated yet."""
+        order (treeflash/structured.py, treeflash/penalties.py, treeflash/bad_words.py), each only where a
+        running request uses it (host-known flags: no device read). tree: the round's, whose nodes' drafted
+        paths go into their structure states, bad-word pasts and penalty counts, what plain decoding would see
+        at those positions; None at prefill, where nothing is generated yet."""
         flags = sampling.flags
         self._check_rows(flags)
         if flags.use_logit_bias:
