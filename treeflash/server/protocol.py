@@ -2,7 +2,7 @@
 
 Requests are parsed in strict mode: a string where a number belongs, a bool where an integer belongs
 or a NaN is an error, not a coercion. Unknown fields are ignored (clients send many optional ones);
-fields this server cannot honour (guided decoding, forced tool calls and vLLM's extensions in `UNSUPPORTED`)
+fields this server cannot honour (a grammar, beam search and the other vLLM extensions in `UNSUPPORTED`)
 are refused by name in `frontend.py` unless left at a value that changes nothing.
 """
 
@@ -165,7 +165,7 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[Tool] | None = None
     # "auto" (the default with tools): the model may answer or call; "none": the tools are not shown to it;
-    # "required" and a named function would need guided decoding, and are refused (`Frontend`).
+    # "required" and a named function hold the reply to call blocks (a structured output: `Frontend._tools`).
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True  # False: a reply's first call only
     # vLLM's, for the chat template (`LLM.chat_token_ids`)
