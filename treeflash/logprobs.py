@@ -109,6 +109,21 @@ def byte_decoder() -> dict[str, int]:
     return chars
 
 
+def piece_bytes(piece, decoder: dict[str, int]) -> bytes | None:
+    """A vocabulary piece's own bytes where the piece spells bytes: SentencePiece's <0xNN>, or byte-level BPE's
+    characters (`decoder`, `byte_decoder()`); None for any other piece."""
+    if not isinstance(piece, str) or not piece:
+        return None
+    if piece.startswith("<0x") and piece.endswith(">") and len(piece) == 6:
+        try:
+            return bytes([int(piece[3:5], 16)])
+        except ValueError:
+            pass
+    if all(c in decoder for c in piece):
+        return bytes(decoder[c] for c in piece)
+    return None
+
+
 class TokenPieces:
     """Each token's own text and bytes (memoised): what OpenAI's logprob entries show per token. Bytes are
     exact for byte-level BPE vocabularies (GPT-2, Llama 3, Qwen, SmolLM2), where a token may hold part of a
@@ -133,13 +148,7 @@ class TokenPieces:
 
     def _raw(self, token: int) -> bytes:
         if self.tokenizer is not None:
-            piece = self.tokenizer.convert_ids_to_tokens(token)
-            if isinstance(piece, str) and piece:
-                if piece.startswith("<0x") and piece.endswith(">") and len(piece) == 6:  # SentencePiece byte
-                    try:
-                        return bytes([int(piece[3:5], 16)])
-                    except ValueError:
-                        pass
-                if all(c in self._decoder for c in piece):
-                    return bytes(self._decoder[c] for c in piece)
+            own = piece_bytes(self.tokenizer.convert_ids_to_tokens(token), self._decoder)
+            if own is not None:
+                return own
         return self.text(token).encode("utf-8")

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from treeflash.logprobs import byte_decoder
+from treeflash.logprobs import byte_decoder, piece_bytes
 from treeflash.transfer import to_device
 
 MAX_STATES = 1 << 16  # states an automaton may have (json_object's, at 1,623, is the largest seen)
@@ -182,16 +182,11 @@ def _token_bytes(tokenizer, token: int, decoder: dict[str, int]) -> bytes:
     """The bytes a token adds to the text: byte-level BPE's characters mapped back to bytes (`decoder`),
     SentencePiece's '▁' as a space and <0xNN> as that byte, else the token's decoded text."""
     piece = tokenizer.convert_ids_to_tokens(token)
-    if isinstance(piece, str) and piece:
-        if piece.startswith("<0x") and piece.endswith(">") and len(piece) == 6:
-            try:
-                return bytes([int(piece[3:5], 16)])
-            except ValueError:
-                pass
-        if all(c in decoder for c in piece):
-            return bytes(decoder[c] for c in piece)
-        if "▁" in piece:
-            return piece.replace("▁", " ").encode("utf-8")
+    own = piece_bytes(piece, decoder)
+    if own is not None:
+        return own
+    if isinstance(piece, str) and "▁" in piece:
+        return piece.replace("▁", " ").encode("utf-8")
     return tokenizer.decode([token]).encode("utf-8")
 
 

@@ -118,10 +118,7 @@ class Frontend:
         """The prompt token ids the server's endpoints would run for this prompt or these messages."""
         self.check_model(body.model)
         if body.prompt is not None:
-            try:
-                return self.llm.encode(body.prompt, tokenizer=self._need_tokenizer("prompt"))
-            except Exception as e:  # noqa: BLE001 (a lone surrogate, say: the tokenizer's TypeError)
-                raise bad_request(f"the prompt cannot be tokenised: {e}", param="prompt") from None
+            return self._encode(body.prompt)
         tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
         return self._chat_ids(body, tools, self._need_tokenizer("messages"))
 
@@ -168,11 +165,7 @@ class Frontend:
         out = []
         for p in prompt:
             if isinstance(p, str):
-                tok = self._need_tokenizer("prompt")
-                try:
-                    out.append(Prompt(self.llm.encode(p, tokenizer=tok), p))
-                except Exception as e:  # noqa: BLE001 (a lone surrogate, say: the tokenizer's TypeError)
-                    raise bad_request(f"the prompt cannot be tokenised: {e}", param="prompt") from None
+                out.append(Prompt(self._encode(p), p))
             else:
                 out.append(Prompt(list(p), None))
         vocab = self.llm.config.vocab_size
@@ -305,6 +298,14 @@ class Frontend:
         except ValueError as e:
             field = str(e).split(" ", 1)[0]
             raise bad_request(str(e), param=source if field.startswith("structured_outputs") else field) from None
+
+    def _encode(self, text: str) -> list[int]:
+        """A text prompt's token ids, as the engine runs them, or the 400 its tokenizer's error makes."""
+        tok = self._need_tokenizer("prompt")
+        try:
+            return self.llm.encode(text, tokenizer=tok)
+        except Exception as e:  # noqa: BLE001 (a lone surrogate, say: the tokenizer's TypeError)
+            raise bad_request(f"the prompt cannot be tokenised: {e}", param="prompt") from None
 
     def _need_tokenizer(self, param: str):
         if self.tokenizer is None:
