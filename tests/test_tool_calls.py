@@ -24,6 +24,9 @@ CASES = [
     ("  Before " + PARIS + " after.  ", "Before  after.", [("get_weather", {"city": "Paris"})]),
     ('<tool_call>{"name": "now"}</tool_call>', None, [("now", {})]),  # no arguments: an empty object
     ('<tool_call>{"name": "f", "parameters": {"x": 1}}</tool_call>', None, [("f", {"x": 1})]),
+    # the closing tag inside an argument string (escaped quotes around it) does not end the block
+    ('<tool_call>{"name": "emit", "arguments": {"code": "print(\\"</tool_call>\\")"}}</tool_call> done',
+     "done", [("emit", {"code": 'print("</tool_call>")'})]),
     # not calls: kept in the content as written
     ('<tool_call>{"name": "f", "arguments": </tool_call>', '<tool_call>{"name": "f", "arguments": </tool_call>', []),
     ('<tool_call>{"arguments": {}}</tool_call>', '<tool_call>{"arguments": {}}</tool_call>', []),
@@ -35,6 +38,8 @@ CASES = [
     ("a < b, and <tool_ is not a tag", "a < b, and <tool_ is not a tag", []),
     ("ends with <tool_", "ends with <tool_", []),
     ("</tool_call> alone", "</tool_call> alone", []),
+    ('<tool_call>{"name": "f</tool_call> a string never closed', '<tool_call>{"name": "f</tool_call> a string never closed',
+     []),
 ]
 
 

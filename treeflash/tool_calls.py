@@ -7,21 +7,26 @@ split afterwards into the content (whatever lies outside the blocks, stripped) a
 is forced (OpenAI's tool_choice "required", or a named function), `call_structure` gives the structured
 output that holds the reply to call blocks (treeflash/structured.py).
 
+A block ends at the first `</tool_call>` outside a JSON string, so an argument may hold the closing tag
+itself (code that writes tool calls, say). Where the block ends depends only on the text before it, which
+keeps the streamed split (`ToolCallStream`) equal to the whole text's (`parse_tool_calls`), block by block.
 A block whose JSON is not a call (no name, arguments not an object, not JSON) stays in the content as the
-model wrote it, and so does a block the reply ends inside (a length cut, say): nothing is dropped, and
-the streamed split (`ToolCallStream`) gives the same content and calls as the whole text's
-(`parse_tool_calls`), block by block.
+model wrote it, and so does a block the reply ends inside (a length cut, or a string never closed):
+nothing is dropped.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass, field
 
 from treeflash.structured import StructuredOutputsParams
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+_QUOTE_OR_CLOSE = re.compile(r'"|' + re.escape(CLOSE))
+_STRING_END = re.compile(r'\\.|"', re.S)  # an escape (skipped whole) or the closing quote
 
 
 @dataclass(frozen=True)
@@ -99,7 +104,7 @@ def _split(text: str, final: bool) -> tuple[str, list[ToolCall]]:
             content.append(tail if final else tail[:len(tail) - _tag_prefix(tail)])
             return "".join(content), calls
         content.append(text[pos:start])
-        end = text.find(CLOSE, start + len(OPEN))
+        end = _block_end(text, start + len(OPEN))
         if end < 0:  # the reply stops inside a block: not a call
             if final:
                 content.append(text[start:])
@@ -110,6 +115,22 @@ def _split(text: str, final: bool) -> tuple[str, list[ToolCall]]:
         else:
             calls.append(call)
         pos = end + len(CLOSE)
+
+
+def _block_end(text: str, pos: int) -> int:
+    """Where the first CLOSE outside a JSON string lies at or after `pos`, or -1 where none does yet."""
+    while True:
+        m = _QUOTE_OR_CLOSE.search(text, pos)
+        if m is None:
+            return -1
+        if m.group() == CLOSE:
+            return m.start()
+        pos = m.end()
+        while (m := _STRING_END.search(text, pos)) is not None and m.group() != '"':
+            pos = m.end()
+        if m is None:
+            return -1
+        pos = m.end()
 
 
 def _tag_prefix(tail: str) -> int:
