@@ -69,6 +69,8 @@ def cases(model: str, context: int) -> list[tuple[str, str, str, object, dict | 
          {"model": model, "messages": chat, "guided_choice": ["a", "b"], "guided_regex": "[ab]"}, None),
         ("a regex that does not parse", "POST", "chat/completions",
          {"model": model, "messages": chat, "guided_regex": "(ab"}, None),
+        ("a regex whose automaton explodes (2**25 states)", "POST", "chat/completions",
+         {"model": model, "messages": chat, "guided_regex": "(a|b)*a(a|b){24}"}, None),
         ("tools for a template that shows none", "POST", "chat/completions",
          {"model": model, "messages": chat, "tools": [tool]}, None),
         ("tool_choice required without tools", "POST", "chat/completions",

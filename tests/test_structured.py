@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 import random
 import re
+import time
 
 import pytest
 import torch
 
-from treeflash import SamplingParams
+from treeflash import LLM, SamplingParams
 from treeflash.structured import Grammar, GrammarCompiler, GrammarSlots, StructuredOutputsParams
 from treeflash.tree import DraftTree
 from helpers import CHARS
@@ -54,6 +55,22 @@ def test_the_compiled_automaton_spells_exactly_the_structure(pair):
     assert step(done, 0) == done
     with pytest.raises(ValueError, match="cannot build"):  # "{" is no character of this vocabulary
         compiler.compile(StructuredOutputsParams(json_object=True), frozenset({0}))
+
+
+def test_a_compile_past_its_time_limit_is_a_clear_error_and_the_next_one_works(pair):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(pair[0]))
+    compiler = GrammarCompiler(tok, 64, timeout=0.5)
+    exploding = StructuredOutputsParams(regex="(a|b)*a(a|b){20}")  # a DFA of 2**21 states
+    start = time.monotonic()
+    with pytest.raises(ValueError, match=r"did not compile within 0.5 s"):
+        compiler.compile(exploding, frozenset({0}))
+    assert time.monotonic() - start < 30  # (stopped, not finished: this one runs for hours)
+    assert compiler.compile(StructuredOutputsParams(choice=["ab"]), frozenset({0})).num_states == 3  # a new worker
+    compiler.close()
+    with pytest.raises(ValueError, match="structure_compile_timeout"):
+        LLM(pair[0], structure_compile_timeout=0)
 
 
 def _random_grammar(rng: random.Random, states: int, vocab: int) -> dict[int, dict[int, int]]:

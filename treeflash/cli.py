@@ -252,6 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--max-choices", type=int, default=16, help="prompts x n of one request, at most (default 16)")
     srv.add_argument("--max-request-bytes", type=int, default=16 << 20,
                      help="a request body larger than this is refused with 413 before it is read (default 16 MiB)")
+    srv.add_argument("--structure-compile-timeout", type=float, default=60.0,
+                     help="seconds a request's structured output (JSON schema, regex, choice) may take to compile; "
+                          "past it the request gets a 400 (default 60)")
     srv.add_argument("--shutdown-timeout", type=float, default=30.0,
                      help="seconds the requests in flight get to finish after SIGINT/SIGTERM (default 30)")
     srv.add_argument("--threads", type=_positive_int, default=None,
@@ -468,7 +471,8 @@ def _serve(args) -> int:
                          "in [0, 65535]")
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
               draft_model=args.draft_model, spec=args.spec, tree_budget=args.tree_budget,
-              max_num_seqs=args.max_num_seqs, ngram_tokens=args.ngram_tokens)
+              max_num_seqs=args.max_num_seqs, ngram_tokens=args.ngram_tokens,
+              structure_compile_timeout=args.structure_compile_timeout)
     name = args.served_model_name or args.model or DEFAULT_MODEL_NAME
     if not args.no_warmup and llm.device.type == "cuda":
         start = time.perf_counter()

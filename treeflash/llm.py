@@ -21,7 +21,7 @@ from treeflash.outputs import RequestOutput
 from treeflash.progress import Progress
 from treeflash.round import SpecConfig
 from treeflash.sampling import SamplingParams, as_int, new_seed, truncate_prompt
-from treeflash.structured import Grammar, GrammarCompiler
+from treeflash.structured import COMPILE_TIMEOUT, Grammar, GrammarCompiler
 
 
 @dataclass(frozen=True)
@@ -277,6 +277,9 @@ class LLM:
     the CPU) plus a first-token draw, so with hundreds of slots and requests ending a few per step,
     admitting in batches (e.g. 1/16 of max_num_seqs) saves that host work on most steps; the tokens of each
     request are unchanged.
+    structure_compile_timeout: seconds a request's structured output may take to compile (default 60; None:
+    no limit). Some short patterns blow the automaton up exponentially (`(a|b)*a(a|b){16}`: minutes,
+    gigabytes); past the limit the compile process is killed and the request fails with a ValueError.
     """
 
     def __init__(self, model: str | Path | None = None, device: str | torch.device | None = None,
@@ -289,7 +292,7 @@ class LLM:
                  compile_kernels: bool = True, admit_batch: int = 1,
                  cuda_graph_sizes: Sequence[int] | None = None, draft_vocab: bool = True,
                  tree_kernel: bool | None = None, cpu_prepack: bool = True, overlap: bool | None = None,
-                 ngram_tokens: int | None = None):
+                 ngram_tokens: int | None = None, structure_compile_timeout: float | None = COMPILE_TIMEOUT):
         draft_model = default_draft_model(model, draft_model, spec)
         self.parallel = None  # the tensor-parallel group (workers), when tensor_parallel_size > 1
         method = spec or ("ddtree" if draft_model else "none")
@@ -309,6 +312,10 @@ class LLM:
         if isinstance(tensor_parallel_size, bool) or not isinstance(tensor_parallel_size, int) \
                 or tensor_parallel_size < 1:  # (True and 1.0 ran as 1)
             raise ValueError(f"tensor_parallel_size must be a positive integer, got {tensor_parallel_size!r}")
+        if structure_compile_timeout is not None and (isinstance(structure_compile_timeout, bool) or not isinstance(
+                structure_compile_timeout, (int, float)) or not structure_compile_timeout > 0):
+            raise ValueError(f"structure_compile_timeout must be a positive number of seconds or None, got "
+                             f"{structure_compile_timeout!r}")
         self.dtype = _dtype(dtype, self.device)
         self.model_dir = resolve_model_dir(model)
         if tensor_parallel_size == 1:
@@ -329,6 +336,7 @@ class LLM:
         self.max_num_seqs = max_num_seqs
         self.eos_token_ids = self._eos_ids()
         self._next_id = 0
+        self.structure_compile_timeout = structure_compile_timeout
         self._grammars: GrammarCompiler | None = None  # structured outputs' compiler, made at first use
         # One engine for the life of this object: caches, buffers and slots are reused by every call.
         engine_config = EngineConfig(
@@ -493,13 +501,17 @@ class LLM:
         if params.structured_outputs is None:
             return None
         if self._grammars is None:  # (the vocabulary is read once, at the first structured request)
-            self._grammars = GrammarCompiler(tokenizer or self.tokenizer, self.config.vocab_size)
+            self._grammars = GrammarCompiler(tokenizer or self.tokenizer, self.config.vocab_size,
+                                             timeout=self.structure_compile_timeout)
         return self._grammars.compile(params.structured_outputs, stop_ids)
 
     def close(self) -> None:
-        """Stop the tensor-parallel workers, if any (also done on garbage collection and at exit)."""
+        """Stop the tensor-parallel workers and the structures' compile process, if any (also done on garbage
+        collection and at exit)."""
         if getattr(self, "parallel", None) is not None:
             self.parallel.close()
+        if getattr(self, "_grammars", None) is not None:
+            self._grammars.close()
 
     def __enter__(self) -> "LLM":
         return self

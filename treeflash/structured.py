@@ -2,7 +2,8 @@
 lossless under speculation.
 
 A request's structure becomes a token automaton over the vocabulary (outlines-core compiles the regular
-expression, a JSON schema's through its own translation, against the tokenizer's byte strings): in each
+expression, a JSON schema's through its own translation, against the tokenizer's byte strings, in a worker
+process that a time limit can stop: treeflash/grammar_worker.py): in each
 state, the tokens that keep the text on its way to a match, and the state each one leads to; in a state
 where the text is a whole match, the request's stop tokens too. A drawn token's distribution is the
 target's with every other token at -inf, as plain decoding would mask it at that point of the text.
@@ -28,10 +29,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from treeflash.grammar_worker import Worker, table_arrays
 from treeflash.logprobs import byte_decoder, piece_bytes
 from treeflash.transfer import to_device
 
-MAX_STATES = 1 << 16  # states an automaton may have (json_object's, at 1,623, is the largest seen)
+COMPILE_TIMEOUT = 60.0  # seconds a structure may take to compile (json_object at Qwen's vocabulary: 12.8 s here)
 
 
 @dataclass(frozen=True)
@@ -112,33 +114,26 @@ class Grammar:
     @staticmethod
     def from_table(vocab_size: int, initial: int, table: dict[int, dict[int, int]]) -> "Grammar":
         """The automaton of states 0..S-1 with transitions table[state] = {token: next state}."""
-        rows = np.array([s for s, out in table.items() for _ in out], dtype=np.int64)
-        tokens = np.array([t for out in table.values() for t in out], dtype=np.int64)
-        nexts = np.array([to for out in table.values() for to in out.values()], dtype=np.int64)
-        keys = rows * vocab_size + tokens
-        order = np.argsort(keys)
-        bits = np.zeros((max(table) + 1, vocab_size), dtype=bool)
-        bits[rows, tokens] = True
-        return Grammar(vocab_size, initial, np.packbits(bits, axis=1, bitorder="little"), keys[order], nexts[order])
+        return Grammar(vocab_size, initial, *table_arrays(vocab_size, table))
 
 
 class GrammarCompiler:
     """Compiles structures for one tokenizer (its vocabulary read once) and keeps the last `cache_size`
-    automata: a JSON-object structure takes seconds to compile, and requests repeat their schemas."""
+    automata: a JSON-object structure takes seconds to compile, and requests repeat their schemas. Compiles
+    run in a worker process (treeflash/grammar_worker.py) and fail with a ValueError past `timeout` seconds
+    (None: no limit)."""
 
-    def __init__(self, tokenizer, vocab_size: int, cache_size: int = 32):
-        from outlines_core import Vocabulary
-
-        self.vocab_size = vocab_size
+    def __init__(self, tokenizer, vocab_size: int, cache_size: int = 32, timeout: float | None = COMPILE_TIMEOUT):
+        self.vocab_size, self.timeout = vocab_size, timeout
         special = set(tokenizer.all_special_ids)
-        self._eos = min(special) if special else vocab_size  # a stand-in end token: its transitions are dropped
+        eos = min(special) if special else vocab_size  # a stand-in end token: its transitions are dropped
         pieces: dict[bytes, list[int]] = {}
         decoder = byte_decoder()
         for token in range(min(len(tokenizer), vocab_size)):
             if token not in special:
                 pieces.setdefault(_token_bytes(tokenizer, token, decoder), []).append(token)
         pieces.pop(b"", None)  # (a token of no text could follow itself forever)
-        self._vocabulary = Vocabulary(self._eos, pieces)
+        self._worker = Worker(eos, pieces, vocab_size)
         self._cache: OrderedDict[tuple, Grammar] = OrderedDict()
         self.cache_size = cache_size
 
@@ -148,34 +143,15 @@ class GrammarCompiler:
         if key in self._cache:
             self._cache.move_to_end(key)
             return self._cache[key]
-        grammar = self._build(pattern, sorted(stop_ids))
+        grammar = Grammar(self.vocab_size, *self._worker.compile(pattern, sorted(stop_ids), self.timeout))
         self._cache[key] = grammar
         if len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
         return grammar
 
-    def _build(self, pattern: str, stop_ids: list[int]) -> Grammar:
-        from outlines_core import Index
-
-        try:
-            index = Index(pattern, self._vocabulary)
-        except Exception as e:  # noqa: BLE001 (a pattern it cannot parse, or one no token sequence can spell)
-            raise ValueError(f"structured outputs: cannot build an automaton for {pattern[:200]!r}: {e}") from None
-        transitions = index.get_transitions()
-        final = index.get_final_states()
-        states = sorted(set(transitions) | set(final))
-        if len(states) > MAX_STATES:
-            raise ValueError(f"structured outputs: the automaton has {len(states)} states; at most {MAX_STATES}")
-        number = {s: i for i, s in enumerate(states)}
-        table = {number[s]: {t: number[to] for t, to in transitions.get(s, {}).items() if t != self._eos}
-                 for s in states}
-        for state in final:  # (at a whole match, any stop token ends the reply)
-            table[number[state]].update({t: number[state] for t in stop_ids if t < self.vocab_size})
-        dead = [s for s, out in table.items() if not out]
-        if dead:
-            raise ValueError(f"structured outputs: {pattern[:200]!r} reaches a state where no token may follow "
-                             f"(and the text is no whole match a stop token could end)")
-        return Grammar.from_table(self.vocab_size, number[index.get_initial_state()], table)
+    def close(self) -> None:
+        """End the worker process (a later compile starts another)."""
+        self._worker.close()
 
 
 def _token_bytes(tokenizer, token: int, decoder: dict[str, int]) -> bytes:
