@@ -9,6 +9,7 @@ import random
 import re
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -240,16 +241,52 @@ def test_the_default_pair_gives_plain_decodings_structured_replies():
         assert outs[0].metrics.mean_acceptance_length > 1.5
 
 
-def test_the_table_holds_the_running_requests_automata_only():
+def test_the_table_holds_each_automaton_once_and_repacks_in_place():
     grammar = Grammar.from_table(6, 0, {0: {1: 1, 2: 0}, 1: {3: 0}})
     structure = GrammarSlots(3, 6, "cpu")
-    structure.start([0, 2], [grammar, grammar])
+    tables = (structure.allowed, structure.keys, structure.next)
+    structure.start([0, 2], [grammar, grammar])  # one object: stored once
     structure.add(torch.tensor([[1, 0], [0, 0], [0, 0]]), torch.tensor([1, 0, 0]))  # slot 0 now in its state 1
-    assert structure.allowed.shape[0] == 1 + 2 * 2 and structure.state.tolist() == [2, 0, 3]
-    structure.start([2], [None])  # slot 2 freed: its rows go, slot 0's state keeps its meaning
-    assert structure.allowed.shape[0] == 1 + 2 and structure.state.tolist() == [2, 0, 0]
+    assert structure.rows_used == 1 + 2 and structure.state.tolist() == [2, 0, 1]
+    structure.start([2], [None])  # slot 2 freed: nothing moves
+    assert structure.state.tolist() == [2, 0, 0]
     masked = structure.apply(torch.zeros(3, 1, 6), slice(0, 3))
     assert torch.isfinite(masked[0, 0]).tolist() == [t == 3 for t in range(6)] and torch.isfinite(masked[2]).all()
-    tables = (structure.allowed, structure.keys)
-    structure.start([1], [None])  # no structure before or after: nothing rebuilt
-    assert (structure.allowed, structure.keys) == tables
+    structure.start([1], [None])  # no structure before or after: nothing to do
+    assert (structure.allowed, structure.keys, structure.next) == tables and structure.generation == 1
+
+
+def test_the_slots_follow_their_automata_through_places_repacks_and_growth():
+    rng = random.Random(3)
+    vocab, slots = 9, 4
+    pool = [Grammar.from_table(vocab, 0, _random_grammar(rng, rng.randint(2, 40), vocab)) for _ in range(12)]
+    structure = GrammarSlots(slots, vocab, "cpu")
+    own: list = [None] * slots  # (grammar, state) per slot, walked here on the tables themselves
+    generations = {structure.generation}
+    for step in range(300):
+        if rng.random() < 0.3:
+            chosen = rng.sample(range(slots), rng.randint(1, 2))
+            grammars = [rng.choice(pool + [None]) for _ in chosen]
+            structure.start(chosen, grammars)
+            for slot, g in zip(chosen, grammars):
+                own[slot] = (g, g.initial) if g is not None else None
+            generations.add(structure.generation)
+        emitted, accepted = torch.zeros(slots, 3, dtype=torch.long), torch.zeros(slots, dtype=torch.long)
+        for slot, entry in enumerate(own):
+            if entry is None:
+                continue
+            g, state = entry
+            row = np.unpackbits(g.allowed[state], bitorder="little")[:vocab]
+            for k in range(rng.randint(0, 3)):
+                token = rng.choice(np.flatnonzero(row).tolist())
+                emitted[slot, k], accepted[slot] = token, k + 1
+                state = int(g.next[np.searchsorted(g.keys, state * vocab + token)])
+                row = np.unpackbits(g.allowed[state], bitorder="little")[:vocab]
+            own[slot] = (g, state)
+        structure.add(emitted, accepted)
+        allowed = torch.isfinite(structure.apply(torch.zeros(slots, 1, vocab), slice(0, slots)))[:, 0]
+        for slot, entry in enumerate(own):
+            expect = [True] * vocab if entry is None else \
+                np.unpackbits(entry[0].allowed[entry[1]], bitorder="little")[:vocab].astype(bool).tolist()
+            assert allowed[slot].tolist() == expect, (step, slot)
+    assert len(generations) > 1  # the tables grew (and kept their place in between)

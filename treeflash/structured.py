@@ -16,8 +16,8 @@ slot's state follows the emitted tokens.
 On the device the automata of every slot's request share one table (`GrammarSlots`): per state a bit row
 of its allowed tokens, and the transitions as sorted keys (state x V + token) with their next states, looked
 up by binary search; state 0 allows every token and leads to itself (slots without a structure, and the
-nodes below a forbidden token, whose masks never matter). The table is rebuilt when a request with a
-structure starts, so rounds holding such a request run eagerly (no CUDA graph).
+nodes below a forbidden token, whose masks never matter). The table's tensors keep their place as requests
+come and go, so a round holding a structured request replays a CUDA graph like any other.
 """
 
 from __future__ import annotations
@@ -154,6 +154,10 @@ class GrammarCompiler:
         self._worker.close()
 
 
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
 def _token_bytes(tokenizer, token: int, decoder: dict[str, int]) -> bytes:
     """The bytes a token adds to the text: byte-level BPE's characters mapped back to bytes (`decoder`),
     SentencePiece's '▁' as a space and <0xNN> as that byte, else the token's decoded text."""
@@ -168,45 +172,79 @@ def _token_bytes(tokenizer, token: int, decoder: dict[str, int]) -> bytes:
 
 class GrammarSlots:
     """The automata of the requests in the slots, in one table on the device, and each slot's state (a row of
-    the table; 0: no structure)."""
+    the table; 0: no structure).
+
+    The table's tensors keep their place (a CUDA graph of a round reads them) and grow only by doubling,
+    which bumps `generation` (graphs must then be captured again). Each distinct automaton is stored once,
+    however many slots use it (a compiled structure is one object: the compiler caches it), so a request
+    whose structure is already in the table costs no copy. A new automaton goes after the others, whose
+    keys stay sorted; where no room is left, the running requests' automata are packed from row 1 again
+    (the others', of finished requests, dropped) and the slots' states moved with their rows."""
+
+    MIN_ROWS, MIN_KEYS = 64, 1 << 12
 
     def __init__(self, slots: int, vocab_size: int, device):
         self.vocab_size, self.device = vocab_size, device
         self.grammars: list[Grammar | None] = [None] * slots
-        self.offsets = [0] * slots  # each slot's first row in the table
+        self.placed: dict[int, tuple[Grammar, int]] = {}  # id(grammar) -> (grammar, its first row)
+        self.rows_used, self.keys_used, self.generation = 1, 0, 0
         self.state = torch.zeros(slots, dtype=torch.long, device=device)
-        width = (vocab_size + 7) // 8
         self._byte = torch.arange(vocab_size, device=device) // 8
         self._bit = (torch.arange(vocab_size, device=device) % 8).to(torch.uint8)
-        self.allowed = torch.full((1, width), 255, dtype=torch.uint8, device=device)
-        self.keys = torch.full((1,), torch.iinfo(torch.long).max, dtype=torch.long, device=device)  # (a sentinel)
-        self.next = torch.zeros(1, dtype=torch.long, device=device)
+        self._allocate(self.MIN_ROWS, self.MIN_KEYS)
+
+    def _allocate(self, rows: int, keys: int) -> None:
+        """Empty tables of `rows` states and `keys` transitions (row 0: every token allowed; after the
+        last key a sentinel that no query equals)."""
+        self.allowed = torch.zeros((rows, (self.vocab_size + 7) // 8), dtype=torch.uint8, device=self.device)
+        self.allowed[0] = 255
+        self.keys = torch.full((keys + 1,), torch.iinfo(torch.long).max, dtype=torch.long, device=self.device)
+        self.next = torch.zeros(keys + 1, dtype=torch.long, device=self.device)
+        self.placed, self.rows_used, self.keys_used = {}, 1, 0
+        self.generation += 1
 
     def start(self, slots: list[int], grammars: list[Grammar | None]) -> None:
-        """New requests in `slots` with their automata (None: no structure), in their initial states; the
-        table is rebuilt, the other slots' states moved with their rows (freed slots, given None, drop
-        theirs: the table holds the running requests' automata only)."""
+        """New requests in `slots` with their automata (None: no structure, or a freed slot), in their
+        initial states."""
         if all(g is None for g in grammars) and all(self.grammars[s] is None for s in slots):
-            return  # (slots without a structure, before and after: nothing to rebuild)
+            return  # (slots without a structure, before and after: nothing to do)
         for slot, grammar in zip(slots, grammars):
             self.grammars[slot] = grammar
-        offsets, row = [], 1
-        for grammar in self.grammars:
-            offsets.append(row if grammar is not None else 0)
-            row += grammar.num_states if grammar is not None else 0
-        moved = torch.tensor([new - old for new, old in zip(offsets, self.offsets)], dtype=torch.long)
-        self.state.add_(to_device(moved, self.device) * (self.state > 0))
-        self.offsets = offsets
-        parts = [(g, off) for g, off in zip(self.grammars, offsets) if g is not None]
-        v = self.vocab_size
-        self.allowed = to_device(torch.from_numpy(np.concatenate(
-            [np.full((1, self.allowed.shape[1]), 255, np.uint8)] + [g.allowed for g, _ in parts])), self.device)
-        self.keys = to_device(torch.from_numpy(np.concatenate(
-            [g.keys + off * v for g, off in parts] + [np.array([np.iinfo(np.int64).max])])), self.device)
-        self.next = to_device(torch.from_numpy(np.concatenate([g.next + off for g, off in parts] + [np.zeros(1, np.int64)])),
-                              self.device)
-        initial = [offsets[s] + g.initial if g is not None else 0 for s, g in zip(slots, grammars)]
+        new = list({id(g): g for g in grammars if g is not None and id(g) not in self.placed}.values())
+        if new and (self.rows_used + sum(g.num_states for g in new) > self.allowed.shape[0]
+                    or self.keys_used + sum(g.keys.size for g in new) > self.keys.numel() - 1):
+            self._repack()
+        for grammar in new:
+            if id(grammar) not in self.placed:
+                self._place(grammar)
+        initial = [self.placed[id(g)][1] + g.initial if g is not None else 0 for g in grammars]
         self.state[to_device(slots, self.device, torch.long)] = to_device(initial, self.device, torch.long)
+
+    def _place(self, grammar: Grammar) -> None:
+        row, key, v = self.rows_used, self.keys_used, self.vocab_size
+        self.allowed[row:row + grammar.num_states] = to_device(torch.from_numpy(grammar.allowed), self.device)
+        self.keys[key:key + grammar.keys.size] = to_device(torch.from_numpy(grammar.keys + row * v), self.device)
+        self.next[key:key + grammar.next.size] = to_device(torch.from_numpy(grammar.next + row), self.device)
+        self.placed[id(grammar)] = (grammar, row)
+        self.rows_used, self.keys_used = row + grammar.num_states, key + grammar.keys.size
+
+    def _repack(self) -> None:
+        """The running requests' automata from row 1 again (in larger tables where they need them), every
+        slot's state moved with its automaton's rows."""
+        live = list({id(g): g for g in self.grammars if g is not None}.values())
+        old = {id(g): row for g, row in self.placed.values()}
+        rows = 1 + sum(g.num_states for g in live)
+        keys = sum(g.keys.size for g in live)
+        if rows > self.allowed.shape[0] or keys > self.keys.numel() - 1:
+            self._allocate(max(self.allowed.shape[0], _pow2(rows)), max(self.keys.numel() - 1, _pow2(keys)))
+        else:
+            self.keys.fill_(torch.iinfo(torch.long).max)
+            self.placed, self.rows_used, self.keys_used = {}, 1, 0
+        for grammar in live:
+            self._place(grammar)
+        moved = torch.tensor([self.placed[id(g)][1] - old[id(g)] if g is not None and id(g) in old else 0
+                              for g in self.grammars], dtype=torch.long)
+        self.state.add_(to_device(moved, self.device) * (self.state > 0))
 
     def step(self, state: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """The states `tokens` lead to from `state` (same shapes); 0 where the token is not allowed (a
