@@ -68,6 +68,10 @@ def test_a_compile_past_its_time_limit_is_a_clear_error_and_the_next_one_works(p
     with pytest.raises(ValueError, match=r"did not compile within 0.5 s"):
         compiler.compile(exploding, frozenset({0}))
     assert time.monotonic() - start < 30  # (stopped, not finished: this one runs for hours)
+    worker, compiler._worker = compiler._worker, None  # again: the failure is remembered, no compile runs
+    with pytest.raises(ValueError, match=r"did not compile within 0.5 s"):
+        compiler.compile(exploding, frozenset({0}))
+    compiler._worker = worker
     assert compiler.compile(StructuredOutputsParams(choice=["ab"]), frozenset({0})).num_states == 3  # a new worker
     compiler.close()
     with pytest.raises(ValueError, match="structure_compile_timeout"):

@@ -122,7 +122,7 @@ class GrammarCompiler:
     """Compiles structures for one tokenizer (its vocabulary read once) and keeps the last `cache_size`
     automata: a JSON-object structure takes seconds to compile, and requests repeat their schemas. Compiles
     run in a worker process (treeflash/grammar_worker.py) and fail with a ValueError past `timeout` seconds
-    (None: no limit)."""
+    (None: no limit); failures are kept like automata, so a repeated bad pattern fails at once."""
 
     def __init__(self, tokenizer, vocab_size: int, cache_size: int = 32, timeout: float | None = COMPILE_TIMEOUT):
         self.vocab_size, self.timeout = vocab_size, timeout
@@ -135,20 +135,25 @@ class GrammarCompiler:
                 pieces.setdefault(_token_bytes(tokenizer, token, decoder), []).append(token)
         pieces.pop(b"", None)  # (a token of no text could follow itself forever)
         self._worker = Worker(eos, pieces, vocab_size)
-        self._cache: OrderedDict[tuple, Grammar] = OrderedDict()
+        self._cache: OrderedDict[tuple, Grammar | ValueError] = OrderedDict()
         self.cache_size = cache_size
 
     def compile(self, params: StructuredOutputsParams, stop_ids: frozenset[int]) -> Grammar:
         pattern = params.pattern()
         key = (pattern, tuple(sorted(stop_ids)))
-        if key in self._cache:
-            self._cache.move_to_end(key)
-            return self._cache[key]
-        grammar = Grammar(self.vocab_size, *self._worker.compile(pattern, sorted(stop_ids), self.timeout))
-        self._cache[key] = grammar
-        if len(self._cache) > self.cache_size:
-            self._cache.popitem(last=False)
-        return grammar
+        if key not in self._cache:
+            try:
+                self._cache[key] = Grammar(self.vocab_size, *self._worker.compile(pattern, sorted(stop_ids),
+                                                                                  self.timeout))
+            except ValueError as e:  # (kept too: a pattern past the time limit must not cost it again)
+                self._cache[key] = e
+            if len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        self._cache.move_to_end(key)
+        found = self._cache[key]
+        if isinstance(found, ValueError):
+            raise ValueError(*found.args)
+        return found
 
     def close(self) -> None:
         """End the worker process (a later compile starts another)."""
