@@ -600,7 +600,7 @@ def test_tools_need_a_template_that_asks_for_tool_call_blocks(offline):
     assert (refused.value.status, refused.value.param) == (400, "tools")
     frontend.tokenizer.chat_template += " reply with <tool_call>{json}</tool_call>"
     (request,), reader = frontend.chat_requests(body)
-    assert "assistant functions" in offline.tokenizer.decode(request.prompt_ids) and reader().parallel
+    assert "assistant functions" in offline.tokenizer.decode(request.prompt_ids) and reader().tools.parallel
     with pytest.raises(ValueError, match="does not show tools"):
         offline.chat(CHAT, greedy(2), tools=[TOOL])
 

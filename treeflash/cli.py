@@ -252,6 +252,10 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--max-choices", type=int, default=16, help="prompts x n of one request, at most (default 16)")
     srv.add_argument("--max-request-bytes", type=int, default=16 << 20,
                      help="a request body larger than this is refused with 413 before it is read (default 16 MiB)")
+    srv.add_argument("--reasoning-parser", default=None, choices=("qwen3", "deepseek_r1"),
+                     help="split a thinking model's <think> block off its chat replies into `reasoning` (and "
+                          "`reasoning_content`); a structured output then holds the answer after the block "
+                          "(default: none, the block stays in `content`)")
     srv.add_argument("--structure-compile-timeout", type=float, default=60.0,
                      help="seconds a request's structured output (JSON schema, regex, choice) may take to compile; "
                           "past it the request gets a 400 (default 60)")
@@ -489,7 +493,8 @@ def _serve(args) -> int:
         print(f"treeflash: {graphs} CUDA graphs ready in {time.perf_counter() - start:.1f} s", file=sys.stderr,
               flush=True)
     serve(llm, ServerConfig(model_name=name, api_key=args.api_key or None, max_choices=args.max_choices,
-                            shutdown_timeout=args.shutdown_timeout, max_request_bytes=args.max_request_bytes),
+                            shutdown_timeout=args.shutdown_timeout, max_request_bytes=args.max_request_bytes,
+                            reasoning_parser=args.reasoning_parser),
           host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log)
     return 0
 

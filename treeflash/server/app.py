@@ -28,7 +28,8 @@ from treeflash.server.engine_loop import EngineLoop, Event, RequestGroup, Shutti
 from treeflash.server.errors import APIError, bad_request, from_validation
 from treeflash.server.frontend import Frontend, ServerConfig
 from treeflash.server.metrics import CONTENT_TYPE, ServerMetrics
-from treeflash.tool_calls import ToolCall, ToolCallStream
+from treeflash.server.replies import ReplyReader
+from treeflash.tool_calls import ToolCall
 
 _FIELDS = {name for model in (p.CompletionRequest, p.ChatCompletionRequest, p.ChatMessage, p.TextPart, p.StreamOptions,
                                p.MessageToolCall, p.FunctionCall, p.Tool, p.FunctionDefinition, p.NamedToolChoice,
@@ -113,10 +114,10 @@ def build_app(llm: LLM, config: ServerConfig) -> FastAPI:
     @app.post("/v1/chat/completions", **v1)
     async def chat_completions(request: Request) -> Response:
         body = await _parse(request, p.ChatCompletionRequest, config.max_request_bytes)
-        requests, tool_reader = await validated(frontend.chat_requests, body)
+        requests, reader = await validated(frontend.chat_requests, body)
         chat = _Formatter(config.model_name, chat=True, n=body.n, num_choices=len(requests),
                           include_usage=bool(body.stream_options and body.stream_options.include_usage),
-                          prompt_logprobs=body.prompt_logprobs is not None, tool_reader=tool_reader)
+                          prompt_logprobs=body.prompt_logprobs is not None, reader=reader)
         return await _respond(request, loop, requests, chat, body.stream)
 
     # vLLM's: the prompt token ids the endpoints would run (a completion prompt, or chat messages under the
@@ -256,16 +257,14 @@ async def _stream(loop: EngineLoop, requests, fmt: _Formatter) -> AsyncIterator[
     yield "data: [DONE]\n\n"
 
 
-def _numbered(reader: ToolCallStream, step: tuple[str, list[ToolCall]]) -> tuple[str, list[p.DeltaToolCall]]:
-    """What one step of a choice's tool-call reader let through: its content, and the calls it completed
-    as stream deltas, numbered in the choice's calls."""
-    content, calls = step
+def _numbered(reader: ReplyReader, calls: list[ToolCall]) -> list[p.DeltaToolCall]:
+    """The calls a choice's reader just completed, as stream deltas numbered in the choice's calls."""
     first = reader.calls - len(calls)
-    return content, [p.DeltaToolCall(index=first + k, id=c.id, function=p.FunctionCallOut(
-        name=c.name, arguments=c.arguments)) for k, c in enumerate(calls)]
+    return [p.DeltaToolCall(index=first + k, id=c.id, function=p.FunctionCallOut(name=c.name, arguments=c.arguments))
+            for k, c in enumerate(calls)]
 
 
-def _reason(reason: str | None, reader: ToolCallStream) -> str | None:
+def _reason(reason: str | None, reader: ReplyReader) -> str | None:
     return "tool_calls" if reason == "stop" and reader.calls else reason  # (OpenAI's, for a reply that calls)
 
 
@@ -274,7 +273,7 @@ class _Formatter:
 
     def __init__(self, model: str, chat: bool, n: int, num_choices: int, include_usage: bool,
                  echo: list[str] | None = None, prompt_logprobs: bool = False,
-                 tool_reader: Callable[[], ToolCallStream] | None = None):
+                 reader: Callable[[], ReplyReader] | None = None):
         self.model, self.chat, self.n, self.num_choices = model, chat, n, num_choices
         self.include_usage = include_usage
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
@@ -284,8 +283,8 @@ class _Formatter:
         self.echoed = [False] * num_choices
         self.prompt_logprobs = prompt_logprobs  # vLLM's field asked for: the engine's entries go in the body
         self.prompt_entries: list[list | None] = [None] * num_choices
-        self.tool_reader = tool_reader  # chat with tools: each choice's text is read for tool calls
-        self.readers = None if tool_reader is None else [tool_reader() for _ in range(num_choices)]
+        self.reader = reader  # chat with tools or a reasoning parser: each choice's text is read for them
+        self.readers = None if reader is None else [reader() for _ in range(num_choices)]
 
     def with_echo(self, event: Event) -> tuple[str, list[TokenLogprob] | None]:
         """The event's text and log-prob entries, the echoed prompt's in front at its choice's first event (its
@@ -301,34 +300,37 @@ class _Formatter:
         return self.echo[event.index] + event.text, entries
 
     def event_chunks(self, event: Event) -> list[dict]:
-        """A stream's chunks for one engine event: its text (content, or tool calls read from it) and log-probs,
-        then, where the choice finished, the chunk with its finish reason."""
+        """A stream's chunks for one engine event: its text (content, or the reasoning and tool calls read from
+        it) and log-probs, then, where the choice finished, the chunk with its finish reason."""
         text, entries = self.with_echo(event)
-        reason, calls = event.finish_reason, []
+        reason, calls, reasoning = event.finish_reason, [], ""
         if self.readers is not None:
             reader = self.readers[event.index]
-            text, calls = _numbered(reader, reader.feed(text))
+            reasoning, text, done = reader.feed(text)
+            calls = _numbered(reader, done)
             if reason is not None:
-                rest, more = _numbered(reader, reader.finish())
-                text, calls = text + rest, calls + more
+                more_reasoning, rest, done = reader.finish()
+                reasoning, text, calls = reasoning + more_reasoning, text + rest, calls + _numbered(reader, done)
                 reason = _reason(reason, reader)
         out = []
-        if text or entries or calls:
-            out.append(self.chunk(event.index, text=text, logprobs=entries, tool_calls=calls))
+        if text or entries or calls or reasoning:
+            out.append(self.chunk(event.index, text=text, logprobs=entries, tool_calls=calls, reasoning=reasoning))
         if reason is not None:
             out.append(self.chunk(event.index, finish_reason=reason, stop_reason=event.stop_reason))
         return out
 
     def _message(self, text: str, reason: str | None) -> tuple[p.AssistantMessage, str | None]:
-        """A finished choice's message (its tool calls read from the text, where asked) and finish reason."""
-        if self.tool_reader is None:
+        """A finished choice's message (its reasoning and tool calls read from the text, where asked) and finish
+        reason."""
+        if self.reader is None:
             return p.AssistantMessage(content=text), reason
-        reader = self.tool_reader()
-        (content, calls), (rest, more) = reader.feed(text), reader.finish()
+        reader = self.reader()
+        (reasoning, content, calls), (more_reasoning, rest, more) = reader.feed(text), reader.finish()
         calls = [p.ToolCallOut(id=c.id, function=p.FunctionCallOut(name=c.name, arguments=c.arguments))
                  for c in calls + more]
-        return p.AssistantMessage(content=content + rest or (None if calls else ""), tool_calls=calls), \
-            _reason(reason, reader)
+        reasoning = reasoning + more_reasoning or None
+        return p.AssistantMessage(content=content + rest or (None if calls or reasoning else ""), tool_calls=calls,
+                                  reasoning=reasoning, reasoning_content=reasoning), _reason(reason, reader)
 
     def _prompt_logprobs(self, index: int) -> list | None:
         """vLLM's prompt_logprobs of a choice: {token id: entry} per prompt token (None for the first)."""
@@ -388,13 +390,15 @@ class _Formatter:
 
     def chunk(self, index: int, text: str = "", role: bool = False, finish_reason: str | None = None,
               logprobs: list[TokenLogprob] | None = None, stop_reason: int | str | None = None,
-              tool_calls: list[p.DeltaToolCall] = ()) -> dict:
+              tool_calls: list[p.DeltaToolCall] = (), reasoning: str = "") -> dict:
         if self.chat:
             delta = p.Delta(role="assistant", content="") if role else p.Delta(content=text) if text else p.Delta()
             if logprobs and not text and not role:
                 delta = p.Delta(content="")  # (tokens whose text is still held back: their entries go now)
             if tool_calls:
                 delta.tool_calls = list(tool_calls)
+            if reasoning:
+                delta.reasoning = delta.reasoning_content = reasoning
             choice = p.ChatChunkChoice(index=index, delta=delta, finish_reason=finish_reason)
             body = p.ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[choice])
         else:

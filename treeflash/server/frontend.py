@@ -11,17 +11,18 @@ import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 
 from treeflash.checkpoint import load_tokenizer
 from treeflash.engine import Request
 from treeflash.llm import LLM, ChatFieldError
 from treeflash.logprobs import MAX_LOGPROBS
+from treeflash.reasoning import ReasoningStream, reasoning_structure, starts_in_reasoning
 from treeflash.sampling import SamplingParams, truncate_prompt
 from treeflash.server.errors import APIError, bad_request
 from treeflash.server.protocol import (CHAT_UNSUPPORTED, COMPLETION_UNSUPPORTED, UNSUPPORTED, ChatCompletionRequest,
                                        ChatMessage, CompletionRequest, DetokenizeRequest, NamedToolChoice,
                                        SamplingFields, TokenizeRequest)
+from treeflash.server.replies import ReplyReader
 from treeflash.structured import StructuredOutputsParams
 from treeflash.tool_calls import ToolCallStream, call_structure, template_writes_tool_calls
 
@@ -35,6 +36,7 @@ class ServerConfig:
     max_choices: int = 16  # prompts x n of one call, at most
     shutdown_timeout: float = 30.0  # seconds in-flight requests get to finish on SIGINT/SIGTERM
     max_request_bytes: int = 16 << 20  # a larger body is refused (413) before it is read or parsed
+    reasoning_parser: str | None = None  # "qwen3" / "deepseek_r1": chat replies' <think> block as `reasoning`
 
 
 @dataclass(frozen=True)
@@ -64,8 +66,9 @@ class Frontend:
         texts = {id(p): p.text if p.text is not None else self._decode(p.ids) for p in prompts}
         return requests, [texts[id(p)] for p in prompts for _ in range(body.n)]
 
-    def chat_requests(self, body: ChatCompletionRequest) -> tuple[list[Request], Callable[[], ToolCallStream] | None]:
-        """The engine requests (n choices), and where the replies are read for tool calls, what reads one."""
+    def chat_requests(self, body: ChatCompletionRequest) -> tuple[list[Request], Callable[[], ReplyReader] | None]:
+        """The engine requests (n choices), and where the replies are read for reasoning or tool calls, what
+        reads one."""
         self._check_common(body, CHAT_UNSUPPORTED)
         tools, forced = self._tools(body)
         tok = self._need_tokenizer("messages")
@@ -73,10 +76,16 @@ class Frontend:
         if tools is not None and not template_writes_tool_calls(tok.chat_template):
             raise bad_request("this model's chat template does not ask for calls in the <tool_call> format, the only "
                               "one this server reads", param="tools", code="unsupported")
+        inside = None  # (no reasoning parser)
+        if self.config.reasoning_parser is not None:
+            inside = starts_in_reasoning(tok.decode(ids[-32:]))  # (the generation prompt is in the last tokens)
         max_tokens = body.max_completion_tokens or body.max_tokens
         requests = self._requests(body, self._truncated(body, [Prompt(ids, None)]), max_tokens,
-                                  default_max_tokens=None, forced=forced)
-        return requests, None if tools is None else partial(ToolCallStream, parallel=body.parallel_tool_calls)
+                                  default_max_tokens=None, forced=forced, reasoning_inside=inside)
+        if tools is None and inside is None:
+            return requests, None
+        return requests, lambda: ReplyReader(None if inside is None else ReasoningStream(inside),
+                                             None if tools is None else ToolCallStream(body.parallel_tool_calls))
 
     def _chat_ids(self, body: ChatCompletionRequest | TokenizeRequest, tools: list[dict] | None, tok) -> list[int]:
         """The chat prompt's token ids under the model's template, or the 400 that says what it refused."""
@@ -177,7 +186,10 @@ class Frontend:
         return out
 
     def _requests(self, body: SamplingFields, prompts: list[Prompt], max_tokens: int | None,
-                  default_max_tokens: int | None, forced: StructuredOutputsParams | None = None) -> list[Request]:
+                  default_max_tokens: int | None, forced: StructuredOutputsParams | None = None,
+                  reasoning_inside: bool | None = None) -> list[Request]:
+        """reasoning_inside: with a reasoning parser, whether the replies start inside their reasoning block
+        (a structure then holds the answer after the block); None: no parser."""
         choices = len(prompts) * body.n
         if choices > self.config.max_choices:
             raise bad_request(f"n x prompts is {choices}; at most {self.config.max_choices} choices per request",
@@ -199,6 +211,12 @@ class Frontend:
                                   f"this model's context is {limit} tokens", param="max_tokens", code=CONTEXT)
             base = self._sampling(body, max_tokens or default_max_tokens or room, self._logprobs(body),
                                   self._prompt_logprobs(body), structure, source)
+            if reasoning_inside is not None and base.structured_outputs is not None:
+                try:
+                    base = dataclasses.replace(base, structured_outputs=reasoning_structure(
+                        base.structured_outputs, reasoning_inside))
+                except ValueError as e:  # (a JSON schema outlines-core cannot translate)
+                    raise bad_request(str(e), param=source) from None
             for j in range(body.n):  # n choices = n requests; a seeded call gives choice j seed + j
                 params.append(base if body.seed is None else dataclasses.replace(base, seed=body.seed + j))
         ids = [p.ids for p in prompts for _ in range(body.n)]

@@ -274,8 +274,12 @@ class ToolCallOut(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str | None  # None: a reply of tool calls alone
+    content: str | None  # None: a reply of tool calls (or reasoning) alone
     tool_calls: list[ToolCallOut] = []
+    # With --reasoning-parser: the <think> block's text, under vLLM's name and its former one (still read
+    # by many clients); None where the reply has no reasoning or the server no parser.
+    reasoning: str | None = None
+    reasoning_content: str | None = None
 
 
 class DeltaToolCall(ToolCallOut):
@@ -304,6 +308,8 @@ class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
+    reasoning: str | None = None  # (and reasoning_content, the same: see AssistantMessage)
+    reasoning_content: str | None = None
 
 
 class ChatChunkChoice(BaseModel):
