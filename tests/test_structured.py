@@ -37,6 +37,18 @@ def test_params_take_exactly_one_valid_structure():
             SamplingParams(structured_outputs={"choice": ["a"]}, **clash)
 
 
+def test_a_whitespace_pattern_shapes_a_json_reply():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    tight = StructuredOutputsParams(json=schema).pattern()
+    loose = SamplingParams(structured_outputs={"json": schema, "whitespace_pattern": r"[\n ]{0,3}"}
+                           ).structured_outputs.pattern()
+    assert re.fullmatch(tight, '{"a": 1}') and not re.fullmatch(tight, '{\n  "a": 1\n}')
+    assert re.fullmatch(loose, '{\n  "a": 1\n}') and not re.fullmatch(loose, '{\n    "a": 1}')
+    for bad in ({"regex": "x", "whitespace_pattern": " "}, {"json_object": True, "whitespace_pattern": ""}):
+        with pytest.raises(ValueError, match="whitespace_pattern"):
+            SamplingParams(structured_outputs=bad)
+
+
 def test_the_compiled_automaton_spells_exactly_the_structure(pair):
     from transformers import AutoTokenizer
 

@@ -242,3 +242,7 @@ def test_real_model_reply_follows_a_json_schema(qwen):
     person = json.loads(reply.choices[0].message.content)
     assert reply.choices[0].finish_reason == "stop"
     assert set(person) == {"name", "age", "city"} and isinstance(person["age"], int)
+    pretty = qwen.chat.completions.create(  # vLLM's guided_whitespace_pattern: new lines allowed between tokens
+        model="qwen", messages=[{"role": "user", "content": "Invent a person: name, age and city."}], temperature=0,
+        max_tokens=80, extra_body={"guided_json": schema, "guided_whitespace_pattern": r"[\n ]{0,4}"})
+    assert set(json.loads(pretty.choices[0].message.content)) == {"name", "age", "city"}

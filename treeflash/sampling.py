@@ -192,9 +192,11 @@ class SamplingParams:
                 raise ValueError(f"bad_words must be a list of non-empty strings, got {words!r}")
             self.bad_words = list(words) or None
         if isinstance(self.structured_outputs, dict):
-            unknown = sorted(set(self.structured_outputs) - {"json", "regex", "choice", "json_object"})
+            unknown = sorted(set(self.structured_outputs) - {"json", "regex", "choice", "json_object",
+                                                             "whitespace_pattern"})
             if unknown:
-                raise ValueError(f"structured_outputs has unknown fields {unknown} (json, regex, choice, json_object)")
+                raise ValueError(f"structured_outputs has unknown fields {unknown} (json, regex, choice, json_object, "
+                                 f"whitespace_pattern)")
             self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
         if self.structured_outputs is not None:
             if not isinstance(self.structured_outputs, StructuredOutputsParams):

@@ -44,12 +44,16 @@ class StructuredOutputsParams:
     json: a JSON schema (a dict, or its JSON text); regex: a regular expression the whole reply matches
     (Rust regex syntax, as outlines-core reads it); choice: one of these strings exactly; json_object: any
     JSON object (a schema of {"type": "object"}: nesting to a fixed depth, as outlines-core writes it).
+    whitespace_pattern (with json or json_object): the regular expression of the whitespace allowed between
+    JSON's tokens; default outlines-core's `[ ]?`, at most one space, so a model cannot fill its tokens
+    with blanks (an unbounded pattern such as `[\n ]*` lets it).
     """
 
     json: dict | str | None = None
     regex: str | None = None
     choice: list[str] | None = None
     json_object: bool | None = None
+    whitespace_pattern: str | None = None
 
     def __post_init__(self):
         given = [name for name in ("json", "regex", "choice", "json_object")
@@ -75,6 +79,13 @@ class StructuredOutputsParams:
                              f"{self.choice!r}")
         if self.json_object not in (None, True, False):
             raise ValueError(f"structured_outputs.json_object must be a bool, got {self.json_object!r}")
+        if self.whitespace_pattern is not None:
+            if not isinstance(self.whitespace_pattern, str) or not self.whitespace_pattern:
+                raise ValueError(f"structured_outputs.whitespace_pattern must be a non-empty string, got "
+                                 f"{self.whitespace_pattern!r}")
+            if self.json is None and not self.json_object:
+                raise ValueError("structured_outputs.whitespace_pattern shapes a JSON reply: it needs json or "
+                                 "json_object")
 
     def pattern(self) -> str:
         """The regular expression the reply must match."""
@@ -86,7 +97,8 @@ class StructuredOutputsParams:
             return "(" + "|".join(_escape(c) for c in self.choice) + ")"
         schema = {"type": "object"} if self.json_object else self.json
         try:
-            return build_regex_from_schema(schema if isinstance(schema, str) else json.dumps(schema))
+            return build_regex_from_schema(schema if isinstance(schema, str) else json.dumps(schema),
+                                           self.whitespace_pattern)
         except Exception as e:  # noqa: BLE001 (outlines-core's own errors name what it cannot translate)
             raise ValueError(f"structured_outputs.json: {e}") from None
 

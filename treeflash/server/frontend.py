@@ -259,7 +259,14 @@ class Frontend:
         if len(given) > 1:
             raise bad_request(f"{' and '.join(name for name, _ in given)} each say what the reply must be; give one",
                               param=given[1][0])
-        return (given[0][1], given[0][0]) if given else (None, None)
+        source, structure = given[0] if given else (None, None)
+        if body.guided_whitespace_pattern is not None:
+            if not isinstance(structure, dict) or structure.get("json") is None and not structure.get("json_object"):
+                raise bad_request("guided_whitespace_pattern shapes a JSON reply: it needs response_format (json_schema "
+                                  "or json_object), guided_json or structured_outputs.json",
+                                  param="guided_whitespace_pattern")
+            structure = {**structure, "whitespace_pattern": body.guided_whitespace_pattern}
+        return structure, source
 
     @staticmethod
     def _logprobs(body: SamplingFields) -> int | None:

@@ -26,7 +26,6 @@ UNSUPPORTED: dict[str, tuple] = {
     "use_beam_search": (False,),
     "length_penalty": (1, 1.0),
     "guided_grammar": (),
-    "guided_whitespace_pattern": (),
     "functions": ([],),
     "function_call": ("none", "auto"),
     "spaces_between_special_tokens": (True,),
@@ -93,6 +92,7 @@ class SamplingFields(_Request):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     structured_outputs: dict | None = None
+    guided_whitespace_pattern: str | None = None  # (the whitespace a JSON structure allows between tokens)
 
 
 class CompletionRequest(SamplingFields):
