@@ -158,6 +158,24 @@ def _reference(hf, llm, prompt_ids, n, params):
     return ids[len(prompt_ids):]
 
 
+def test_a_prefill_run_twice_gives_the_same_tokens(pair, monkeypatch):
+    """A prefill graph's capture runs the prefill for real before its replay does (gpu_check S caught the
+    first token's transition taken three times on an H100): running it twice here must change nothing."""
+    from treeflash.round import Speculator
+
+    params = [SamplingParams(temperature=0, max_tokens=12, structured_outputs={"regex": r"(ab|cd)+ [a-z]{2,9}7"}),
+              SamplingParams(temperature=1.0, max_tokens=12, seed=4, structured_outputs={"regex": r"[a-z ]{4,40}"})]
+    want = [o.token_ids for o in _llm(pair, "ddtree").generate(PROMPTS[:2], params)]
+    once = Speculator.prefill_and_start
+
+    def twice(self, *args, **kwargs):
+        once(self, *args, **kwargs)
+        return once(self, *args, **kwargs)
+
+    monkeypatch.setattr(Speculator, "prefill_and_start", twice)
+    assert [o.token_ids for o in _llm(pair, "ddtree").generate(PROMPTS[:2], params)] == want
+
+
 @pytest.mark.parametrize("spec, ngram", [("dflash", 0), ("ddtree", 0), ("ddtree", 4)])
 def test_every_method_gives_plain_decodings_tokens_with_a_structure(pair, spec, ngram, monkeypatch):
     plain_llm = _llm(pair, "none")

@@ -748,7 +748,7 @@ class Speculator:
         if flags.use_logit_bias:
             logits = logits.float() + self.logit_bias[rows][:, None]
         if flags.use_structure:
-            logits = self.structure.apply(logits, rows, tree)
+            logits = self.structure.apply(logits, rows, tree, prefill=tree is None)
         ancestors = None if tree is None or not (flags.use_bad_words or flags.use_penalties) or tree.size == 1 \
             else self.ancestor_mask(tree)
         if flags.use_bad_words:

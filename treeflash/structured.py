@@ -207,6 +207,7 @@ class GrammarSlots:
         self.placed: dict[int, tuple[Grammar, int]] = {}  # id(grammar) -> (grammar, its first row)
         self.rows_used, self.keys_used, self.generation = 1, 0, 0
         self.state = torch.zeros(slots, dtype=torch.long, device=device)
+        self.initial = torch.zeros(slots, dtype=torch.long, device=device)  # each slot's request's first state
         self._byte = torch.arange(vocab_size, device=device) // 8
         self._bit = (torch.arange(vocab_size, device=device) % 8).to(torch.uint8)
         self._allocate(self.MIN_ROWS, self.MIN_KEYS)
@@ -235,8 +236,11 @@ class GrammarSlots:
         for grammar in new:
             if id(grammar) not in self.placed:
                 self._place(grammar)
-        initial = [self.placed[id(g)][1] + g.initial if g is not None else 0 for g in grammars]
-        self.state[to_device(slots, self.device, torch.long)] = to_device(initial, self.device, torch.long)
+        initial = to_device([self.placed[id(g)][1] + g.initial if g is not None else 0 for g in grammars],
+                            self.device, torch.long)
+        slots = to_device(slots, self.device, torch.long)
+        self.state[slots] = initial
+        self.initial[slots] = initial
 
     def _place(self, grammar: Grammar) -> None:
         row, key, v = self.rows_used, self.keys_used, self.vocab_size
@@ -262,7 +266,9 @@ class GrammarSlots:
             self._place(grammar)
         moved = torch.tensor([self.placed[id(g)][1] - old[id(g)] if g is not None and id(g) in old else 0
                               for g in self.grammars], dtype=torch.long)
-        self.state.add_(to_device(moved, self.device) * (self.state > 0))
+        moved = to_device(moved, self.device)
+        self.state.add_(moved * (self.state > 0))
+        self.initial.add_(moved * (self.initial > 0))
 
     def step(self, state: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """The states `tokens` lead to from `state` (same shapes); 0 where the token is not allowed (a
@@ -272,9 +278,11 @@ class GrammarSlots:
         return torch.where(self.keys[at] == query, self.next[at], torch.zeros_like(at))
 
     def first(self, slots: torch.Tensor, done: torch.Tensor, tokens: torch.Tensor) -> None:
-        """Prefill drew each finished prompt's first token: its slot's state follows it."""
-        state = self.state[slots]
-        self.state[slots] = torch.where(done, self.step(state, tokens), state)
+        """Prefill drew each finished prompt's first token: its slot's state is the one that token leads to
+        from the initial state (set, not stepped from the current one: a prefill graph's warm-up runs this
+        too, as it runs the first token's mask, `apply` without a tree)."""
+        initial = self.initial[slots]
+        self.state[slots] = torch.where(done, self.step(initial, tokens), initial)
 
     def add(self, emitted: torch.Tensor, accepted: torch.Tensor) -> None:
         """A round emitted emitted[s, :accepted[s]] for slots [0, S): each slot's state follows them."""
@@ -306,10 +314,13 @@ class GrammarSlots:
             state = self.step(state, best if columns is None else columns[best])
         return torch.stack(out, 1)
 
-    def apply(self, logits: torch.Tensor, rows: torch.Tensor | slice, tree=None) -> torch.Tensor:
+    def apply(self, logits: torch.Tensor, rows: torch.Tensor | slice, tree=None, prefill: bool = False
+              ) -> torch.Tensor:
         """logits [S, N, V] of slots `rows`: each node's tokens its path's state forbids at -inf. tree: the
-        round's (each node in the state its drafted path leads to); None: every node in the slot's state."""
-        root = self.state[rows][:, None]
+        round's (each node in the state its drafted path leads to); None: every node in the slot's state.
+        prefill: the first token's draw, in the request's initial state (a prefill graph's warm-up runs the
+        prefill more than once, `first` too)."""
+        root = (self.initial if prefill else self.state)[rows][:, None]
         s, n = logits.shape[:2]
         state = root.expand(s, n)
         if tree is not None and tree.size > 1 and tree.max_depth > 0:
