@@ -54,6 +54,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import random
 import sys
 import tempfile
 import time
@@ -155,18 +156,28 @@ def check_no_sync(target: Path, drafter: Path, attention: str = "flex") -> dict:
         llm = LLM(target, device=DEVICE, dtype="float32", draft_model=None if spec == "none" else drafter, spec=spec,
                   tree_budget=16, time_stages=False, ngram_tokens=ngram)
         speculator = mixed_speculator(llm, attention=attention)
-        torch.cuda.synchronize()
-        ok = True
-        try:
-            torch.cuda.set_sync_debug_mode("error")  # any synchronising call raises
-            for _ in range(3):
-                speculator.round(4)
-        except RuntimeError as e:
-            ok = f"sync inside a round: {e}"
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-        results[f"{spec}{' + lookup' if ngram else ''}: 3 eager rounds without host sync"] = ok
+        results[f"{spec}{' + lookup' if ngram else ''}: 3 eager rounds without host sync"] = \
+            eager_rounds_without_sync(speculator, 4)
     return results
+
+
+def eager_rounds_without_sync(speculator: Speculator, slots: int) -> bool | str:
+    """True when three eager rounds over `slots` slots run under set_sync_debug_mode("error"); else what
+    synchronised."""
+    return _three_without_sync(lambda: speculator.round(slots))
+
+
+def _three_without_sync(round_once) -> bool | str:
+    torch.cuda.synchronize()
+    try:
+        torch.cuda.set_sync_debug_mode("error")  # any synchronising call raises
+        for _ in range(3):
+            round_once()
+    except RuntimeError as e:
+        return f"sync inside a round: {e}"
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return True
 
 
 def mixed_speculator(llm: LLM, attention: str | None, capacity: int = 256, **extra) -> Speculator:
@@ -346,23 +357,14 @@ def replays_without_sync(runner: GraphRunner, slots: int) -> bool | str:
     """True when three replays of the round over `slots` slots (captured first, outside the check) run under
     set_sync_debug_mode("error"); else what synchronised."""
     runner.round(slots)
-    torch.cuda.synchronize()
-    try:
-        torch.cuda.set_sync_debug_mode("error")
-        for _ in range(3):
-            runner.round(slots)
-    except RuntimeError as e:
-        return f"sync inside a round: {e}"
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    return True
+    return _three_without_sync(lambda: runner.round(slots))
 
 
 # --- S: structured outputs -----------------------------------------------------------------------------
 def check_structured(target: Path, drafter: Path) -> dict:
     import random
 
-    from treeflash.structured import Grammar
+    from treeflash.structured import Grammar, GrammarSlots
 
     rng = random.Random(0)
     vocab, states = 300, 6
@@ -370,8 +372,11 @@ def check_structured(target: Path, drafter: Path) -> dict:
     grammar = Grammar.from_table(vocab, 0, table)
 
     class Fixed:  # (the tiny models have no tokenizer: the automaton is given, not compiled)
-        def compile(self, params, stop_ids):
-            return grammar
+        def compile(self, params, stop_ids):  # a new object per request: the table places each one, and grows
+            return dataclasses.replace(grammar)
+
+        def close(self):
+            pass
 
     structured = {"regex": "(the automaton above)"}
     params = [dataclasses.replace(greedy(30), structured_outputs=structured),
@@ -379,33 +384,53 @@ def check_structured(target: Path, drafter: Path) -> dict:
               greedy(30), SamplingParams(temperature=0.8, max_tokens=30, seed=9, ignore_eos=True)]
     prompts = PROMPTS + [[11, 13, 17, 19, 23]]
     results, reference = {}, None
-    for spec, budget, ngram in [("none", 64, 0), ("dflash", 64, 0), ("ddtree", 16, 0), ("ddtree", 64, 6)]:
-        for adjust in (True, False):
+    min_rows = GrammarSlots.MIN_ROWS
+    GrammarSlots.MIN_ROWS = 8  # (room for one automaton: the second grows the table, and the graphs go)
+    try:
+        for spec, budget, ngram in [("none", 64, 0), ("dflash", 64, 0), ("ddtree", 16, 0), ("ddtree", 64, 6)]:
+            for adjust, graphs in ((True, True), (False, True), (True, False)):
+                llm = LLM(target, device=DEVICE, dtype="float32", draft_model=None if spec == "none" else drafter,
+                          spec=spec, max_num_seqs=4, ngram_tokens=ngram, cuda_graphs=graphs,
+                          **({"tree_budget": budget} if spec == "ddtree" else {}))
+                llm.tokenizer, llm._grammars = _TokenWords(), Fixed()
+                llm.engine.speculator.adjust_drafts = adjust
+                free = [o.token_ids for o in llm.generate(prompt_token_ids=prompts[2:], sampling_params=params[2:],
+                                                          use_tqdm=False)]
+                tokens = [o.token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=params,
+                                                            use_tqdm=False)]
+                again = [o.token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=params,
+                                                           use_tqdm=False)]
+                name = f"{spec}-{budget}" + (f" + lookup {ngram}" if ngram else "") + \
+                    ("" if adjust else ", blind drafts") + ("" if graphs else ", eager")
+                reference = reference or tokens
+                results[f"{name}: == none's tokens"] = tokens == reference
+                results[f"{name}: the same again (the table repacked, in place)"] = again == tokens
+                ok = True
+                for out in tokens[:2]:
+                    state = 0
+                    for t in out:
+                        if t not in table[state]:
+                            ok = False
+                            break
+                        state = table[state][t]
+                results[f"{name}: structured tokens follow the automaton"] = ok
+                results[f"{name}: the free requests keep their tokens"] = tokens[2:] == free
+                if graphs and DEVICE == "cuda":
+                    keys = [k for k in llm.engine.runner.graphs if k[3].use_structure]
+                    results[f"{name}: structured rounds replay graphs"] = bool(keys)
+                    results[f"{name}: the table grew"] = llm.engine.speculator.structure.generation > 1
+    finally:
+        GrammarSlots.MIN_ROWS = min_rows
+    if DEVICE == "cuda":
+        for spec, ngram in SYNC_SPECS:
             llm = LLM(target, device=DEVICE, dtype="float32", draft_model=None if spec == "none" else drafter,
-                      spec=spec, max_num_seqs=4, ngram_tokens=ngram, **({"tree_budget": budget} if spec == "ddtree" else {}))
-            llm.tokenizer, llm._grammars = _TokenWords(), Fixed()
-            llm.engine.speculator.adjust_drafts = adjust
-            free = [o.token_ids for o in llm.generate(prompt_token_ids=prompts[2:], sampling_params=params[2:],
-                                                      use_tqdm=False)]
-            graphs_before = len(llm.engine.runner.graphs)
-            tokens = [o.token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=params,
-                                                        use_tqdm=False)]
-            llm.generate(prompt_token_ids=prompts[2:], sampling_params=params[2:], use_tqdm=False)
-            name = f"{spec}-{budget}" + (f" + lookup {ngram}" if ngram else "") + ("" if adjust else ", blind drafts")
-            reference = reference or tokens
-            results[f"{name}: == none's tokens"] = tokens == reference
-            ok = True
-            for out in tokens[:2]:
-                state = 0
-                for t in out:
-                    if t not in table[state]:
-                        ok = False
-                        break
-                    state = table[state][t]
-            results[f"{name}: structured tokens follow the automaton"] = ok
-            results[f"{name}: the free requests keep their tokens"] = tokens[2:] == free
-            results[f"{name}: graphs captured without a structured request"] = \
-                DEVICE != "cuda" or len(llm.engine.runner.graphs) >= graphs_before > 0
+                      spec=spec, tree_budget=16, time_stages=False, ngram_tokens=ngram)
+            speculator = mixed_speculator(llm, attention=None)
+            speculator.set_sampling_many([1], [params[1]], [1], [PROMPTS[1]], [set()], grammars=[grammar])
+            name = f"{spec}{' + lookup' if ngram else ''}, a structured slot"
+            results[f"{name}: 3 eager rounds without host sync"] = eager_rounds_without_sync(speculator, 4)
+            results[f"{name}: 3 replays without host sync"] = replays_without_sync(
+                GraphRunner(speculator, time_stages=False, log=None), 4)
     return results
 
 
@@ -533,6 +558,13 @@ def check_logprobs(target: Path, drafter: Path, attention: str | None, shapes: l
                 replays_without_sync(GraphRunner(speculator, log=None), 4)
     for name in shapes:  # graphed round times without / with log-probs / with penalties (informational)
         target_model, drafter_model = build_shape(name)
+        # A random automaton of 6 states over the vocabulary, a third of it allowed in each: JSON-like masks.
+        from treeflash.structured import Grammar
+
+        vocab, pick = target_model.config.vocab_size, random.Random(0)
+        grammar = Grammar.from_table(vocab, 0, {s: {t: pick.randrange(6) for t in pick.sample(range(vocab), vocab // 3)}
+                                                for s in range(6)})
+        structure = {"structured_outputs": {"regex": "(the automaton above)"}}
         for batch in (1, 8):
             for method, budget in (("none", 64), ("ddtree", 64)):
                 sp = filled_speculator(target_model, drafter_model, SpecConfig(method, budget), batch, 1024, attention)
@@ -543,12 +575,15 @@ def check_logprobs(target: Path, drafter: Path, attention: str | None, shapes: l
                                             ("the same, blind drafts", penalties, False),
                                             ("allowed_token_ids", allowed, True),
                                             ("allowed_token_ids, blind drafts", allowed, False),
-                                            ("bad_words", {"bad_words": ["(three sequences)"]}, True)):
+                                            ("bad_words", {"bad_words": ["(three sequences)"]}, True),
+                                            ("structured outputs", structure, True),
+                                            ("structured outputs, eager", structure, True)):
                     sp.adjust_drafts = adjust
                     sp.set_sampling_many(list(range(batch)), [SamplingParams(temperature=0, **extra)] * batch,
                                          [0] * batch, [[1, 2, 3]] * batch, [{7}] * batch,
-                                         [[[5], [7, 9], [1, 2, 3]]] * batch)
-                    row[what] = round(1e3 * GraphRunner(sp, log=None).time_round(batch, 10), 3)
+                                         [[[5], [7, 9], [1, 2, 3]]] * batch, [grammar] * batch)
+                    runner = GraphRunner(sp, log=None, enabled=not what.endswith("eager"))
+                    row[what] = round(1e3 * runner.time_round(batch, 10), 3)
                 results[f"{name} batch {batch} {method}-{budget}: graphed ms"] = str(row)
                 del sp
                 torch.cuda.empty_cache()

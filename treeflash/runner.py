@@ -200,8 +200,7 @@ class GraphRunner:
         """One round over slots [0, num_slots): a replay when a graph fits, else the eager round (over
         `kv_rows` cache rows where given: `Speculator.round`; a graph spans the whole cache)."""
         bucket = self.bucket(num_slots)
-        # (a structured request's automata table is rebuilt as requests come: such rounds run eagerly)
-        if not self.enabled or bucket not in self.buckets or self.speculator.flags.use_structure:
+        if not self.enabled or bucket not in self.buckets:
             return self.speculator.round(num_slots, budget, kv_rows=kv_rows)
         captured = self.graph(bucket, budget)
         if not captured.stages:
@@ -261,8 +260,7 @@ class GraphRunner:
         log-probs of it (read nothing back here). prompt_logprobs: some piece's request asks for them; the
         pieces then run eagerly and each read-back ends in its positions' packed log-probs [T x COLUMNS]."""
         sp = self.speculator
-        shape = self.prefill_shape(pieces) if self.enabled and not prompt_logprobs \
-            and not sp.flags.use_structure else None
+        shape = self.prefill_shape(pieces) if self.enabled and not prompt_logprobs else None
         if shape is None:
             return sp.prefill_and_start(sp.prefill_batch(pieces), sp.attend_width(max(p.end for p in pieces)),
                                         sp.real_tokens(pieces),
@@ -290,8 +288,9 @@ class GraphRunner:
             torch.cuda.empty_cache()
 
     def _check_cache(self) -> None:
-        ptr = self.speculator.cache.keys[0].data_ptr()
-        if ptr != self._cache_ptr:  # new caches (reserve): every graph points at the old ones
+        sp = self.speculator
+        ptr = (sp.cache.keys[0].data_ptr(), sp.structure.generation if sp.structure is not None else 0)
+        if ptr != self._cache_ptr:  # new caches (reserve) or structure tables (grown): graphs point at the old
             self.reset()
             self._cache_ptr = ptr
 

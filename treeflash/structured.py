@@ -17,8 +17,8 @@ On the device the automata of every slot's request share one table (`GrammarSlot
 of its allowed tokens, and the transitions as sorted keys (state x V + token) with their next states, looked
 up by binary search; state 0 allows every token and leads to itself (slots without a structure, and the
 nodes below a forbidden token, whose masks never matter). The table's tensors keep their place as requests
-come and go (as a CUDA graph of a round would need), but rounds holding a structured request still run
-eagerly: graphing them awaits a check on a GPU (scripts/gpu_check.py, section S).
+come and go, so rounds and prefills holding a structured request replay CUDA graphs like any others
+(scripts/gpu_check.py, section S, checks them against eager rounds).
 """
 
 from __future__ import annotations
