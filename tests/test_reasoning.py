@@ -109,6 +109,13 @@ def test_a_call_written_in_the_reasoning_is_thought_not_called():
         assert [c.arguments for p in parts for c in p[2]] == ['{"x": 2}'] and reader.calls == 1
 
 
+def test_an_unknown_parser_is_refused():
+    from treeflash.server.frontend import Frontend, ServerConfig
+
+    with pytest.raises(ValueError, match="qwen3, deepseek_r1"):
+        Frontend(None, ServerConfig(model_name="m", reasoning_parser="r1"))
+
+
 # --- through `treeflash serve --reasoning-parser qwen3` and the openai client, with a real model ---------------
 @pytest.fixture(scope="module")
 def qwen(tmp_path_factory):

@@ -252,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--max-choices", type=int, default=16, help="prompts x n of one request, at most (default 16)")
     srv.add_argument("--max-request-bytes", type=int, default=16 << 20,
                      help="a request body larger than this is refused with 413 before it is read (default 16 MiB)")
-    srv.add_argument("--reasoning-parser", default=None, choices=("qwen3", "deepseek_r1"),
+    srv.add_argument("--reasoning-parser", default=None, choices=("qwen3", "deepseek_r1"),  # (reasoning.PARSERS)
                      help="split a thinking model's <think> block off its chat replies into `reasoning` (and "
                           "`reasoning_content`); a structured output then holds the answer after the block "
                           "(default: none, the block stays in `content`)")

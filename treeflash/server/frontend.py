@@ -16,7 +16,7 @@ from treeflash.checkpoint import load_tokenizer
 from treeflash.engine import Request
 from treeflash.llm import LLM, ChatFieldError
 from treeflash.logprobs import MAX_LOGPROBS
-from treeflash.reasoning import ReasoningStream, reasoning_structure, starts_in_reasoning
+from treeflash.reasoning import PARSERS, ReasoningStream, reasoning_structure, starts_in_reasoning
 from treeflash.sampling import SamplingParams, truncate_prompt
 from treeflash.server.errors import APIError, bad_request
 from treeflash.server.protocol import (CHAT_UNSUPPORTED, COMPLETION_UNSUPPORTED, UNSUPPORTED, ChatCompletionRequest,
@@ -47,6 +47,9 @@ class Prompt:
 
 class Frontend:
     def __init__(self, llm: LLM, config: ServerConfig):
+        if config.reasoning_parser not in (None, *PARSERS):
+            raise ValueError(f"reasoning_parser must be one of {', '.join(PARSERS)} (or None), got "
+                             f"{config.reasoning_parser!r}")
         self.llm, self.config = llm, config
         self.tokenizer = load_tokenizer(llm.model_dir) if llm.tokenizer is not None else None
 
