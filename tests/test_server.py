@@ -50,7 +50,8 @@ def model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(model_dir):
-    srv = Server(str(model_dir), "--max-num-seqs", "4", "--api-key", KEY, "--served-model-name", NAME)
+    srv = Server(str(model_dir), "--max-num-seqs", "4", "--api-key", KEY, "--served-model-name", NAME,
+                 "--structure-compile-timeout", "3")
     yield srv
     srv.stop()
 
@@ -58,6 +59,25 @@ def server(model_dir):
 @pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+
+
+def test_a_slow_compile_holds_up_no_other_request(server, client):
+    """Structures compile on a thread of their own: a plain request sent while one compiles (here a pattern
+    whose automaton explodes, stopped at the server's 3 s limit) is answered first."""
+    done = []
+
+    def slow():
+        answer = httpx.post(server.url + "/v1/completions", headers={"Authorization": f"Bearer {KEY}"}, timeout=120,
+                            json={"model": NAME, "prompt": "ab", "max_tokens": 4, "guided_regex": "(a|b)*a(a|b){22}"})
+        done.append(("slow", answer.status_code, answer.json()["error"]["param"]))
+
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(slow)
+        time.sleep(1.0)  # (it is compiling by now: validating a 2-token prompt takes milliseconds)
+        client.completions.create(model=NAME, prompt="ab", max_tokens=4)
+        done.append(("plain",))
+        pending.result()
+    assert done == [("plain",), ("slow", 400, "guided_regex")]
 
 
 @pytest.fixture(scope="module")

@@ -559,13 +559,24 @@ class LLM:
         return tok.encode(prompt, verbose=False)
 
     def new_requests(self, prompt_token_ids: Sequence[Sequence[int]], sampling_params: Sequence[SamplingParams],
-                     texts: Sequence[str | None] | None = None, tokenizer=None) -> list[Request]:
+                     texts: Sequence[str | None] | None = None, tokenizer=None,
+                     compile_structures: bool = True) -> list[Request]:
         """Validated engine requests (not yet added) for other front ends, such as the server. tokenizer: the
         caller's own instance of this model's tokenizer (bad words are tokenised; a thread of its own must
-        not share the engine's)."""
-        return self._requests(None, list(sampling_params), prompt_token_ids, texts=texts, tokenizer=tokenizer)
+        not share the engine's). compile_structures: False leaves the structured requests' automata to
+        `compile_structures` (the server compiles on a thread of its own: a compile may take seconds)."""
+        return self._requests(None, list(sampling_params), prompt_token_ids, texts=texts, tokenizer=tokenizer,
+                              compile_structures=compile_structures)
 
-    def _requests(self, prompts, sampling_params, prompt_token_ids, texts=None, tokenizer=None) -> list[Request]:
+    def compile_structures(self, requests: Sequence[Request], tokenizer=None) -> None:
+        """Give each structured request its automaton, where `new_requests` left it out (a ValueError where
+        none can be built). tokenizer: as new_requests', read once, at the first structure."""
+        for r in requests:
+            if r.params.structured_outputs is not None and r.grammar is None:
+                r.grammar = self._grammar(r.params, r.stop_ids | frozenset(self.eos_token_ids), tokenizer)
+
+    def _requests(self, prompts, sampling_params, prompt_token_ids, texts=None, tokenizer=None,
+                  compile_structures: bool = True) -> list[Request]:
         """Validate everything before anything runs, so bad input loses nothing."""
         if (prompts is None) == (prompt_token_ids is None):
             raise ValueError("pass either prompts (text) or prompt_token_ids=[[...], ...], not both or neither")
@@ -617,6 +628,7 @@ class LLM:
                 seed=p.seed if p.seed is not None else new_seed(), stop_ids=frozenset(stops),
                 max_new_tokens=min(p.max_tokens, self.max_model_len - len(prompt)),
                 bad_words_ids=bad_word_sequences(p.bad_words, tokenizer or self.tokenizer) if p.bad_words else None,
-                grammar=self._grammar(p, frozenset(stops) | frozenset(self.eos_token_ids), tokenizer)))
+                grammar=self._grammar(p, frozenset(stops) | frozenset(self.eos_token_ids), tokenizer)
+                if compile_structures else None))
             self._next_id += 1
         return requests

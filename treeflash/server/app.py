@@ -45,10 +45,21 @@ def build_app(llm: LLM, config: ServerConfig) -> FastAPI:
     # Tokenising and validating run here, one at a time (the frontend's tokenizer is one thread's), and off
     # the event loop: a megabyte prompt took seconds to tokenise, and every stream stalled meanwhile.
     frontend_thread = ThreadPoolExecutor(1, thread_name_prefix="treeflash-frontend")
+    # Structures compile on a thread of their own (in a worker process), one at a time: a first json_object
+    # takes seconds and a pathological pattern runs to its time limit, while other requests go on.
+    structure_thread = ThreadPoolExecutor(1, thread_name_prefix="treeflash-structures")
     created = int(time.time())
 
-    async def validated(make, body) -> list:
+    async def validated(make, body):
         return await asyncio.get_running_loop().run_in_executor(frontend_thread, make, body)
+
+    async def validated_requests(make, body) -> tuple:
+        """An endpoint's engine requests (and what goes with them), their structures compiled."""
+        requests, extra = await validated(make, body)
+        if any(r.params.structured_outputs is not None for r in requests):
+            await asyncio.get_running_loop().run_in_executor(structure_thread, frontend.compile_structures,
+                                                             requests, body)
+        return requests, extra
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -57,6 +68,7 @@ def build_app(llm: LLM, config: ServerConfig) -> FastAPI:
         # Reached after uvicorn stopped taking connections and the in-flight ones ended (or timed out).
         await asyncio.to_thread(loop.stop)
         frontend_thread.shutdown(wait=False)
+        structure_thread.shutdown(wait=False)
 
     app = FastAPI(title="treeflash", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.engine_loop, app.state.metrics = loop, metrics
@@ -105,7 +117,7 @@ def build_app(llm: LLM, config: ServerConfig) -> FastAPI:
     @app.post("/v1/completions", **v1)
     async def completions(request: Request) -> Response:
         body = await _parse(request, p.CompletionRequest, config.max_request_bytes)
-        requests, echo = await validated(frontend.completion_requests, body)
+        requests, echo = await validated_requests(frontend.completion_requests, body)
         fmt = _Formatter(config.model_name, chat=False, n=body.n, num_choices=len(requests),
                          include_usage=bool(body.stream_options and body.stream_options.include_usage),
                          echo=echo, prompt_logprobs=body.prompt_logprobs is not None)
@@ -114,7 +126,7 @@ def build_app(llm: LLM, config: ServerConfig) -> FastAPI:
     @app.post("/v1/chat/completions", **v1)
     async def chat_completions(request: Request) -> Response:
         body = await _parse(request, p.ChatCompletionRequest, config.max_request_bytes)
-        requests, reader = await validated(frontend.chat_requests, body)
+        requests, reader = await validated_requests(frontend.chat_requests, body)
         chat = _Formatter(config.model_name, chat=True, n=body.n, num_choices=len(requests),
                           include_usage=bool(body.stream_options and body.stream_options.include_usage),
                           prompt_logprobs=body.prompt_logprobs is not None, reader=reader)

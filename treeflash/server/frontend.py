@@ -52,6 +52,7 @@ class Frontend:
                              f"{config.reasoning_parser!r}")
         self.llm, self.config = llm, config
         self.tokenizer = load_tokenizer(llm.model_dir) if llm.tokenizer is not None else None
+        self._structure_tokenizer = None  # the structure thread's own, loaded at its first compile
 
     # --- the two endpoints -----------------------------------------------------------------------
     def completion_requests(self, body: CompletionRequest) -> tuple[list[Request], list[str] | None]:
@@ -89,6 +90,19 @@ class Frontend:
             return requests, None
         return requests, lambda: ReplyReader(None if inside is None else ReasoningStream(inside),
                                              None if tools is None else ToolCallStream(body.parallel_tool_calls))
+
+    def compile_structures(self, requests: list[Request], body: SamplingFields) -> None:
+        """The structured requests' automata (the endpoints leave them out), on the server's structure thread
+        so that a compile of seconds holds up no other request's validation; a compile that fails is the 400
+        of the field that asked for the structure."""
+        if self._structure_tokenizer is None:  # (a tokenizer is one thread's: this one reads the vocabulary)
+            self._structure_tokenizer = load_tokenizer(self.llm.model_dir)
+        try:
+            self.llm.compile_structures(requests, tokenizer=self._structure_tokenizer)
+        except ValueError as e:
+            forced = isinstance(body, ChatCompletionRequest) and bool(body.tools) and (
+                body.tool_choice == "required" or isinstance(body.tool_choice, NamedToolChoice))
+            raise bad_request(str(e), param="tool_choice" if forced else self._structure(body)[1]) from None
 
     def _chat_ids(self, body: ChatCompletionRequest | TokenizeRequest, tools: list[dict] | None, tok) -> list[int]:
         """The chat prompt's token ids under the model's template, or the 400 that says what it refused."""
@@ -225,7 +239,7 @@ class Frontend:
         ids = [p.ids for p in prompts for _ in range(body.n)]
         texts = [p.text for p in prompts for _ in range(body.n)]
         try:
-            return self.llm.new_requests(ids, params, texts, tokenizer=self.tokenizer)
+            return self.llm.new_requests(ids, params, texts, tokenizer=self.tokenizer, compile_structures=False)
         except ValueError as e:
             field = source if str(e).startswith("structured outputs") else str(e).split(" ", 1)[0]
             raise bad_request(str(e), param=field if field in SamplingFields.model_fields else None) from None
