@@ -85,6 +85,9 @@ def test_a_compile_past_its_time_limit_is_a_clear_error_and_the_next_one_works(p
         compiler.compile(exploding, frozenset({0}))
     compiler._worker = worker
     assert compiler.compile(StructuredOutputsParams(choice=["ab"]), frozenset({0})).num_states == 3  # a new worker
+    worker._proc.kill()  # one that died (out of memory, say) between compiles: the next compile starts another
+    worker._proc.wait()
+    assert compiler.compile(StructuredOutputsParams(regex="(a|b){2}"), frozenset({0})).num_states == 3
     compiler.close()
     with pytest.raises(ValueError, match="structure_compile_timeout"):
         LLM(pair[0], structure_compile_timeout=0)

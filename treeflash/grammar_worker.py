@@ -71,14 +71,15 @@ class Worker:
 
     def compile(self, pattern: str, stop_ids: list[int], timeout: float | None):
         """As `build`, in the worker; ValueError past `timeout` seconds (the worker is then killed)."""
-        if self._proc is None or self._proc.poll() is not None:
-            package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # (run from a checkout too)
-            path = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
-            self._proc = subprocess.Popen([sys.executable, "-m", "treeflash.grammar_worker"], stdin=subprocess.PIPE,
-                                          stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": path})
-            self._proc.stdin.write(self._setup)
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
+            if self._proc is None or self._proc.poll() is not None:
+                root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # (run from a checkout too)
+                path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+                self._proc = subprocess.Popen([sys.executable, "-m", "treeflash.grammar_worker"],
+                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                              env={**os.environ, "PYTHONPATH": path})
+                self._proc.stdin.write(self._setup)
             self._proc.stdin.write(json.dumps({"pattern": pattern, "stop_ids": stop_ids}).encode() + b"\n")
             self._proc.stdin.flush()
             size, = struct.unpack("<Q", self._read(8, deadline))
