@@ -21,7 +21,7 @@ from treeflash.outputs import RequestOutput
 from treeflash.progress import Progress
 from treeflash.round import SpecConfig
 from treeflash.sampling import SamplingParams, as_int, new_seed, truncate_prompt
-from treeflash.structured import COMPILE_TIMEOUT, Grammar, GrammarCompiler
+from treeflash.structured import COMPILE_TIMEOUT, GrammarCompiler
 
 
 @dataclass(frozen=True)
@@ -494,17 +494,6 @@ class LLM:
                 text = shown
         return tok.encode(text, add_special_tokens=False, verbose=False)  # _requests checks the length
 
-    def _grammar(self, params: SamplingParams, stop_ids: frozenset[int], tokenizer=None) -> Grammar | None:
-        """A request's structured outputs as a token automaton (compiled once per structure and stop tokens):
-        `stop_ids` (the request's stop tokens and EOS, even where it ignores EOS, as vLLM's structures allow it)
-        may come where the text is a whole match."""
-        if params.structured_outputs is None:
-            return None
-        if self._grammars is None:  # (the vocabulary is read once, at the first structured request)
-            self._grammars = GrammarCompiler(tokenizer or self.tokenizer, self.config.vocab_size,
-                                             timeout=self.structure_compile_timeout)
-        return self._grammars.compile(params.structured_outputs, stop_ids)
-
     def close(self) -> None:
         """Stop the tensor-parallel workers and the structures' compile process, if any (also done on garbage
         collection and at exit)."""
@@ -569,11 +558,17 @@ class LLM:
                               compile_structures=compile_structures)
 
     def compile_structures(self, requests: Sequence[Request], tokenizer=None) -> None:
-        """Give each structured request its automaton, where `new_requests` left it out (a ValueError where
-        none can be built). tokenizer: as new_requests', read once, at the first structure."""
+        """Give each structured request without one its token automaton (a ValueError where none can be
+        built), compiled once per structure and stop tokens: the request's stop tokens and EOS (even where it
+        ignores EOS, as vLLM's structures allow it) may come where the text is a whole match. tokenizer: as
+        new_requests', its vocabulary read once, at the first structure."""
         for r in requests:
-            if r.params.structured_outputs is not None and r.grammar is None:
-                r.grammar = self._grammar(r.params, r.stop_ids | frozenset(self.eos_token_ids), tokenizer)
+            if r.params.structured_outputs is None or r.grammar is not None:
+                continue
+            if self._grammars is None:
+                self._grammars = GrammarCompiler(tokenizer or self.tokenizer, self.config.vocab_size,
+                                                 timeout=self.structure_compile_timeout)
+            r.grammar = self._grammars.compile(r.params.structured_outputs, r.stop_ids | frozenset(self.eos_token_ids))
 
     def _requests(self, prompts, sampling_params, prompt_token_ids, texts=None, tokenizer=None,
                   compile_structures: bool = True) -> list[Request]:
@@ -627,8 +622,8 @@ class LLM:
                 id=self._next_id, prompt=text, prompt_ids=prompt, params=p,
                 seed=p.seed if p.seed is not None else new_seed(), stop_ids=frozenset(stops),
                 max_new_tokens=min(p.max_tokens, self.max_model_len - len(prompt)),
-                bad_words_ids=bad_word_sequences(p.bad_words, tokenizer or self.tokenizer) if p.bad_words else None,
-                grammar=self._grammar(p, frozenset(stops) | frozenset(self.eos_token_ids), tokenizer)
-                if compile_structures else None))
+                bad_words_ids=bad_word_sequences(p.bad_words, tokenizer or self.tokenizer) if p.bad_words else None))
             self._next_id += 1
+        if compile_structures:
+            self.compile_structures(requests, tokenizer)
         return requests

@@ -100,8 +100,7 @@ class Frontend:
         try:
             self.llm.compile_structures(requests, tokenizer=self._structure_tokenizer)
         except ValueError as e:
-            forced = isinstance(body, ChatCompletionRequest) and bool(body.tools) and (
-                body.tool_choice == "required" or isinstance(body.tool_choice, NamedToolChoice))
+            forced = isinstance(body, ChatCompletionRequest) and body.tools and self._forces_call(body)
             raise bad_request(str(e), param="tool_choice" if forced else self._structure(body)[1]) from None
 
     def _chat_ids(self, body: ChatCompletionRequest | TokenizeRequest, tools: list[dict] | None, tok) -> list[int]:
@@ -124,7 +123,7 @@ class Frontend:
         """The tools to show the model (None: none, or tool_choice "none"), and where tool_choice forces a call
         ("required", or a named function), the structure that holds the reply to call blocks."""
         choice = body.tool_choice
-        forcing = choice == "required" or isinstance(choice, NamedToolChoice)
+        forcing = Frontend._forces_call(body)
         if not body.tools or choice == "none":
             if forcing:
                 raise bad_request("tool_choice forces a call, but no tools were given", param="tool_choice")
@@ -139,6 +138,10 @@ class Frontend:
             return tools, call_structure(tools, name, several=name is None and body.parallel_tool_calls)
         except ValueError as e:
             raise bad_request(str(e), param="tools") from None
+
+    @staticmethod
+    def _forces_call(body: ChatCompletionRequest) -> bool:
+        return body.tool_choice == "required" or isinstance(body.tool_choice, NamedToolChoice)
 
     def tokenize(self, body: TokenizeRequest) -> list[int]:
         """The prompt token ids the server's endpoints would run for this prompt or these messages."""
