@@ -35,7 +35,8 @@ S. structured outputs (float32, none / dflash / ddtree-16 / ddtree-64 + lookup, 
    random token automaton over the tiny vocabulary on a greedy and a sampled request beside two free ones;
    every method gives none's tokens, the structured ones stay inside the automaton, the free ones keep the
    tokens they get in a batch without a structure (graphed), and rounds without a structured request replay
-   graphs again.
+   graphs again; the structure kernels (treeflash/structure_kernel.py) give GrammarSlots' torch ops' node
+   masks, drafts' masks and states, element for element, at vocabularies of 49,152 and 151,936.
 P. graphs sharing one memory pool: rounds hop between graphs (buckets, budgets 0-256, one pool, one capture
    stream) and equal the same rounds run eagerly; a round's read-back survives other graphs' replays; graphs
    captured one per stage (time_stages) write no tensor made after them.
@@ -422,6 +423,7 @@ def check_structured(target: Path, drafter: Path) -> dict:
     finally:
         GrammarSlots.MIN_ROWS = min_rows
     if DEVICE == "cuda":
+        results.update(structure_kernels_against_ops())
         for spec, ngram in SYNC_SPECS:
             llm = LLM(target, device=DEVICE, dtype="float32", draft_model=None if spec == "none" else drafter,
                       spec=spec, tree_budget=16, time_stages=False, ngram_tokens=ngram)
@@ -431,6 +433,47 @@ def check_structured(target: Path, drafter: Path) -> dict:
             results[f"{name}: 3 eager rounds without host sync"] = eager_rounds_without_sync(speculator, 4)
             results[f"{name}: 3 replays without host sync"] = replays_without_sync(
                 GraphRunner(speculator, time_stages=False, log=None), 4)
+    return results
+
+
+def structure_kernels_against_ops() -> dict:
+    """treeflash/structure_kernel.py against GrammarSlots' torch ops on the GPU, at real vocabularies: each
+    node's mask in DDTree-64 trees (drafted over a draft vocabulary), the drafts' chain masks over it and
+    over the whole vocabulary, and the states after emitted tokens; a dense automaton (a third of the
+    vocabulary allowed in each state), a sparse one (20 tokens) and a slot without a structure."""
+    from treeflash.structured import Grammar, GrammarSlots
+    from treeflash.tree import build_tree
+
+    results, rng = {}, random.Random(1)
+    gen = torch.Generator(device=DEVICE).manual_seed(1)
+    for vocab, draft in ((49152, 16384), (151936, 32768)):
+        grammars = [Grammar.from_table(vocab, 0, {s: {t: rng.randrange(6) for t in rng.sample(range(vocab), k)}
+                                                  for s in range(6)}) for k in (vocab // 3, 20)] + [None]
+        kernel, ops = (GrammarSlots(3, vocab, DEVICE, kernels=k) for k in (True, False))
+        columns = torch.randperm(vocab, device=DEVICE, generator=gen)[:draft].sort().values
+        same = {"node masks": True, "draft masks, draft vocabulary": True, "draft masks, whole vocabulary": True,
+                "states after emitted tokens": True}
+        for structure in (kernel, ops):
+            structure.start([0, 1, 2], grammars)
+        for _ in range(4):
+            drafts = torch.randn(3, 15, draft, device=DEVICE, generator=gen).to(torch.bfloat16) * 3
+            tree = build_tree(torch.zeros(3, dtype=torch.long, device=DEVICE), torch.log_softmax(drafts.float(), -1),
+                              budget=64)
+            tree = dataclasses.replace(tree, tokens=torch.cat([tree.tokens[:, :1], columns[tree.tokens[:, 1:]]], 1))
+            logits = torch.randn(3, tree.size, vocab, device=DEVICE, generator=gen).to(torch.bfloat16)
+            same["node masks"] &= torch.equal(*(s.apply(logits, slice(0, 3), tree) for s in (kernel, ops)))
+            same["draft masks, draft vocabulary"] &= torch.equal(
+                *(s.apply_drafts(drafts, slice(0, 3), columns) for s in (kernel, ops)))
+            whole = torch.randn(3, 15, vocab, device=DEVICE, generator=gen)
+            same["draft masks, whole vocabulary"] &= torch.equal(
+                *(s.apply_drafts(whole, slice(0, 3)) for s in (kernel, ops)))
+            emitted = torch.stack([tree.tokens[:, 0]] + [tree.tokens[:, 1 + d] for d in range(15)], 1)
+            accepted = torch.randint(0, 17, (3,), device=DEVICE, generator=gen)
+            for s in (kernel, ops):
+                s.add(emitted, accepted)
+            same["states after emitted tokens"] &= torch.equal(kernel.state, ops.state)
+        for what, ok in same.items():
+            results[f"structure kernels, vocabulary {vocab}: {what} == torch ops'"] = bool(ok)
     return results
 
 
@@ -577,11 +620,14 @@ def check_logprobs(target: Path, drafter: Path, attention: str | None, shapes: l
                                             ("allowed_token_ids, blind drafts", allowed, False),
                                             ("bad_words", {"bad_words": ["(three sequences)"]}, True),
                                             ("structured outputs", structure, True),
+                                            ("structured outputs, torch ops", structure, True),
                                             ("structured outputs, eager", structure, True)):
                     sp.adjust_drafts = adjust
                     sp.set_sampling_many(list(range(batch)), [SamplingParams(temperature=0, **extra)] * batch,
                                          [0] * batch, [[1, 2, 3]] * batch, [{7}] * batch,
                                          [[[5], [7, 9], [1, 2, 3]]] * batch, [grammar] * batch)
+                    if sp.structure is not None:  # (the structure kernels, or GrammarSlots' torch ops)
+                        sp.structure.kernels = not what.endswith("torch ops")
                     runner = GraphRunner(sp, log=None, enabled=not what.endswith("eager"))
                     row[what] = round(1e3 * runner.time_round(batch, 10), 3)
                 results[f"{name} batch {batch} {method}-{budget}: graphed ms"] = str(row)

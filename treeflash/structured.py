@@ -18,7 +18,8 @@ of its allowed tokens, and the transitions as sorted keys (state x V + token) wi
 up by binary search; state 0 allows every token and leads to itself (slots without a structure, and the
 nodes below a forbidden token, whose masks never matter). The table's tensors keep their place as requests
 come and go, so rounds and prefills holding a structured request replay CUDA graphs like any others
-(scripts/gpu_check.py, section S, checks them against eager rounds).
+(scripts/gpu_check.py, section S, checks them against eager rounds). On CUDA a round's lookups and masks
+run as a few Triton kernels (treeflash/structure_kernel.py), the torch ops here being their reference.
 """
 
 from __future__ import annotations
@@ -197,12 +198,16 @@ class GrammarSlots:
     however many slots use it (a compiled structure is one object: the compiler caches it), so a request
     whose structure is already in the table costs no copy. A new automaton goes after the others, whose
     keys stay sorted; where no room is left, the running requests' automata are packed from row 1 again
-    (the others', of finished requests, dropped) and the slots' states moved with their rows."""
+    (the others', of finished requests, dropped) and the slots' states moved with their rows.
+
+    kernels: whether `apply`, `apply_drafts` and `add` run as Triton kernels (treeflash/structure_kernel.py:
+    a few launches a round instead of a dozen per step) rather than torch ops; None: on CUDA."""
 
     MIN_ROWS, MIN_KEYS = 64, 1 << 12
 
-    def __init__(self, slots: int, vocab_size: int, device):
-        self.vocab_size, self.device = vocab_size, device
+    def __init__(self, slots: int, vocab_size: int, device, kernels: bool | None = None):
+        self.vocab_size, self.device = vocab_size, torch.device(device)
+        self.kernels = self.device.type == "cuda" if kernels is None else kernels
         self.grammars: list[Grammar | None] = [None] * slots
         self.placed: dict[int, tuple[Grammar, int]] = {}  # id(grammar) -> (grammar, its first row)
         self.rows_used, self.keys_used, self.generation = 1, 0, 0
@@ -287,6 +292,11 @@ class GrammarSlots:
     def add(self, emitted: torch.Tensor, accepted: torch.Tensor) -> None:
         """A round emitted emitted[s, :accepted[s]] for slots [0, S): each slot's state follows them."""
         s = emitted.shape[0]
+        if self.kernels:
+            from treeflash.structure_kernel import follow  # (Triton: imported where it runs)
+
+            follow(self.state, emitted, accepted, self.keys, self.next, self.vocab_size)
+            return
         state = self.state[:s]
         for k in range(emitted.shape[1]):
             state = torch.where(k < accepted, self.step(state, emitted[:, k]), state)
@@ -302,6 +312,10 @@ class GrammarSlots:
         depth-1 drafts and that chain, a guess for the other branches (drafts only; the target derives every
         token). A depth whose allowed tokens all lie outside the draft vocabulary keeps the drafter's own."""
         state = self.state[rows]
+        if self.kernels:
+            from treeflash.structure_kernel import drafts_masked
+
+            return drafts_masked(logits, state, self.allowed, self.keys, self.next, self.vocab_size, columns)
         out = []
         for d in range(logits.shape[1]):
             allowed = self.allowed_rows(state)
@@ -323,7 +337,14 @@ class GrammarSlots:
         root = (self.initial if prefill else self.state)[rows][:, None]
         s, n = logits.shape[:2]
         state = root.expand(s, n)
-        if tree is not None and tree.size > 1 and tree.max_depth > 0:
+        paths = tree is not None and tree.size > 1 and tree.max_depth > 0
+        if self.kernels:
+            from treeflash.structure_kernel import masked_logits, tree_states
+
+            if paths:
+                state = tree_states(root[:, 0], tree, self.keys, self.next, self.vocab_size)
+            return masked_logits(logits, state, self.allowed)
+        if paths:
             for _ in range(tree.max_depth):  # (parents precede children: depth d is right after d passes)
                 state = torch.where(tree.depths == 0, root, self.step(state.gather(1, tree.parents), tree.tokens))
         return logits.float().masked_fill(self.allowed_rows(state) == 0, float("-inf"))
