@@ -520,6 +520,28 @@ def test_neutral_values_of_unsupported_fields_and_max_completion_tokens_are_hono
     assert got.usage.completion_tokens == 5 and got.choices[0].text == want.text
 
 
+def test_fields_a_request_leaves_out_take_the_models_generation_config(model_dir, offline, tmp_path):
+    """vLLM's --generation-config: the model's temperature, top_k and max_new_tokens (greedy, 5, 6 here) where a
+    request does not say; what it says stands; the server says at start-up that they apply."""
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0, "top_k": 5, "max_new_tokens": 6}))
+    srv = Server(str(model_dir), "--generation-config", str(tmp_path), log_dir=tmp_path)
+    try:
+        local = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=120)
+        want = offline.chat(CHAT, greedy(6, ignore_eos=True))[0]
+        got = local.chat.completions.create(model=str(model_dir), messages=CHAT, extra_body={"ignore_eos": True})
+        assert got.choices[0].message.content == want.text and got.usage.completion_tokens == 6
+        got = local.completions.create(model=str(model_dir), prompt="ab", extra_body={"ignore_eos": True})
+        assert got.usage.completion_tokens == 6  # (the completions endpoint's own default, 16, capped at 6)
+        asked = [local.completions.create(model=str(model_dir), prompt="ab", max_tokens=12, temperature=1.0, seed=s,
+                                          extra_body={"ignore_eos": True, "top_k": -1}) for s in (1, 2)]
+        want = offline.generate(["ab"] * 2, [SamplingParams(temperature=1.0, seed=s, max_tokens=12, ignore_eos=True)
+                                             for s in (1, 2)])
+        assert [a.choices[0].text for a in asked] == [w.text for w in want]
+        assert "the model's default sampling (temperature=0, top_k=5, max_tokens=6" in srv.output()
+    finally:
+        srv.stop()
+
+
 def test_structured_fields_give_the_offline_structured_tokens(client, offline):
     choice = ["oak", "pine tree", "ash"]
     want = offline.generate("name a tree", greedy(8, structured_outputs={"choice": choice}))[0]

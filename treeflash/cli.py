@@ -25,8 +25,9 @@ usage and an error line (exit status 2)."""
 GENERATE_DESCRIPTION = """\
 Generate a continuation of PROMPT (or a chat reply with --chat), printing text as it is accepted,
 then a summary line on stderr (on the CPU, where stages are timed, a second line with the time per
-stage). The command line's defaults suit a terminal: temperature 0.7 and
-up to 256 new tokens (the Python API keeps vLLM's defaults, temperature 1.0 and 16 tokens)."""
+stage). A sampling option left out takes the model's default (its generation_config.json: see
+--generation-config), else the command line's, which suit a terminal: temperature 0.7 and up to 256 new
+tokens (the Python API keeps vLLM's, temperature 1.0 and 16 tokens)."""
 
 GENERATE_EPILOG = """\
 examples:
@@ -150,19 +151,36 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
                         "drafter, 0 with --spec none (on the CPU only greedy requests verify lookup's rows)")
 
 
+# The command line's sampling defaults, under the model's own (--generation-config) and what is asked.
+SAMPLING_DEFAULTS = {"temperature": 0.7, "top_k": -1, "top_p": 1.0, "min_p": 0.0, "max_tokens": 256,
+                     "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+MODEL_DEFAULT = "; default: the model's generation_config.json, else "
+
+
+def _add_generation_config_arg(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--generation-config", default="auto", metavar="auto|vllm|PATH",
+                   help=f"where {what} default sampling comes from (vLLM's option): auto (default), the model "
+                        "directory's generation_config.json (its temperature, top_p, top_k, min_p, "
+                        "repetition_penalty and max_new_tokens); vllm, none; or a directory or file holding one")
+
+
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--temperature", type=float, default=0.7, help="0 for greedy decoding (default 0.7)")
-    p.add_argument("--top-k", type=int, default=-1, help="keep the k most likely tokens; -1 = off (default)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (default 1.0 = off)")
-    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x the top probability (default 0)")
-    p.add_argument("--max-tokens", type=int, default=256, help="tokens to generate at most (default 256)")
+    p.add_argument("--temperature", type=float, default=None, help="0 for greedy decoding" + MODEL_DEFAULT + "0.7")
+    p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens; -1 = off" + MODEL_DEFAULT
+                   + "-1")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass in (0, 1]" + MODEL_DEFAULT
+                   + "1.0 = off")
+    p.add_argument("--min-p", type=float, default=None, help="drop tokens below min_p x the top probability"
+                   + MODEL_DEFAULT + "0")
+    p.add_argument("--max-tokens", type=int, default=None, help="tokens to generate at most; default: the "
+                   "model's generation_config.json's max_new_tokens, else 256")
     p.add_argument("--seed", type=int, default=None, help="seed for a reproducible sample (default: a random one)")
-    p.add_argument("--repetition-penalty", type=float, default=1.0,
+    p.add_argument("--repetition-penalty", type=float, default=None,
                    help="divide positive logits of tokens already in the prompt or output by it, multiply negative "
-                        "ones (vLLM's; > 1 discourages repeats; default 1.0 = off)")
-    p.add_argument("--presence-penalty", type=float, default=0.0,
+                        "ones (vLLM's; > 1 discourages repeats" + MODEL_DEFAULT + "1.0 = off)")
+    p.add_argument("--presence-penalty", type=float, default=None,
                    help="subtract it from tokens already generated, in [-2, 2] (default 0)")
-    p.add_argument("--frequency-penalty", type=float, default=0.0,
+    p.add_argument("--frequency-penalty", type=float, default=None,
                    help="subtract it times each token's count so far, in [-2, 2] (default 0)")
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable; default: none)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
@@ -232,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(gen)
     _add_spec_args(gen)
     _add_sampling_args(gen)
+    _add_generation_config_arg(gen, "the options left out take their")
 
     srv = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
                          description=SERVE_DESCRIPTION, epilog=SERVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -256,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="split a thinking model's <think> block off its chat replies into `reasoning` (and "
                           "`reasoning_content`); a structured output then holds the answer after the block "
                           "(default: none, the block stays in `content`)")
+    _add_generation_config_arg(srv, "the fields a request leaves out take their")
     srv.add_argument("--structure-compile-timeout", type=float, default=60.0,
                      help="seconds a request's structured output (JSON schema, regex, choice) may take to compile; "
                           "past it the request gets a 400 (default 60)")
@@ -468,6 +488,7 @@ def _serve(args) -> int:
     from treeflash import LLM
     from treeflash.default_model import DEFAULT_MODEL_NAME
     from treeflash.server import ServerConfig, serve
+    from treeflash.generation_config import describe
 
     torch.set_num_threads(args.threads or default_threads())
     if args.max_choices < 1 or args.shutdown_timeout < 0 or not 0 <= args.port < 65536 or args.max_request_bytes < 1:
@@ -476,7 +497,11 @@ def _serve(args) -> int:
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
               draft_model=args.draft_model, spec=args.spec, tree_budget=args.tree_budget,
               max_num_seqs=args.max_num_seqs, ngram_tokens=args.ngram_tokens,
-              structure_compile_timeout=args.structure_compile_timeout)
+              structure_compile_timeout=args.structure_compile_timeout, generation_config=args.generation_config)
+    if llm.default_sampling:  # (said, as vLLM says it: a request without a temperature is not sampled at 1.0)
+        print(f"treeflash: the model's default sampling ({describe(llm.default_sampling)}, from its "
+              f"generation_config.json; --generation-config vllm leaves it out) applies where a request does not "
+              f"say", file=sys.stderr, flush=True)
     name = args.served_model_name or args.model or DEFAULT_MODEL_NAME
     if not args.no_warmup and llm.device.type == "cuda":
         start = time.perf_counter()
@@ -506,15 +531,15 @@ def _generate(args) -> int:
 
     torch.set_num_threads(args.threads or default_threads())
     others = OtherCpuUse() if args.threads is None else None  # (measured while the model loads)
-    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                            max_tokens=args.max_tokens, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos,
-                            repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
-                            frequency_penalty=args.frequency_penalty, structured_outputs=_structure(args))
+    asked = {k: getattr(args, k) for k in SAMPLING_DEFAULTS if getattr(args, k) is not None}
+    fixed = dict(seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos, structured_outputs=_structure(args))
+    SamplingParams(**{**SAMPLING_DEFAULTS, **asked}, **fixed)  # (a bad option fails before the model loads)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
               draft_model=args.draft_model, spec=args.spec, tree_budget=args.tree_budget, max_num_seqs=1,
               record_trees=args.show_tree, tensor_parallel_size=args.tensor_parallel_size,
-              ngram_tokens=args.ngram_tokens)
+              ngram_tokens=args.ngram_tokens, generation_config=args.generation_config)
+    params = SamplingParams(**{**SAMPLING_DEFAULTS, **llm.default_sampling, **asked}, **fixed)
     if others is not None:
         torch.set_num_threads(generate_threads(others.cores()))
     if args.chat or args.system is not None:  # a system message only means something in a chat

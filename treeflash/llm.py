@@ -16,6 +16,7 @@ from treeflash.checkpoint import load_drafter, load_target, load_tokenizer, reso
 from treeflash.config import ModelConfig, config_int_list, read_json_object
 from treeflash.default_model import default_draft_model
 from treeflash.engine import Engine, EngineConfig, Request
+from treeflash.generation_config import sampling_defaults
 from treeflash.models.parallel import check_shardable
 from treeflash.outputs import RequestOutput
 from treeflash.progress import Progress
@@ -132,10 +133,11 @@ def _check_conversation(messages, where: str, template) -> None:
             raise ValueError(f"{where}[{i}]: content must be a string, got {content!r}")
 
 
-def _sampling_params(sampling_params, n: int) -> list[SamplingParams]:
-    """One SamplingParams per prompt from: None, a SamplingParams, a dict of its fields, or a list of those."""
+def _sampling_params(sampling_params, n: int, default: dict | None = None) -> list[SamplingParams]:
+    """One SamplingParams per prompt from: None (SamplingParams(**default)), a SamplingParams, a dict of its
+    fields, or a list of those."""
     if sampling_params is None:
-        sampling_params = SamplingParams()
+        sampling_params = SamplingParams(**(default or {}))
     if isinstance(sampling_params, (SamplingParams, dict)):
         sampling_params = [sampling_params] * n
     elif isinstance(sampling_params, (str, bytes)) or not isinstance(sampling_params, Sequence):
@@ -280,6 +282,11 @@ class LLM:
     structure_compile_timeout: seconds a request's structured output may take to compile (default 60; None:
     no limit). Some short patterns blow the automaton up exponentially (`(a|b)*a(a|b){16}`: minutes,
     gigabytes); past the limit the compile process is killed and the request fails with a ValueError.
+    generation_config: where the model's own sampling defaults come from (vLLM's `generation_config`):
+    "auto" (default) the model directory's generation_config.json, "vllm" nowhere, or a directory / file.
+    They are `default_sampling` (temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens as
+    max_tokens; treeflash/generation_config.py): `get_default_sampling_params()`, what `generate` and
+    `chat` use without sampling_params, and the server's default for each field a request leaves out.
     """
 
     def __init__(self, model: str | Path | None = None, device: str | torch.device | None = None,
@@ -292,7 +299,8 @@ class LLM:
                  compile_kernels: bool = True, admit_batch: int = 1,
                  cuda_graph_sizes: Sequence[int] | None = None, draft_vocab: bool = True,
                  tree_kernel: bool | None = None, cpu_prepack: bool = True, overlap: bool | None = None,
-                 ngram_tokens: int | None = None, structure_compile_timeout: float | None = COMPILE_TIMEOUT):
+                 ngram_tokens: int | None = None, structure_compile_timeout: float | None = COMPILE_TIMEOUT,
+                 generation_config: str | Path | None = "auto"):
         draft_model = default_draft_model(model, draft_model, spec)
         self.parallel = None  # the tensor-parallel group (workers), when tensor_parallel_size > 1
         method = spec or ("ddtree" if draft_model else "none")
@@ -324,6 +332,7 @@ class LLM:
             self.model, self.config = None, ModelConfig.from_dir(self.model_dir)
             check_shardable(self.config, tensor_parallel_size)
         self.tokenizer = load_tokenizer(self.model_dir)
+        self.default_sampling = sampling_defaults(generation_config, self.model_dir)
         self.drafter = None
         if draft_model is not None and self.spec.method != "none":
             self.drafter = load_drafter(draft_model, self.device, self.dtype)
@@ -373,8 +382,8 @@ class LLM:
         """Generate for every prompt (strings, or token ids by keyword); the requests run as a batch.
 
         sampling_params: one for all prompts or one per prompt; each a SamplingParams or a dict of its
-        fields, e.g. {"temperature": 0, "max_tokens": 32}. The progress bar (a terminal only) counts
-        finished requests, generated tokens and tokens/s.
+        fields, e.g. {"temperature": 0, "max_tokens": 32}; None: `get_default_sampling_params()`. The
+        progress bar (a terminal only) counts finished requests, generated tokens and tokens/s.
         """
         return self._run(self._requests(prompts, sampling_params, prompt_token_ids), use_tqdm)
 
@@ -436,13 +445,19 @@ class LLM:
             # A consumer that stops early (or an error) must not leave the request holding a slot.
             engine.abort(request.id)
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams with the model's own defaults (`default_sampling`, from its generation_config.json
+        unless `generation_config` said otherwise) over SamplingParams' (vLLM's)."""
+        return SamplingParams(**self.default_sampling)
+
     def warm_up(self, sampling_params: Sequence[SamplingParams] | None = None) -> int:
         """Capture now (CUDA) the graphs that requests sampled like each of `sampling_params` replay, at every
         batch size up to max_num_seqs: the rounds, at every budget `tree_budget="auto"` weighs (measuring its
         costs first where no stored profile has them), and the prefills of up to one step's tokens. Without
         it they are captured when first needed, which holds up every running request (seconds each, minutes
         where kernels compile for the first time). Default: greedy, temperature sampling and temperature with
-        top_p (what OpenAI clients send); other flags (top_k, min_p) are captured when first met. Returns the
+        top_p (what OpenAI clients send), and the model's default sampling where it sets one; other flags
+        (top_k, min_p, penalties) are captured when first met. Returns the
         number of graphs captured: 0 on the CPU, where rounds run eagerly.
 
         The caches are first grown to the longest request (`Engine.reserve_all`) where that fits in half the
@@ -459,6 +474,8 @@ class LLM:
         if sampling_params is None:
             sampling_params = [SamplingParams(temperature=0), SamplingParams(temperature=1.0),
                                SamplingParams(temperature=1.0, top_p=0.9)]
+            if self.default_sampling:
+                sampling_params.append(self.get_default_sampling_params())
         captured = sum(self.engine.capture_graphs(self.max_num_seqs, params) for params in sampling_params)
         # The eager rounds run before each capture leave their freed blocks cached outside the graphs' pool
         # (10.8 GiB at the server's default shape before top_p's sort was grouped, benchmarks/h200-graph-pool):
@@ -591,7 +608,7 @@ class LLM:
             texts = texts or [None] * len(ids)
         if not ids:
             raise ValueError("no prompts given")
-        params = _sampling_params(sampling_params, len(ids))
+        params = _sampling_params(sampling_params, len(ids), self.default_sampling)
         vocab = self.config.vocab_size
         requests = []
         for n, (text, prompt, p) in enumerate(zip(texts, ids, params)):

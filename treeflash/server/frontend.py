@@ -229,7 +229,9 @@ class Frontend:
             if max_tokens is not None and max_tokens > room:
                 raise bad_request(f"the prompt has {len(p.ids)} tokens and {max_tokens} more were asked for; "
                                   f"this model's context is {limit} tokens", param="max_tokens", code=CONTEXT)
-            base = self._sampling(body, max_tokens or default_max_tokens or room, self._logprobs(body),
+            # (the model's max_new_tokens caps the default, as in vLLM; an asked max_tokens stands)
+            fallback = min(default_max_tokens or room, self.llm.default_sampling.get("max_tokens", room), room)
+            base = self._sampling(body, max_tokens or fallback, self._logprobs(body),
                                   self._prompt_logprobs(body), structure, source)
             if reasoning_inside is not None and base.structured_outputs is not None:
                 try:
@@ -325,17 +327,24 @@ class Frontend:
     def _sampling(self, body: SamplingFields, max_tokens: int, logprobs: int | None = None,
                   prompt_logprobs: int | None = None, structure: StructuredOutputsParams | dict | None = None,
                   source: str | None = None) -> SamplingParams:
+        """The request's SamplingParams; a field it leaves out takes the model's default (its
+        generation_config.json's, `LLM.default_sampling`), else OpenAI's / vLLM's."""
+        model = self.llm.default_sampling
+
+        def default(field: str, value, neutral):
+            return value if value is not None else model.get(field, neutral)
+
         try:
             return SamplingParams(
-                temperature=1.0 if body.temperature is None else body.temperature,
-                top_p=1.0 if body.top_p is None else body.top_p,
-                top_k=-1 if body.top_k in (None, 0) else body.top_k,  # 0 = off, as vLLM
-                min_p=0.0 if body.min_p is None else body.min_p,
+                temperature=default("temperature", body.temperature, 1.0),
+                top_p=default("top_p", body.top_p, 1.0),
+                top_k=default("top_k", body.top_k, -1),  # (0 = off, as in vLLM: SamplingParams says so)
+                min_p=default("min_p", body.min_p, 0.0),
                 max_tokens=max_tokens, seed=body.seed, stop=body.stop, stop_token_ids=body.stop_token_ids,
                 ignore_eos=body.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
                 truncate_prompt_tokens=body.truncate_prompt_tokens,
                 presence_penalty=body.presence_penalty or 0.0, frequency_penalty=body.frequency_penalty or 0.0,
-                repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+                repetition_penalty=default("repetition_penalty", body.repetition_penalty, 1.0),
                 logit_bias=_token_bias(body.logit_bias), min_tokens=body.min_tokens or 0,
                 allowed_token_ids=body.allowed_token_ids, bad_words=body.bad_words or None,
                 include_stop_str_in_output=body.include_stop_str_in_output, structured_outputs=structure,

@@ -55,7 +55,8 @@ class SamplingFields(_Request):
 
     model: str | None = None  # None: the one model served
     n: int = Field(1, ge=1)
-    temperature: float | None = Field(None, ge=0)  # None: 1.0, as OpenAI
+    # None (every sampling field here): the model's default (its generation_config.json), else OpenAI's / vLLM's
+    temperature: float | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1)  # -1 or 0: off
     min_p: float | None = Field(None, ge=0, le=1)
