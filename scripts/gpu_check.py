@@ -27,7 +27,7 @@ L. log-probs, penalties, logit_bias and min_tokens (float32, none / dflash / ddt
    only allowed tokens, masked greedy equals plain decoding's, prompt log-probs match transformers'; with
    bad words graphed == eager, none in the output, the same sample as plain decoding's (drafts adjusted to
    the requests' bias, penalties and min_tokens, the engine's default); the drafts' log-softmax kernel over
-   rows masked in whole pieces; replayed
+   rows masked in whole pieces; the penalty kernel equal to the torch ops bit for bit; replayed
    rounds with log-probs or penalties run without host sync; with --logprobs-timings SHAPES,
    graphed rounds without / with log-probs / with penalties and the rest / allowed tokens / bad words, the
    second and third with drafts adjusted to them and blind (batch 1 and 8, AR step and DDTree-64, context 1024).
@@ -477,6 +477,40 @@ def structure_kernels_against_ops() -> dict:
     return results
 
 
+def penalty_kernel_against_ops() -> dict:
+    """treeflash/penalty_kernel.py against `penalize`'s torch ops on the GPU, bit for bit, at vocabularies of
+    49,152 and 151,936: every node of DDTree-64 trees (its drafted path), the drafts (no path), the prefill
+    (no output yet), bfloat16 and float32 logits, and rows with and without penalties."""
+    from treeflash.penalties import penalize
+    from treeflash.sampling import SamplingTensors
+    from treeflash.tree import ancestor_mask, build_tree
+
+    params = [SamplingParams(repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.3), SamplingParams(),
+              SamplingParams(repetition_penalty=0.7, frequency_penalty=-1.2), SamplingParams(repetition_penalty=1.05)]
+    st = SamplingTensors.build(params, [0] * len(params), DEVICE)
+    gen = torch.Generator(device=DEVICE).manual_seed(2)
+    results = {}
+    for vocab in (49152, 151936):
+        s = len(params)
+        output = torch.randint(0, 4, (s, vocab), dtype=torch.int32, device=DEVICE, generator=gen)
+        output *= torch.rand(s, vocab, device=DEVICE, generator=gen) < 0.01
+        prompt = torch.rand(s, vocab, device=DEVICE, generator=gen) < 0.01
+        same = True
+        for dtype in (torch.bfloat16, torch.float32):
+            drafts = torch.randn(s, 15, vocab, device=DEVICE, generator=gen) * 3
+            drafts[:, :, :64] += 8  # (drafted tokens among the few the output and prompt hold: repeats on paths)
+            tree = build_tree(torch.zeros(s, dtype=torch.long, device=DEVICE), torch.log_softmax(drafts, -1), budget=64)
+            logits = (torch.randn(s, tree.size, vocab, device=DEVICE, generator=gen) * 4).to(dtype)
+            penalties = (st.repetition, st.frequency, st.presence)
+            for args in ((output, prompt, tree.tokens, ancestor_mask(tree), tree), (output, prompt), (None, prompt)):
+                got = penalize(logits, *penalties, *args, kernel=True)
+                same &= torch.equal(got, penalize(logits, *penalties, *args[:4], kernel=False))
+            same &= torch.equal(penalize(drafts.to(dtype), *penalties, output, prompt, kernel=True),
+                                penalize(drafts.to(dtype), *penalties, output, prompt, kernel=False))
+        results[f"penalty kernel, vocabulary {vocab}: == the torch ops bit for bit"] = bool(same)
+    return results
+
+
 # --- L: log-probs ------------------------------------------------------------------------------------
 class _TokenWords:
     """A tokenizer whose words are token ids ("17 4" is [17, 4]): bad words on the tiny models."""
@@ -599,9 +633,15 @@ def check_logprobs(target: Path, drafter: Path, attention: str | None, shapes: l
             speculator = mixed_speculator(llm, attention=attention, **extra)
             results[f"ddtree-16 with {what}: 3 replays without host sync"] = \
                 replays_without_sync(GraphRunner(speculator, log=None), 4)
+    if DEVICE == "cuda":
+        results.update(penalty_kernel_against_ops())
     for name in shapes:  # graphed round times without / with log-probs / with penalties (informational)
         target_model, drafter_model = build_shape(name)
         # A random automaton of 6 states over the vocabulary, a third of it allowed in each: JSON-like masks.
+        import functools
+
+        import treeflash.round as round_module
+        from treeflash.penalties import penalize
         from treeflash.structured import Grammar
 
         vocab, pick = target_model.config.vocab_size, random.Random(0)
@@ -615,7 +655,11 @@ def check_logprobs(target: Path, drafter: Path, attention: str | None, shapes: l
                 allowed = {"allowed_token_ids": list(range(0, 1000, 3))}
                 for what, extra, adjust in (("plain", {}, True), ("log-probs", {"logprobs": 5}, True),
                                             ("penalties, logit_bias, min_tokens", penalties, True),
+                                            ("penalties, logit_bias, min_tokens, torch ops", penalties, True),
                                             ("the same, blind drafts", penalties, False),
+                                            ("repetition_penalty 1.05", {"repetition_penalty": 1.05}, True),
+                                            ("repetition_penalty 1.05, torch ops", {"repetition_penalty": 1.05},
+                                             True),
                                             ("allowed_token_ids", allowed, True),
                                             ("allowed_token_ids, blind drafts", allowed, False),
                                             ("bad_words", {"bad_words": ["(three sequences)"]}, True),
@@ -626,10 +670,15 @@ def check_logprobs(target: Path, drafter: Path, attention: str | None, shapes: l
                     sp.set_sampling_many(list(range(batch)), [SamplingParams(temperature=0, **extra)] * batch,
                                          [0] * batch, [[1, 2, 3]] * batch, [{7}] * batch,
                                          [[[5], [7, 9], [1, 2, 3]]] * batch, [grammar] * batch)
-                    if sp.structure is not None:  # (the structure kernels, or GrammarSlots' torch ops)
-                        sp.structure.kernels = not what.endswith("torch ops")
-                    runner = GraphRunner(sp, log=None, enabled=not what.endswith("eager"))
-                    row[what] = round(1e3 * runner.time_round(batch, 10), 3)
+                    ops = what.endswith("torch ops")  # (the kernels, or the torch ops they replace)
+                    if sp.structure is not None:
+                        sp.structure.kernels = not ops
+                    round_module.penalize = functools.partial(penalize, kernel=False) if ops else penalize
+                    try:
+                        runner = GraphRunner(sp, log=None, enabled=not what.endswith("eager"))
+                        row[what] = round(1e3 * runner.time_round(batch, 10), 3)
+                    finally:
+                        round_module.penalize = penalize
                 results[f"{name} batch {batch} {method}-{budget}: graphed ms"] = str(row)
                 del sp
                 torch.cuda.empty_cache()

@@ -13,6 +13,8 @@ vLLM's order and formulas, on the float32 logits before temperature and the filt
 3. presence_penalty p: minus p where the token is in the output.
 A row without penalties (r = 1, f = p = 0) comes out bit for bit as it went in.
 
+On CUDA `penalize` is one Triton kernel (treeflash/penalty_kernel.py), bit for bit the torch ops here.
+
 min_tokens (`StopSuppression`) depends on a node's position alone: a stop token drawn at a position before
 the request's prompt length + min_tokens gets no probability, at every node as in plain decoding.
 """
@@ -69,13 +71,23 @@ class PenaltyCounts:
 
 def penalize(logits: torch.Tensor, repetition: torch.Tensor, frequency: torch.Tensor, presence: torch.Tensor,
              output: torch.Tensor | None, prompt: torch.Tensor, tokens: torch.Tensor | None = None,
-             ancestors: torch.Tensor | None = None) -> torch.Tensor:
+             ancestors: torch.Tensor | None = None, tree=None, kernel: bool | None = None) -> torch.Tensor:
     """The penalised float32 logits [S, N, V] of every node.
 
     logits [S, N, V]; repetition / frequency / presence [S]; output [S, V] the slots' generated-token counts
     (None: nothing generated yet, as at prefill); prompt [S, V]; tokens [S, N] and ancestors [S, N, N] (node
     n sees node m: m is n or an ancestor of n, the verify mask) add each node's drafted path, root excluded.
+    tree: the DraftTree tokens come from, whose parents the kernel walks instead of reading ancestors.
+    kernel: one Triton kernel (treeflash/penalty_kernel.py, bit for bit these ops' output) rather than the
+    torch ops; None: on CUDA, where a path comes with its tree.
     """
+    if kernel is None:
+        kernel = logits.is_cuda and (tokens is None or tree is not None)
+    if kernel:
+        from treeflash.penalty_kernel import penalize_kernel  # (Triton: imported where it runs)
+
+        return penalize_kernel(logits, repetition, frequency, presence, output, prompt, tokens,
+                               None if tree is None else tree.parents, 0 if tree is None else tree.max_depth)
     s, n, vocab = logits.shape
     # [S, 1, V] broadcast where every node has the same past (no path: drafts, prefill); [S, N, V] with paths
     counts = torch.zeros(s, 1, vocab, device=logits.device) if output is None else output[:, None, :].to(torch.float32)

@@ -757,7 +757,7 @@ class Speculator:
             counts = self.penalty_counts
             logits = penalize(logits, sampling.repetition, sampling.frequency, sampling.presence,
                               None if tree is None else counts.output[rows], counts.prompt[rows],
-                              None if tree is None else tree.tokens, ancestors)
+                              None if tree is None else tree.tokens, ancestors, tree)
         if flags.use_min_tokens:
             logits = self.stop_suppression.apply(logits, rows, positions)
         return logits
