@@ -185,3 +185,17 @@ def chi_square(observed: torch.Tensor, expected_probs: torch.Tensor, min_expecte
     stat = (((o - e) ** 2) / e).sum().item()
     df = max(len(bins_o) - 1, 1)
     return stat, df, df + 10 * math.sqrt(2 * df)
+
+
+def random_tree_shape(rng, slots: int, n: int, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random parents and depths [slots, n] of trees no deeper than `depth` (parents precede children; node 0
+    the root), for kernels that follow paths."""
+    parents = torch.zeros(slots, n, dtype=torch.long)
+    depths = torch.zeros(slots, n, dtype=torch.long)
+    for s in range(slots):
+        for i in range(1, n):
+            p = rng.randrange(i)
+            while depths[s, p] == depth:
+                p = rng.randrange(i)
+            parents[s, i], depths[s, i] = p, depths[s, p] + 1
+    return parents, depths

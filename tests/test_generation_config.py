@@ -56,7 +56,8 @@ def test_generate_without_sampling_params_takes_the_models_defaults(model_dir):
     assert llm.default_sampling == {"temperature": 0.0, "top_k": 5, "max_tokens": 7}
     assert llm.get_default_sampling_params() == SamplingParams(temperature=0.0, top_k=5, max_tokens=7)
     out = llm.generate(["abc"], use_tqdm=False)[0]
-    assert out.token_ids == llm.generate(["abc"], SamplingParams(temperature=0, max_tokens=7), use_tqdm=False)[0].token_ids
+    greedy = llm.generate(["abc"], SamplingParams(temperature=0, max_tokens=7), use_tqdm=False)[0]
+    assert out.token_ids == greedy.token_ids
     assert len(out.token_ids) == 7 or out.finish_reason == "stop"
     plain = LLM(str(model_dir), device="cpu", generation_config="vllm")
     assert plain.default_sampling == {} and plain.get_default_sampling_params() == SamplingParams()

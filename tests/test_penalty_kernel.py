@@ -15,6 +15,7 @@ from treeflash import SamplingParams
 from treeflash.penalties import penalize
 from treeflash.sampling import SamplingTensors
 from treeflash.tree import DraftTree, ancestor_mask
+from spec_helpers import random_tree_shape
 from test_bad_words import pair  # noqa: F401 (a char-level target with a tokenizer, and a drafter)
 from test_penalties import _llm
 
@@ -26,14 +27,7 @@ PARAMS = [SamplingParams(repetition_penalty=1.7, frequency_penalty=0.4, presence
 
 
 def _tree(rng: random.Random, slots: int, n: int, vocab: int, depth: int) -> DraftTree:
-    parents = torch.zeros(slots, n, dtype=torch.long)
-    depths = torch.zeros(slots, n, dtype=torch.long)
-    for s in range(slots):
-        for i in range(1, n):
-            p = rng.randrange(i)
-            while depths[s, p] == depth:
-                p = rng.randrange(i)
-            parents[s, i], depths[s, i] = p, depths[s, p] + 1
+    parents, depths = random_tree_shape(rng, slots, n, depth)
     tokens = torch.tensor([[rng.randrange(vocab // 4) for _ in range(n)] for _ in range(slots)])  # (repeats)
     return DraftTree(tokens, parents, depths, torch.ones(slots, n, dtype=torch.bool), torch.zeros(slots, n),
                      int(depths.max()))

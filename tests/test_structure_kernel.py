@@ -14,6 +14,7 @@ from triton_interpreter import mend  # noqa: F401  (first: it turns the interpre
 from treeflash import SamplingParams
 from treeflash.structured import Grammar, GrammarSlots
 from treeflash.tree import DraftTree
+from spec_helpers import random_tree_shape
 from test_bad_words import pair  # noqa: F401 (a char-level target with a tokenizer, and a drafter)
 from test_penalties import _llm
 
@@ -39,14 +40,7 @@ def _pair(slots: int, vocab: int, seed: int) -> tuple[GrammarSlots, GrammarSlots
 
 def _tree(rng: random.Random, slots: int, n: int, vocab: int, depth: int, allowed: GrammarSlots) -> DraftTree:
     """Random trees whose tokens are mostly allowed along their paths (so states go deep), some not."""
-    parents = torch.zeros(slots, n, dtype=torch.long)
-    depths = torch.zeros(slots, n, dtype=torch.long)
-    for s in range(slots):
-        for i in range(1, n):
-            p = rng.randrange(i)
-            while depths[s, p] == depth:
-                p = rng.randrange(i)
-            parents[s, i], depths[s, i] = p, depths[s, p] + 1
+    parents, depths = random_tree_shape(rng, slots, n, depth)
     tokens = torch.randint(0, vocab, (slots, n), generator=torch.Generator().manual_seed(rng.randrange(1 << 30)))
     state = allowed.state[:slots, None].expand(slots, n).clone()
     for i in range(1, n):  # follow each path, choosing an allowed token four times in five
@@ -73,7 +67,8 @@ def test_node_masks_equal_the_torch_ops(seed):
                 assert torch.equal(kernel.apply(logits, slice(0, slots), t, prefill and t is None),
                                    ops.apply(logits, slice(0, slots), t, prefill and t is None)), (n, prefill)
         rows = torch.tensor([2, 0])  # (a subset of the slots, in another order: the verify's rows)
-        assert torch.equal(kernel.apply(logits[:2], rows, _sub(tree, rows)), ops.apply(logits[:2], rows, _sub(tree, rows)))
+        sub = _sub(tree, rows)
+        assert torch.equal(kernel.apply(logits[:2], rows, sub), ops.apply(logits[:2], rows, sub))
 
 
 def _sub(tree: DraftTree, rows: torch.Tensor) -> DraftTree:
