@@ -10,7 +10,9 @@ node's drafted path (at most one token per depth, found by walking its parents) 
 The arithmetic is the torch ops', in their order and rounding: an IEEE division (`div_rn`, not the fast one)
 and no fused multiply-adds (`enable_fp_fusion=False`), so the outputs are equal bit for bit (tests: through
 Triton's interpreter on the CPU; scripts/gpu_check.py section L on the GPU). The torch ops stay the reference
-and the CPU's path.
+and the CPU's path. On an H100 a DDTree-64 round with penalties, a bias and min_tokens then costs +7.7%
+at the Qwen3-8B shape, batch 8 (+16.0% with the torch ops), and +14.6% at SmolLM2's (+30.7%;
+benchmarks/gpu-sampling-kernels/).
 """
 
 from __future__ import annotations

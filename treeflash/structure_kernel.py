@@ -16,7 +16,7 @@ and the Qwen3-8B shape, +81% of the small model's round (benchmarks/gpu-sampling
 - `follow`: one program steps every slot through the tokens its round emitted.
 
 With every slot structured, a graphed DDTree-64 round then costs +8.5-8.9% at the SmolLM2-135M shape and
-+1.1-2.7% at Qwen3-8B's (H100, batch 1 and 8; benchmarks/gpu-structure-kernels/).
++1.1-2.7% at Qwen3-8B's (H100, batch 1 and 8; benchmarks/gpu-sampling-kernels/).
 
 The outputs are the torch ops', element for element (tests: through Triton's interpreter on the CPU;
 scripts/gpu_check.py section S on the GPU). The torch ops stay the reference and the CPU's path
