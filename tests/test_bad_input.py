@@ -102,7 +102,7 @@ def test_a_dict_of_sampling_fields_is_a_sampling_params(llm):
 
 
 @pytest.mark.parametrize("params, message", [
-    ({"temperture": 0}, r"sampling_params\[0\] has unknown fields \['temperture'\]; SamplingParams has temperature"),
+    ({"temperture": 0}, r"sampling_params\[0\] has unknown fields \['temperture'\]; SamplingParams has n, temperature"),
     ({"temperature": -1}, "temperature must be >= 0"),
     ("greedy", "sampling_params must be a SamplingParams, a dict of its fields or a list of those, got str 'greedy'"),
     (0.7, "got float 0.7"),

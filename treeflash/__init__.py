@@ -5,17 +5,17 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-__all__ = ["LLM", "RequestMetrics", "RequestOutput", "SamplingParams"]
+__all__ = ["CompletionOutput", "LLM", "RequestMetrics", "RequestOutput", "SamplingParams"]
 __version__ = "0.1.0"
 
 # Public names load their module on first use, so `treeflash --help` and `--version` do not pay for
 # importing torch (seconds, more on a busy machine); `from treeflash import LLM` works as usual.
-_LAZY = {"LLM": "treeflash.llm", "RequestMetrics": "treeflash.outputs", "RequestOutput": "treeflash.outputs",
+_LAZY = {"CompletionOutput": "treeflash.outputs", "LLM": "treeflash.llm", "RequestMetrics": "treeflash.outputs", "RequestOutput": "treeflash.outputs",
          "SamplingParams": "treeflash.sampling"}
 
 if TYPE_CHECKING:
     from treeflash.llm import LLM
-    from treeflash.outputs import RequestMetrics, RequestOutput
+    from treeflash.outputs import CompletionOutput, RequestMetrics, RequestOutput
     from treeflash.sampling import SamplingParams
 
 

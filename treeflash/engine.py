@@ -78,6 +78,7 @@ class Request:
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     bad_words_ids: list[list[int]] | None = None  # params.bad_words as token sequences (treeflash/bad_words.py)
     grammar: Grammar | None = None  # params.structured_outputs as a token automaton (treeflash/structured.py)
+    choice: int = 0  # which of its prompt's SamplingParams.n completions this request makes
 
     def __post_init__(self) -> None:
         if self.params.logprobs is not None and self.logprobs is None:

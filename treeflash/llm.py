@@ -382,8 +382,10 @@ class LLM:
         """Generate for every prompt (strings, or token ids by keyword); the requests run as a batch.
 
         sampling_params: one for all prompts or one per prompt; each a SamplingParams or a dict of its
-        fields, e.g. {"temperature": 0, "max_tokens": 32}; None: `get_default_sampling_params()`. The
-        progress bar (a terminal only) counts finished requests, generated tokens and tokens/s.
+        fields, e.g. {"temperature": 0, "max_tokens": 32}; None: `get_default_sampling_params()`. One
+        RequestOutput per prompt, its SamplingParams.n completions in `outputs` (vLLM's layout). The
+        progress bar (a terminal only) counts finished requests (a completion each), generated tokens and
+        tokens/s.
         """
         return self._run(self._requests(prompts, sampling_params, prompt_token_ids), use_tqdm)
 
@@ -424,7 +426,11 @@ class LLM:
         Bad input is a ValueError here, when stream() is called, not when the iterator is first read."""
         _check_one_prompt(prompt, sampling_params, prompt_token_ids)
         ids = None if prompt_token_ids is None else [list(prompt_token_ids)]
-        return self._stream(self._requests(prompt, sampling_params, ids)[0])  # (both or neither: refused)
+        requests = self._requests(prompt, sampling_params, ids)  # (both or neither: refused)
+        if len(requests) > 1:
+            raise ValueError(f"stream yields one completion: SamplingParams.n must be 1, got {len(requests)} "
+                             f"(generate gives every completion)")
+        return self._stream(requests[0])
 
     def _stream(self, request: Request) -> Iterator[StreamChunk]:
         engine, printed = self.engine, 0
@@ -542,7 +548,15 @@ class LLM:
             for r in requests:  # after an error or an interrupt, free what this call still holds
                 if not r.finished:  # (a finished request holds nothing; abort searches every slot)
                     engine.abort(r.id)
-        return [engine.output_of(r) for r in requests]
+        outputs = [engine.output_of(r) for r in requests]
+        # A prompt's SamplingParams.n requests, one RequestOutput: the first's fields, every completion in outputs
+        grouped = []
+        for r, out in zip(requests, outputs):
+            if r.choice == 0:
+                grouped.append(out)
+            else:
+                grouped[-1].outputs.append(out.completion(r.choice))
+        return grouped
 
     def _need_tokenizer(self):
         if self.tokenizer is None:
@@ -635,12 +649,14 @@ class LLM:
                 raise ValueError("bad_words need a tokenizer; this model directory has none")
             if p.structured_outputs is not None and self.tokenizer is None:
                 raise ValueError("structured_outputs need a tokenizer; this model directory has none")
-            requests.append(Request(
-                id=self._next_id, prompt=text, prompt_ids=prompt, params=p,
-                seed=p.seed if p.seed is not None else new_seed(), stop_ids=frozenset(stops),
-                max_new_tokens=min(p.max_tokens, self.max_model_len - len(prompt)),
-                bad_words_ids=bad_word_sequences(p.bad_words, tokenizer or self.tokenizer) if p.bad_words else None))
-            self._next_id += 1
+            bad_words = bad_word_sequences(p.bad_words, tokenizer or self.tokenizer) if p.bad_words else None
+            for choice in range(p.n):  # (n completions: n requests, choice j seeded seed + j)
+                requests.append(Request(
+                    id=self._next_id, prompt=text, prompt_ids=prompt, params=p if p.n == 1 else replace(p, n=1),
+                    seed=p.seed + choice if p.seed is not None else new_seed(), stop_ids=frozenset(stops),
+                    max_new_tokens=min(p.max_tokens, self.max_model_len - len(prompt)), bad_words_ids=bad_words,
+                    choice=choice))
+                self._next_id += 1
         if compile_structures:
             self.compile_structures(requests, tokenizer)
         return requests

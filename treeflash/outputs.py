@@ -58,7 +58,24 @@ class RequestMetrics:
 
 
 @dataclass
+class CompletionOutput:
+    """One completion of a prompt (vLLM's): `RequestOutput.outputs[index]`, one per SamplingParams.n."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None
+    logprobs: list[dict[int, Logprob]] | None
+    finish_reason: str
+    stop_reason: int | str | None = None
+    metrics: RequestMetrics | None = None  # (treeflash's: what was measured while this completion ran)
+
+
+@dataclass
 class RequestOutput:
+    """A prompt's result. Its fields are its first completion's; `outputs` holds every completion
+    (SamplingParams.n of them, vLLM's layout: `output.outputs[0].text` is `output.text`)."""
+
     request_id: int
     prompt: str | None
     prompt_token_ids: list[int]
@@ -76,6 +93,11 @@ class RequestOutput:
     # What ended a request whose finish_reason is "stop" (vLLM's): the stop string, or the stop token's id from
     # stop_token_ids; None for EOS (and for "length")
     stop_reason: int | str | None = None
+    outputs: list[CompletionOutput] = field(default_factory=list)  # (empty given: this one completion)
+
+    def __post_init__(self) -> None:
+        if not self.outputs:
+            self.outputs = [self.completion(0)]
 
     @property
     def cumulative_logprob(self) -> float | None:
@@ -83,3 +105,8 @@ class RequestOutput:
         if self.logprobs is None:
             return None
         return sum(entry[token].logprob for token, entry in zip(self.token_ids, self.logprobs))
+
+    def completion(self, index: int) -> CompletionOutput:
+        """This output's completion, as the index-th of its prompt's."""
+        return CompletionOutput(index, self.text, self.token_ids, self.cumulative_logprob, self.logprobs,
+                                self.finish_reason, self.stop_reason, self.metrics)

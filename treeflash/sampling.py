@@ -63,6 +63,9 @@ class SamplingParams:
     The result is renormalised. min_p and top_k commute; top_p sees their renormalised remainder.
     """
 
+    # Completions of each prompt (vLLM's): n requests, choice j seeded seed + j where a seed is given;
+    # RequestOutput.outputs holds them
+    n: int = 1
     temperature: float = 1.0
     top_k: int = -1
     top_p: float = 1.0
@@ -129,11 +132,16 @@ class SamplingParams:
             self.top_k = -1
         if not 0 <= number("min_p") <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if integer("n") < 1:
+            raise ValueError(f"n must be at least 1, got {self.n}")
         if integer("max_tokens") < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
         if self.seed is not None and not 0 <= integer("seed") < 1 << 64:
             raise ValueError(f"seed must be in [0, 2**64) (64 bits; larger or negative seeds would alias), "
                              f"got {self.seed}")
+        if self.seed is not None and self.seed + self.n > 1 << 64:
+            raise ValueError(f"with n = {self.n}, seed must be at most 2**64 - n = {(1 << 64) - self.n} (completion j "
+                             f"gets seed + j), got {self.seed}")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if self.stop is not None:
