@@ -159,7 +159,7 @@ MODEL_DEFAULT = "; default: the model's generation_config.json, else "
 
 def _add_generation_config_arg(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--generation-config", default="auto", metavar="auto|vllm|PATH",
-                   help=f"where {what} default sampling comes from (vLLM's option): auto (default), the model "
+                   help=f"where the default sampling of {what} comes from (vLLM's option): auto (default), the model "
                         "directory's generation_config.json (its temperature, top_p, top_k, min_p, "
                         "repetition_penalty and max_new_tokens); vllm, none; or a directory or file holding one")
 
@@ -250,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(gen)
     _add_spec_args(gen)
     _add_sampling_args(gen)
-    _add_generation_config_arg(gen, "the options left out take their")
+    _add_generation_config_arg(gen, "the options left out")
 
     srv = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
                          description=SERVE_DESCRIPTION, epilog=SERVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -275,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="split a thinking model's <think> block off its chat replies into `reasoning` (and "
                           "`reasoning_content`); a structured output then holds the answer after the block "
                           "(default: none, the block stays in `content`)")
-    _add_generation_config_arg(srv, "the fields a request leaves out take their")
+    _add_generation_config_arg(srv, "the fields a request leaves out")
     srv.add_argument("--structure-compile-timeout", type=float, default=60.0,
                      help="seconds a request's structured output (JSON schema, regex, choice) may take to compile; "
                           "past it the request gets a 400 (default 60)")
