@@ -116,8 +116,8 @@ def test_wrong_sampling_params_say_what_was_passed(llm, params, message):
 
 # --- stream -------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(prompt=["a", "b"]), "stream takes one prompt .a string., got list; use generate"),
-    (dict(prompt=("a",)), "stream takes one prompt .a string., got tuple"),
+    (dict(prompt=["a", "b"]), "stream takes one prompt .a string or a vLLM prompt dict., got list; use generate"),
+    (dict(prompt=("a",)), "stream takes one prompt .a string or a vLLM prompt dict., got tuple"),
     (dict(prompt_token_ids=[[1, 2], [3, 4]]), "stream takes one prompt: prompt_token_ids=.id, ...., not a list"),
     (dict(prompt="a", sampling_params=[SamplingParams()]), "stream takes one SamplingParams"),
     (dict(prompt="abc", prompt_token_ids=[5, 6]), "not both or neither"),  # the text was dropped, silently

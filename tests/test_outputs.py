@@ -1,5 +1,6 @@
 """vLLM's output layout: one RequestOutput per prompt, its SamplingParams.n completions in `outputs`
-(CompletionOutput), choice j seeded seed + j; the RequestOutput's own fields are its first completion's."""
+(CompletionOutput), choice j seeded seed + j; the RequestOutput's own fields are its first completion's.
+And vLLM's prompt dicts, get_tokenizer and `finished`, so code written for vLLM runs unchanged."""
 
 from __future__ import annotations
 
@@ -48,3 +49,19 @@ def test_bad_n_is_refused(fields, says):
 def test_stream_refuses_several_completions(llm):
     with pytest.raises(ValueError, match="stream yields one completion"):
         llm.stream("abc", SamplingParams(n=2))
+
+
+def test_vllms_prompt_dicts_give_what_text_and_token_ids_give(llm):
+    greedy = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    ids = llm.get_tokenizer().encode("abc")
+    want = llm.generate(["abc"], greedy, use_tqdm=False)[0]
+    for prompt in ({"prompt": "abc"}, {"prompt_token_ids": ids}, {"prompt_token_ids": ids, "prompt": "abc"}):
+        got = llm.generate([prompt, "de"], greedy, use_tqdm=False)[0]
+        assert got.token_ids == want.token_ids and got.prompt_token_ids == ids and got.finished
+    assert llm.generate({"prompt_token_ids": ids}, greedy, use_tqdm=False)[0].prompt is None
+    assert "".join(c.text for c in llm.stream({"prompt": "abc"}, greedy)) == want.text
+    for bad, says in (({"prompt": "abc", "multi_modal_data": {}}, r"fields \['multi_modal_data'\]"),
+                      ({}, "needs 'prompt'"), ({"prompt": 3}, "must be a string"),
+                      ({"prompt_token_ids": "abc"}, "sequence of integer token ids")):
+        with pytest.raises(ValueError, match=says):
+            llm.generate([bad], greedy, use_tqdm=False)

@@ -170,8 +170,8 @@ def _sampling_params(sampling_params, n: int, default: dict | None = None) -> li
 
 def _check_one_prompt(prompt, sampling_params, prompt_token_ids) -> None:
     """stream() serves one request: refuse lists rather than run them all and stream only the first."""
-    if prompt is not None and not isinstance(prompt, str):
-        raise ValueError(f"stream takes one prompt (a string), got {type(prompt).__name__}; "
+    if prompt is not None and not isinstance(prompt, (str, dict)):
+        raise ValueError(f"stream takes one prompt (a string or a vLLM prompt dict), got {type(prompt).__name__}; "
                          f"use generate() for several prompts")
     if prompt_token_ids is not None and (isinstance(prompt_token_ids, (str, bytes))
                                          or not hasattr(prompt_token_ids, "__len__")):
@@ -198,6 +198,23 @@ def _fit_budget(spec: SpecConfig, depth: int, vocab: int) -> SpecConfig:
     warnings.warn(f"tree_budget={spec.tree_budget} lowered to {prefixes}: a {depth}-token draft block over a "
                   f"{vocab}-token vocabulary has only {prefixes} distinct prefixes", stacklevel=3)
     return replace(spec, tree_budget=prefixes)
+
+
+def _prompt_fields(prompt: dict, n: int) -> tuple[str | None, list[int] | None]:
+    """vLLM's prompt dicts: {"prompt": text} (TextPrompt) or {"prompt_token_ids": [...]} (TokensPrompt, whose
+    optional "prompt" is only its text) -> (text, token ids or None: encode the text)."""
+    unknown = sorted(set(map(str, prompt)) - {"prompt", "prompt_token_ids"})
+    if unknown:
+        raise ValueError(f"prompts[{n}] has fields {unknown} this engine does not take (text-only models: "
+                         f"'prompt' or 'prompt_token_ids')")
+    text = prompt.get("prompt")
+    if text is not None and not isinstance(text, str):
+        raise ValueError(f"prompts[{n}]['prompt'] must be a string, got {type(text).__name__}")
+    if "prompt_token_ids" in prompt:
+        return text, _token_ids(prompt["prompt_token_ids"], n)
+    if text is None:
+        raise ValueError(f"prompts[{n}] needs 'prompt' (text) or 'prompt_token_ids'")
+    return text, None
 
 
 def _token_ids(prompt, n: int) -> list[int]:
@@ -379,7 +396,8 @@ class LLM:
     def generate(self, prompts: str | Sequence[str] | None = None,
                  sampling_params: SamplingParams | dict | Sequence[SamplingParams | dict] | None = None, *,
                  prompt_token_ids: Sequence[Sequence[int]] | None = None, use_tqdm: bool = True) -> list[RequestOutput]:
-        """Generate for every prompt (strings, or token ids by keyword); the requests run as a batch.
+        """Generate for every prompt (strings, vLLM's {"prompt": text} / {"prompt_token_ids": [...]} dicts, or
+        token ids by keyword); the requests run as a batch.
 
         sampling_params: one for all prompts or one per prompt; each a SamplingParams or a dict of its
         fields, e.g. {"temperature": 0, "max_tokens": 32}; None: `get_default_sampling_params()`. One
@@ -572,6 +590,10 @@ class LLM:
             ids.add(self.tokenizer.eos_token_id)
         return frozenset(ids)
 
+    def get_tokenizer(self):
+        """The target's tokenizer (vLLM's), or None where the model directory has no tokenizer files."""
+        return self.tokenizer
+
     def encode(self, prompt: str, tokenizer=None) -> list[int]:
         """A text prompt's token ids, as `generate` tokenizes it (tokenizer: as in `chat_token_ids`)."""
         tok = tokenizer or self._need_tokenizer()
@@ -609,11 +631,15 @@ class LLM:
         if prompts is not None:
             if not isinstance(prompts, (str, Iterable)) or isinstance(prompts, bytes):
                 raise ValueError(f"prompts must be a string or a list of strings, got {type(prompts).__name__}")
-            prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-            if not all(isinstance(p, str) for p in prompts):
-                raise ValueError("prompts must be strings; pass token ids as prompt_token_ids=[[...], ...]")
-            ids = [self.encode(p) for p in prompts]
-            texts = prompts
+            prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
+            if not all(isinstance(p, (str, dict)) for p in prompts):
+                raise ValueError("prompts must be strings, or vLLM's {'prompt': text} / {'prompt_token_ids': [...]} "
+                                 "dicts; or pass token ids as prompt_token_ids=[[...], ...]")
+            ids, texts = [], []
+            for n, p in enumerate(prompts):
+                text, given = _prompt_fields(p, n) if isinstance(p, dict) else (p, None)
+                ids.append(self.encode(text) if given is None else given)
+                texts.append(text)
         else:
             if not isinstance(prompt_token_ids, Iterable) or isinstance(prompt_token_ids, (str, bytes)):
                 raise ValueError(f"prompt_token_ids must be a list of token-id lists, [[...], ...], got "

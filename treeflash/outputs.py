@@ -106,6 +106,11 @@ class RequestOutput:
             return None
         return sum(entry[token].logprob for token, entry in zip(self.token_ids, self.logprobs))
 
+    @property
+    def finished(self) -> bool:
+        """Always True: generate returns finished requests (vLLM's field, which streaming outputs leave False)."""
+        return True
+
     def completion(self, index: int) -> CompletionOutput:
         """This output's completion, as the index-th of its prompt's."""
         return CompletionOutput(index, self.text, self.token_ids, self.cumulative_logprob, self.logprobs,
