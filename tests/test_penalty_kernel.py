@@ -54,6 +54,9 @@ def test_the_kernel_equals_the_torch_ops_bit_for_bit(dtype, seed, monkeypatch):
             got = penalize(logits, *penalties, *args, kernel=True)
             want = penalize(logits, *penalties, *args[:4], kernel=False)
             assert got.dtype == torch.float32 and torch.equal(got, want), (n, len(args))
+        if n > 1:  # (the torch ops make the ancestors from the tree where they are not given)
+            assert torch.equal(penalize(logits, *penalties, output, prompt, tree.tokens, None, tree, kernel=False),
+                               penalize(logits, *penalties, output, prompt, tree.tokens, ancestors, kernel=False))
         assert torch.equal(got[2], logits[2].float())  # (a row without penalties comes out as it went in)
 
 

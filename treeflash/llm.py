@@ -676,9 +676,10 @@ class LLM:
             if p.structured_outputs is not None and self.tokenizer is None:
                 raise ValueError("structured_outputs need a tokenizer; this model directory has none")
             bad_words = bad_word_sequences(p.bad_words, tokenizer or self.tokenizer) if p.bad_words else None
+            one = p if p.n == 1 else replace(p, n=1)  # (each completion is a request of its own)
             for choice in range(p.n):  # (n completions: n requests, choice j seeded seed + j)
                 requests.append(Request(
-                    id=self._next_id, prompt=text, prompt_ids=prompt, params=p if p.n == 1 else replace(p, n=1),
+                    id=self._next_id, prompt=text, prompt_ids=prompt, params=one,
                     seed=p.seed + choice if p.seed is not None else new_seed(), stop_ids=frozenset(stops),
                     max_new_tokens=min(p.max_tokens, self.max_model_len - len(prompt)), bad_words_ids=bad_words,
                     choice=choice))

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from treeflash.transfer import to_device
+from treeflash.tree import ancestor_mask
 
 
 def token_rows(token_sets: list, vocab: int) -> torch.Tensor:
@@ -77,7 +78,8 @@ def penalize(logits: torch.Tensor, repetition: torch.Tensor, frequency: torch.Te
     logits [S, N, V]; repetition / frequency / presence [S]; output [S, V] the slots' generated-token counts
     (None: nothing generated yet, as at prefill); prompt [S, V]; tokens [S, N] and ancestors [S, N, N] (node
     n sees node m: m is n or an ancestor of n, the verify mask) add each node's drafted path, root excluded.
-    tree: the DraftTree tokens come from, whose parents the kernel walks instead of reading ancestors.
+    tree: the DraftTree tokens come from, whose parents the kernel walks instead of reading ancestors (the
+    torch ops make ancestors from it where they are not given).
     kernel: one Triton kernel (treeflash/penalty_kernel.py, bit for bit these ops' output) rather than the
     torch ops; None: on CUDA, where a path comes with its tree.
     """
@@ -93,7 +95,7 @@ def penalize(logits: torch.Tensor, repetition: torch.Tensor, frequency: torch.Te
     counts = torch.zeros(s, 1, vocab, device=logits.device) if output is None else output[:, None, :].to(torch.float32)
     if tokens is not None and n > 1:
         counts = counts.expand(s, n, vocab).clone()
-        path = ancestors.clone()
+        path = (ancestors if ancestors is not None else ancestor_mask(tree)).clone()
         path[:, :, 0] = False  # the root's token is already in `output`
         counts.scatter_add_(2, tokens[:, None, :].expand(s, n, n), path.to(torch.float32))
     x = logits.float()

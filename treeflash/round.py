@@ -749,8 +749,9 @@ class Speculator:
             logits = logits.float() + self.logit_bias[rows][:, None]
         if flags.use_structure:
             logits = self.structure.apply(logits, rows, tree, prefill=tree is None)
-        ancestors = None if tree is None or not (flags.use_bad_words or flags.use_penalties) or tree.size == 1 \
-            else self.ancestor_mask(tree)
+        # (on CUDA the penalty kernel walks the tree's parents itself: only bad words read the mask there)
+        paths = flags.use_bad_words or (flags.use_penalties and not logits.is_cuda)
+        ancestors = None if tree is None or not paths or tree.size == 1 else self.ancestor_mask(tree)
         if flags.use_bad_words:
             logits = self.bad_words.apply(logits, rows, tree, ancestors)
         if flags.use_penalties:

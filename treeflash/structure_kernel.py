@@ -197,9 +197,10 @@ def drafts_masked(logits: torch.Tensor, state: torch.Tensor, allowed: torch.Tens
     states = torch.empty(s, depths, dtype=torch.long, device=dev)
     mbest, rbest = (torch.empty(s, depths, chunks, dtype=torch.float32, device=dev) for _ in range(2))
     mwhere, rwhere = (torch.empty(s, depths, chunks, dtype=torch.int32, device=dev) for _ in range(2))
+    state = state.contiguous()
     cols = columns if columns is not None else state  # (a pointer never read without columns)
     for d in range(depths):
-        _draft_depth[(s, chunks)](logits, out, cols, state.contiguous(), states, allowed, keys, next_, mbest, mwhere,
+        _draft_depth[(s, chunks)](logits, out, cols, state, states, allowed, keys, next_, mbest, mwhere,
                                   rbest, rwhere, keys.numel(), vocab_size, vd, depths, d, chunks, logits.stride(0),
                                   logits.stride(1), allowed.stride(0), _iters(keys), HAS_COLUMNS=columns is not None,
                                   BLOCK=VOCAB_BLOCK, CB=cb, num_warps=4)
