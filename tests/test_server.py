@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -629,22 +630,72 @@ def test_chat_template_kwargs_and_documents_reach_the_template(offline):
     assert offline.tokenizer.decode(request.prompt_ids).startswith("tools brief oaks system be brief")
 
 
-def test_tools_need_a_template_that_asks_for_tool_call_blocks(offline):
+def test_tools_need_a_template_that_asks_for_calls_in_a_format_read_here(offline):
     from treeflash.server.errors import APIError
     from treeflash.server.frontend import Frontend, ServerConfig
     from treeflash.server.protocol import ChatCompletionRequest
 
     frontend = Frontend(offline, ServerConfig(model_name=NAME))
     body = ChatCompletionRequest.model_validate({"messages": CHAT, "tools": [TOOL]})
-    frontend.tokenizer.chat_template = TEMPLATE + "{% if tools %}functions: {{ tools | tojson }}{% endif %}"
-    with pytest.raises(APIError, match="<tool_call>") as refused:  # shown, but calls would come in another form
+    shown = TEMPLATE + "{% if tools %}functions: {{ tools | tojson }}{% endif %}"
+    frontend.tokenizer.chat_template = shown
+    with pytest.raises(APIError, match="--tool-call-parser") as refused:  # shown, but calls in which format?
         frontend.chat_requests(body)
     assert (refused.value.status, refused.value.param) == (400, "tools")
-    frontend.tokenizer.chat_template += " reply with <tool_call>{json}</tool_call>"
+    frontend.tokenizer.chat_template = shown + " reply <tool_call>\n<function=name>\n<parameter=p>"
+    with pytest.raises(APIError, match="XML format"):  # (Qwen3-Coder's: not read here, so not taken)
+        frontend.chat_requests(body)
+    frontend.tokenizer.chat_template = shown + " reply with <tool_call>{json}</tool_call>"
     (request,), reader = frontend.chat_requests(body)
     assert "assistant functions" in offline.tokenizer.decode(request.prompt_ids) and reader().tools.parallel
+    assert reader().tools.format.name == "hermes" and request.params.skip_special_tokens
     with pytest.raises(ValueError, match="does not show tools"):
         offline.chat(CHAT, greedy(2), tools=[TOOL])
+    # --tool-call-parser names the format where the template does not say it
+    named = Frontend(offline, ServerConfig(model_name=NAME, tool_call_parser="llama3_json"))
+    named.tokenizer.chat_template = shown
+    (request,), reader = named.chat_requests(body)
+    assert reader().tools.format.name == "llama3_json"
+    with pytest.raises(ValueError, match="tool_call_parser must be one of hermes, llama3_json, mistral"):
+        Frontend(offline, ServerConfig(model_name=NAME, tool_call_parser="pythonic"))
+
+
+def test_mistral_format_keeps_special_tokens_and_cannot_be_forced(offline):
+    from treeflash.server.errors import APIError
+    from treeflash.server.frontend import Frontend, ServerConfig
+    from treeflash.server.protocol import ChatCompletionRequest
+
+    frontend = Frontend(offline, ServerConfig(model_name=NAME))
+    frontend.tokenizer.chat_template = TEMPLATE + "{% if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}" \
+        "[/AVAILABLE_TOOLS] calls: [TOOL_CALLS]{% endif %}"
+    (request,), reader = frontend.chat_requests(ChatCompletionRequest.model_validate({"messages": CHAT,
+                                                                                      "tools": [TOOL]}))
+    # [TOOL_CALLS] is a special token in Mistral's vocabularies: the text must keep it to be read
+    assert reader().tools.format.name == "mistral" and not request.params.skip_special_tokens
+    (request,), _ = frontend.chat_requests(ChatCompletionRequest.model_validate({"messages": CHAT}))
+    assert request.params.skip_special_tokens  # (no tools: as asked)
+    with pytest.raises(APIError, match="cannot be forced") as refused:
+        frontend.chat_requests(ChatCompletionRequest.model_validate({"messages": CHAT, "tools": [TOOL],
+                                                                     "tool_choice": "required"}))
+    assert (refused.value.status, refused.value.param, refused.value.code) == (400, "tool_choice", "unsupported")
+
+
+def test_a_chat_template_given_replaces_the_models(model_dir, tmp_path):
+    template = "{% for m in messages %}{{ m.role }} said {{ m.content }} {% endfor %}{% if tools %}t{% endif %}"
+    (tmp_path / "t.jinja").write_text(template)
+    for given in (template, tmp_path / "t.jinja", str(tmp_path / "t.jinja")):
+        llm = LLM(str(model_dir), device="cpu", max_num_seqs=1, chat_template=given)
+        assert llm.tokenizer.decode(llm.chat_token_ids(CHAT, add_generation_prompt=False)) == \
+            "system said be brief user said name a tree "
+        from treeflash.server.frontend import Frontend, ServerConfig
+
+        assert Frontend(llm, ServerConfig(model_name=NAME)).tokenizer.chat_template == template
+    (tmp_path / "bad.jinja").write_text("{% for m in messages %}")
+    for given, error in ((tmp_path / "none.jinja", "neither a file nor a Jinja template"),
+                         (tmp_path / "bad.jinja", r"bad.jinja: not a Jinja template \(line 1"),
+                         ("{{ messages", "chat_template: not a Jinja template")):
+        with pytest.raises(ValueError, match=error):
+            LLM(str(model_dir), device="cpu", chat_template=given)
 
 
 def test_neutral_prompt_building_fields_and_text_parts_on_lines_of_their_own(client, offline):
@@ -772,3 +823,18 @@ def test_the_bad_input_script_gets_4xx_for_every_row(server):
     assert len(rows) > 30
     for row in rows:
         assert 400 <= row["status"] < 500 and row["message"] and row["next_good_request"] == 200, row
+
+
+def test_the_command_line_takes_a_chat_template(model_dir, tmp_path):
+    (tmp_path / "t.jinja").write_text("{% for m in messages %}{{ m.content }} {% endfor %}")
+
+    def run(template: str):
+        return subprocess.run([sys.executable, "-m", "treeflash.cli", "generate", "name a tree", "--chat",
+                               "--model", str(model_dir), "--device", "cpu", "--max-tokens", "2", "--chat-template",
+                               template], capture_output=True, text=True, timeout=300)
+
+    ok = run(str(tmp_path / "t.jinja"))
+    assert ok.returncode == 0, ok.stderr
+    bad = run(str(tmp_path / "missing.jinja"))
+    assert bad.returncode == 1 and bad.stderr.strip().count("\n") == 0
+    assert "neither a file nor a Jinja template" in bad.stderr

@@ -1,15 +1,17 @@
-"""Reading tool calls out of a reply (`treeflash/tool_calls.py`): the whole text's split, and the streamed split
-giving the same content and calls however the text arrives; then tool calls and the chat prompt's fields
-through `treeflash serve` with a real model whose template takes tools (Qwen2.5-Coder-0.5B-Instruct)."""
+"""Reading tool calls out of a reply (`treeflash/tool_calls.py`), in each format: the whole text's split, and
+the streamed split giving the same content and calls however the text arrives; which format a template asks
+for; then tool calls and the chat prompt's fields through `treeflash serve` with a real model whose template
+takes tools (Qwen2.5-Coder-0.5B-Instruct)."""
 
 from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 
-from treeflash.tool_calls import ToolCallStream, parse_tool_calls, template_writes_tool_calls
+from treeflash.tool_calls import FORMATS, ToolCallStream, call_structure, parse_tool_calls, tool_call_format
 
 PARIS = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 ROME = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "unit": "°C"}}\n</tool_call>'
@@ -43,16 +45,70 @@ CASES = [
 ]
 
 
+LLAMA_PARIS = '{"name": "get_weather", "parameters": {"city": "Paris"}}'
+LLAMA_ROME = '{"name": "get_weather", "parameters": {"city": "Rome", "unit": "°C"}}'
+LLAMA_CASES = [
+    ("Hello there.", "Hello there.", []),
+    ("", None, []),
+    ("  \n", None, []),
+    (LLAMA_PARIS, None, [("get_weather", {"city": "Paris"})]),
+    ("\n <|python_tag|>" + LLAMA_PARIS + "\n", None, [("get_weather", {"city": "Paris"})]),
+    ("<|python_tag|> " + LLAMA_PARIS + "; " + LLAMA_ROME + ";", None,
+     [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome", "unit": "°C"})]),
+    (LLAMA_PARIS + ";" + LLAMA_ROME, None, [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome",
+                                                                                                  "unit": "°C"})]),
+    ('{"name": "now", "arguments": {}}', None, [("now", {})]),  # (either key)
+    ('{"name": "emit", "parameters": {"code": "x = {\\"a\\": 1}; y"}}', None, [("emit", {"code": 'x = {"a": 1}; y'})]),
+    # not calls: the whole reply is content, as written
+    ("Sure: " + LLAMA_PARIS, "Sure: " + LLAMA_PARIS, []),
+    (LLAMA_PARIS + " and more", LLAMA_PARIS + " and more", []),
+    (LLAMA_PARIS + "; hello", LLAMA_PARIS + "; hello", []),
+    ('{"a": 1}', '{"a": 1}', []),
+    ('{"name": "get_weather", "parameters": {"ci', '{"name": "get_weather", "parameters": {"ci', []),  # a length cut
+    ('{"name": "f", "parameters": "x=1"}', '{"name": "f", "parameters": "x=1"}', []),
+    ("<|python_tag|>print(1)", "<|python_tag|>print(1)", []),
+    ("<|python", "<|python", []),
+    ("<|python_tag|>", "<|python_tag|>", []),
+]
+MISTRAL_PARIS = '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]'
+MISTRAL_CASES = [
+    ("Hello there.", "Hello there.", []),
+    ("", None, []),
+    (MISTRAL_PARIS, None, [("get_weather", {"city": "Paris"})]),
+    ('[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_weather", "arguments": '
+     '{"city": "Rome", "unit": "°C"}}]', None,
+     [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome", "unit": "°C"})]),
+    ("Let me look. " + MISTRAL_PARIS + "\n", "Let me look.", [("get_weather", {"city": "Paris"})]),
+    # the newer form: one name[ARGS]{...} per [TOOL_CALLS]
+    ('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_weather[ARGS]{"city": "Rome", "unit": "°C"}',
+     None, [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome", "unit": "°C"})]),
+    ('[TOOL_CALLS]now[CALL_ID]a1b2c3d4e[ARGS]{}', None, [("now", {})]),
+    # not calls: the whole reply is content, as written
+    ("[TOOL_CALLS][]", "[TOOL_CALLS][]", []),
+    ('[TOOL_CALLS][{"name": "f", "arguments": {"x": ', '[TOOL_CALLS][{"name": "f", "arguments": {"x":', []),
+    (MISTRAL_PARIS + " and then text", MISTRAL_PARIS + " and then text", []),
+    ("[TOOL_CALLS]get_weather{}", "[TOOL_CALLS]get_weather{}", []),
+    ("a [TOOL_ that is not", "a [TOOL_ that is not", []),
+    ("ends with [TOOL_", "ends with [TOOL_", []),
+]
+ALL_CASES = [("hermes", *c) for c in CASES] + [("llama3_json", *c) for c in LLAMA_CASES] + \
+    [("mistral", *c) for c in MISTRAL_CASES]
+
+
 def _calls(calls) -> list[tuple[str, dict]]:
     return [(c.name, json.loads(c.arguments)) for c in calls]
 
 
-@pytest.mark.parametrize("text, content, calls", CASES)
-def test_parse_tool_calls(text, content, calls):
-    got_content, got_calls = parse_tool_calls(text)
+@pytest.mark.parametrize("fmt, text, content, calls", ALL_CASES)
+def test_parse_tool_calls(fmt, text, content, calls):
+    got_content, got_calls = parse_tool_calls(text, fmt)
     assert got_content == content
     assert _calls(got_calls) == calls
-    assert all(c.id.startswith("call_") for c in got_calls) and len({c.id for c in got_calls}) == len(got_calls)
+    assert len({c.id for c in got_calls}) == len(got_calls)
+    if fmt == "mistral":  # (Mistral's templates refuse other ids in the next turn)
+        assert all(len(c.id) == 9 and c.id.isalnum() and c.id.isascii() for c in got_calls)
+    else:
+        assert all(c.id.startswith("call_") for c in got_calls)
 
 
 def test_arguments_keep_non_ascii_text():
@@ -60,8 +116,8 @@ def test_arguments_keep_non_ascii_text():
     assert call.arguments == '{"city": "Rome", "unit": "°C"}'
 
 
-def _streamed(text: str, cuts: list[int], parallel: bool = True) -> tuple[str, list, list[str]]:
-    reader, content, calls, deltas = ToolCallStream(parallel), "", [], []
+def _streamed(text: str, cuts: list[int], parallel: bool = True, fmt: str = "hermes") -> tuple[str, list, list[str]]:
+    reader, content, calls, deltas = ToolCallStream(parallel, fmt), "", [], []
     for a, b in zip([0] + cuts, cuts + [len(text)]):
         delta, new = reader.feed(text[a:b])
         content, calls, deltas = content + delta, calls + new, deltas + [delta]
@@ -69,24 +125,26 @@ def _streamed(text: str, cuts: list[int], parallel: bool = True) -> tuple[str, l
     return content + delta, calls + new, deltas
 
 
-@pytest.mark.parametrize("text, content, calls", CASES)
-def test_stream_equals_whole_text_at_every_cut(text, content, calls):
+@pytest.mark.parametrize("fmt, text, content, calls", ALL_CASES)
+def test_stream_equals_whole_text_at_every_cut(fmt, text, content, calls):
     for cut in range(len(text) + 1):
-        got, got_calls, _ = _streamed(text, [cut])
+        got, got_calls, _ = _streamed(text, [cut], fmt=fmt)
         assert (got or None, _calls(got_calls)) == (content, calls), cut
     rng = random.Random(len(text))
     for _ in range(20):  # one character at a time, and random pieces
         cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 8)))) if len(text) > 1 else []
         for pieces in (cuts, list(range(1, len(text)))):
-            got, got_calls, _ = _streamed(text, pieces)
+            got, got_calls, _ = _streamed(text, pieces, fmt=fmt)
             assert (got or None, _calls(got_calls)) == (content, calls), pieces
 
 
-def test_stream_sends_no_markup_and_no_call_text():
-    text = "Checking.\n" + PARIS + "\n" + ROME
-    _, calls, deltas = _streamed(text, list(range(1, len(text))))
-    assert "".join(deltas) == "Checking."
-    assert not any("<" in d for d in deltas)
+@pytest.mark.parametrize("fmt, text", [("hermes", "Checking.\n" + PARIS + "\n" + ROME),
+                                       ("llama3_json", "<|python_tag|>" + LLAMA_PARIS + "; " + LLAMA_ROME),
+                                       ("mistral", "Checking. " + MISTRAL_PARIS[:-1] + ', ' + MISTRAL_PARIS[13:])])
+def test_stream_sends_no_markup_and_no_call_text(fmt, text):
+    _, calls, deltas = _streamed(text, list(range(1, len(text))), fmt=fmt)
+    assert "".join(deltas) == ("" if fmt == "llama3_json" else "Checking.")
+    assert not any(c in d for d in deltas for c in "<[{")
     assert len(calls) == 2
 
 
@@ -99,17 +157,62 @@ def test_stream_sends_a_call_as_soon_as_its_block_closes():
     assert reader.finish() == ("", [])
 
 
-def test_parallel_false_keeps_the_first_call():
-    content, calls, _ = _streamed(PARIS + ROME, [5, 40, 90])
+def test_stream_sends_text_that_cannot_be_a_llama_call_at_once():
+    reader = ToolCallStream(fmt="llama3_json")
+    assert reader.feed("  ") == ("", [])
+    assert reader.feed("The weather") == ("The weather", [])
+    reader = ToolCallStream(fmt="llama3_json")
+    assert reader.feed(LLAMA_PARIS) == ("", [])  # (a call, or JSON text: known at the end)
+    content, calls = reader.finish()
+    assert content == "" and _calls(calls) == [("get_weather", {"city": "Paris"})]
+
+
+@pytest.mark.parametrize("fmt, text", [("hermes", PARIS + ROME), ("llama3_json", LLAMA_PARIS + ";" + LLAMA_ROME),
+                                       ("mistral", MISTRAL_PARIS + MISTRAL_PARIS)])
+def test_parallel_false_keeps_the_first_call(fmt, text):
+    content, calls, _ = _streamed(text, [5, 40, 90], fmt=fmt)
     assert len(calls) == 2
-    content, calls, _ = _streamed(PARIS + ROME, [5, 40, 90], parallel=False)
+    content, calls, _ = _streamed(text, [5, 40, 90], parallel=False, fmt=fmt)
     assert _calls(calls) == [("get_weather", {"city": "Paris"})] and content == ""
 
 
-def test_template_writes_tool_calls():
-    assert template_writes_tool_calls("{% if tools %}<tools>{{ tools }}</tools> answer in <tool_call></tool_call>")
-    assert not template_writes_tool_calls("{% for m in messages %}{{ m.content }}{% endfor %}")
-    assert not template_writes_tool_calls(None)
+def test_tool_call_format_from_the_template():
+    assert tool_call_format("{% if tools %}<tools>{{ tools }}</tools> answer in <tool_call></tool_call>").name == "hermes"
+    assert tool_call_format("{{- 'Respond in the format {\"name\": function name, \"parameters\": dictionary' }}"
+                            ).name == "llama3_json"
+    assert tool_call_format("{{- '<|python_tag|>' + tool_call.name }}").name == "llama3_json"
+    assert tool_call_format("[AVAILABLE_TOOLS]{{ tools }}[/AVAILABLE_TOOLS] {{ '[TOOL_CALLS][' }}").name == "mistral"
+    with pytest.raises(ValueError, match="XML format"):  # (Qwen3-Coder's: <tool_call> and then XML)
+        tool_call_format("<tool_call>\n<function={{ name }}>\n<parameter=x>")
+    for template in ("{% for m in messages %}{{ m.content }}{% endfor %}", None, "{{ tools | tojson }}"):
+        with pytest.raises(ValueError, match="--tool-call-parser"):
+            tool_call_format(template)
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+         {"type": "function", "function": {"name": "now"}}]
+
+
+@pytest.mark.parametrize("fmt, replies, not_replies", [
+    ("hermes", [PARIS, '<tool_call>\n{"name":"now","arguments":{}}\n</tool_call>\n' + PARIS.replace(" ", "")],
+     [LLAMA_PARIS, "Sure. " + PARIS]),
+    ("llama3_json", ['{"name":"get_weather","parameters":{"city":"Paris"}}',
+                     '{"name":"now","parameters":{}}; {"name":"get_weather","parameters":{"city":"Rome"}}'],
+     [PARIS, '{"name":"get_weather","arguments":{"city":"Paris"}}', '{"name":"get_weather","parameters":{}}'])])
+def test_forced_calls_pattern_matches_what_the_format_reads(fmt, replies, not_replies):
+    pattern = re.compile(call_structure(TOOLS, several=True, fmt=fmt).regex)
+    for reply in replies:
+        assert pattern.fullmatch(reply), reply
+        content, calls = parse_tool_calls(reply, fmt)
+        assert content is None and calls
+    for reply in not_replies:
+        assert not pattern.fullmatch(reply), reply
+    one = re.compile(call_structure(TOOLS, "now", fmt=fmt).regex)
+    assert not one.fullmatch(replies[1]) and not one.fullmatch(replies[0])
+    with pytest.raises(ValueError, match="TOOL_CALLS"):
+        call_structure(TOOLS, fmt="mistral")
+    assert set(FORMATS) == {"hermes", "llama3_json", "mistral"}
 
 
 # --- through `treeflash serve` and the openai client, with a real model that calls tools -------------------
@@ -246,3 +349,72 @@ def test_real_model_reply_follows_a_json_schema(qwen):
         model="qwen", messages=[{"role": "user", "content": "Invent a person: name, age and city."}], temperature=0,
         max_tokens=80, extra_body={"guided_json": schema, "guided_whitespace_pattern": r"[\n ]{0,4}"})
     assert set(json.loads(pretty.choices[0].message.content)) == {"name", "age", "city"}
+
+
+# --- another format through --chat-template: Llama 3's JSON calls, with the same real model ---------------
+# A template of our own in the manner of Llama 3.1's: the tools and the format in a system turn, a call in
+# the history as its JSON, a result as an "ipython" turn. (ChatML's markers, which this model knows.)
+LLAMA_STYLE = """{%- for message in messages %}
+{%- if loop.first and tools %}<|im_start|>system
+Given the following functions, answer with a JSON function call. Respond in the format {"name": function name, \
+"parameters": dictionary of argument name and its value}.
+{% for t in tools %}{{ t | tojson }}
+{% endfor %}<|im_end|>
+{% endif %}
+{%- if message.tool_calls %}<|im_start|>assistant
+{% for c in message.tool_calls %}{"name": "{{ c.function.name }}", "parameters": {{ c.function.arguments | tojson }}}\
+{% endfor %}<|im_end|>
+{% elif message.role == "tool" %}<|im_start|>ipython
+{{ message.content }}<|im_end|>
+{% else %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+
+@pytest.fixture(scope="module")
+def qwen_llama_style(tmp_path_factory):
+    from helpers import qwen_coder_gguf
+    from server_helpers import Server
+
+    openai = pytest.importorskip("openai")
+    folder = tmp_path_factory.mktemp("qwen-llama-style")
+    (folder / "llama_style.jinja").write_text(LLAMA_STYLE)
+    srv = Server(str(qwen_coder_gguf()), "--spec", "none", "--max-model-len", "2048", "--max-num-seqs", "2",
+                 "--served-model-name", "qwen", "--chat-template", str(folder / "llama_style.jinja"),
+                 "--enable-auto-tool-choice", log_dir=folder)
+    yield openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=300)
+    srv.stop()
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_real_model_forced_calls_in_llama_format_through_a_chat_template_file(qwen_llama_style):
+    """--chat-template replaces the model's template, whose call format (llama3_json, found in it) the
+    forced calls follow and the replies are read in; the calls go back to the template in the next turn."""
+    client = qwen_llama_style
+    for choice, names in (("required", {"get_weather", "get_time"}),
+                          ({"type": "function", "function": {"name": "get_time"}}, {"get_time"})):
+        raw = _ask(client, messages=TWO_CITIES, tools=[WEATHER, TIME], tool_choice=choice,
+                   extra_body={"prompt_logprobs": 0})
+        assert "Respond in the format" in _prompt_text(raw) and "<tools>" not in _prompt_text(raw)
+        reply = raw.choices[0]
+        assert reply.finish_reason == "tool_calls" and reply.message.content is None
+        assert reply.message.tool_calls and all(c.function.name in names for c in reply.message.tool_calls)
+        for call in reply.message.tool_calls:
+            arguments = json.loads(call.function.arguments)
+            assert set(arguments) == {"city"} and isinstance(arguments["city"], str)
+        streamed = list(_ask(client, messages=TWO_CITIES, tools=[WEATHER, TIME], tool_choice=choice, stream=True))
+        deltas = [chunk.choices[0].delta for chunk in streamed if chunk.choices]
+        assert "".join(d.content or "" for d in deltas) == ""
+        assert [(c.function.name, c.function.arguments) for d in deltas for c in d.tool_calls or []] == \
+            [(c.function.name, c.function.arguments) for c in reply.message.tool_calls]
+    call = reply.message.tool_calls[0]
+    results = [{"role": "tool", "tool_call_id": call.id, "content": '{"time": "14:05"}'}]
+    after = _ask(client, messages=TWO_CITIES + [reply.message.model_dump(exclude_none=True)] + results,
+                 tools=[WEATHER, TIME], extra_body={"prompt_logprobs": 0})
+    prompt = _prompt_text(after)
+    assert f'{{"name": "get_time", "parameters": {call.function.arguments}}}' in prompt
+    assert '<|im_start|>ipython\n{"time": "14:05"}' in prompt

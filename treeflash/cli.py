@@ -164,6 +164,12 @@ def _add_generation_config_arg(p: argparse.ArgumentParser, what: str) -> None:
                         "repetition_penalty and max_new_tokens); vllm, none; or a directory or file holding one")
 
 
+def _add_chat_template_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--chat-template", default=None, metavar="FILE|TEMPLATE",
+                   help="a Jinja chat template that replaces the model's, as a file or as its text (vLLM's option; "
+                        "default: the model's own)")
+
+
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=None, help="0 for greedy decoding" + MODEL_DEFAULT + "0.7")
     p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens; -1 = off" + MODEL_DEFAULT
@@ -251,6 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_spec_args(gen)
     _add_sampling_args(gen)
     _add_generation_config_arg(gen, "the options left out")
+    _add_chat_template_arg(gen)
 
     srv = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
                          description=SERVE_DESCRIPTION, epilog=SERVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -276,6 +283,14 @@ def build_parser() -> argparse.ArgumentParser:
                           "`reasoning_content`); a structured output then holds the answer after the block "
                           "(default: none, the block stays in `content`)")
     _add_generation_config_arg(srv, "the fields a request leaves out")
+    _add_chat_template_arg(srv)
+    srv.add_argument("--tool-call-parser", default=None, choices=("hermes", "llama3_json", "mistral"),  # (FORMATS)
+                     help="the format chat replies' tool calls are read in (vLLM's names): hermes "
+                          "(<tool_call> blocks: Qwen2.5, Qwen3), llama3_json (Llama 3.1-3.3's JSON reply) or "
+                          "mistral ([TOOL_CALLS]); default: the one the chat template asks for")
+    srv.add_argument("--enable-auto-tool-choice", action="store_true",
+                     help="accepted for vLLM's command lines, and changes nothing: where a request gives tools, its "
+                          "replies' calls are always read")
     srv.add_argument("--structure-compile-timeout", type=float, default=60.0,
                      help="seconds a request's structured output (JSON schema, regex, choice) may take to compile; "
                           "past it the request gets a 400 (default 60)")
@@ -497,7 +512,8 @@ def _serve(args) -> int:
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
               draft_model=args.draft_model, spec=args.spec, tree_budget=args.tree_budget,
               max_num_seqs=args.max_num_seqs, ngram_tokens=args.ngram_tokens,
-              structure_compile_timeout=args.structure_compile_timeout, generation_config=args.generation_config)
+              structure_compile_timeout=args.structure_compile_timeout, generation_config=args.generation_config,
+              chat_template=args.chat_template)
     if llm.default_sampling:  # (said, as vLLM says it: a request without a temperature is not sampled at 1.0)
         print(f"treeflash: the model's default sampling ({describe(llm.default_sampling)}, from its "
               f"generation_config.json; --generation-config vllm leaves it out) applies where a request does not "
@@ -519,7 +535,7 @@ def _serve(args) -> int:
               flush=True)
     serve(llm, ServerConfig(model_name=name, api_key=args.api_key or None, max_choices=args.max_choices,
                             shutdown_timeout=args.shutdown_timeout, max_request_bytes=args.max_request_bytes,
-                            reasoning_parser=args.reasoning_parser),
+                            reasoning_parser=args.reasoning_parser, tool_call_parser=args.tool_call_parser),
           host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log)
     return 0
 
@@ -538,7 +554,8 @@ def _generate(args) -> int:
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
               draft_model=args.draft_model, spec=args.spec, tree_budget=args.tree_budget, max_num_seqs=1,
               record_trees=args.show_tree, tensor_parallel_size=args.tensor_parallel_size,
-              ngram_tokens=args.ngram_tokens, generation_config=args.generation_config)
+              ngram_tokens=args.ngram_tokens, generation_config=args.generation_config,
+              chat_template=args.chat_template)
     params = SamplingParams(**{**SAMPLING_DEFAULTS, **llm.default_sampling, **asked}, **fixed)
     if others is not None:
         torch.set_num_threads(generate_threads(others.cores()))

@@ -113,6 +113,27 @@ def _template_options(messages, add_generation_prompt: bool, continue_final_mess
     return {**kwargs, "add_generation_prompt": add_generation_prompt, "continue_final_message": continue_final_message}
 
 
+def read_chat_template(value: str | Path) -> str:
+    """A chat template given as its Jinja text or as a file holding it (vLLM's --chat-template), checked to
+    parse: a ValueError naming the file and line otherwise."""
+    text, where = str(value), "chat_template"
+    if "{{" not in text and "{%" not in text:  # (a template has a tag; a path has none)
+        path = Path(text).expanduser()
+        if not path.is_file():
+            raise ValueError(f"chat_template: {text!r} is neither a file nor a Jinja template")
+        try:
+            text, where = path.read_text(encoding="utf-8"), str(path)
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"chat_template: cannot read {path}: {e}") from None
+    import jinja2
+
+    try:
+        jinja2.Environment().parse(text)
+    except jinja2.TemplateSyntaxError as e:
+        raise ValueError(f"{where}: not a Jinja template (line {e.lineno}: {e.message})") from None
+    return text
+
+
 def _check_conversation(messages, where: str, template) -> None:
     """Refuse, naming the message, what a chat template would fail on or silently mis-render."""
     if not isinstance(messages, (list, tuple)) or not messages:
@@ -304,6 +325,9 @@ class LLM:
     They are `default_sampling` (temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens as
     max_tokens; treeflash/generation_config.py): `get_default_sampling_params()`, what `generate` and
     `chat` use without sampling_params, and the server's default for each field a request leaves out.
+    chat_template: a Jinja chat template that replaces the model's (its text, or a file holding it; vLLM's
+    --chat-template), for `chat`, `chat_token_ids` and the server: a model that ships none, or one whose
+    template does not show tools. None (default): the model's.
     """
 
     def __init__(self, model: str | Path | None = None, device: str | torch.device | None = None,
@@ -317,8 +341,9 @@ class LLM:
                  cuda_graph_sizes: Sequence[int] | None = None, draft_vocab: bool = True,
                  tree_kernel: bool | None = None, cpu_prepack: bool = True, overlap: bool | None = None,
                  ngram_tokens: int | None = None, structure_compile_timeout: float | None = COMPILE_TIMEOUT,
-                 generation_config: str | Path | None = "auto"):
+                 generation_config: str | Path | None = "auto", chat_template: str | Path | None = None):
         draft_model = default_draft_model(model, draft_model, spec)
+        template = read_chat_template(chat_template) if chat_template is not None else None
         self.parallel = None  # the tensor-parallel group (workers), when tensor_parallel_size > 1
         method = spec or ("ddtree" if draft_model else "none")
         self.device = _device(device)
@@ -349,6 +374,10 @@ class LLM:
             self.model, self.config = None, ModelConfig.from_dir(self.model_dir)
             check_shardable(self.config, tensor_parallel_size)
         self.tokenizer = load_tokenizer(self.model_dir)
+        if template is not None:
+            if self.tokenizer is None:
+                raise ValueError(f"chat_template: {self.model_dir} ships no tokenizer, so it has no chats to template")
+            self.tokenizer.chat_template = template
         self.default_sampling = sampling_defaults(generation_config, self.model_dir)
         self.drafter = None
         if draft_model is not None and self.spec.method != "none":
@@ -418,7 +447,9 @@ class LLM:
         content a string (it may be empty); an assistant message may carry `tool_calls` where the template
         renders them. A bad message is a ValueError naming it before anything runs.
         tools: OpenAI's function definitions ({"type": "function", "function": {...}}), shown to the model by
-        its chat template; `treeflash.tool_calls.parse_tool_calls(output.text)` reads the calls of a reply.
+        its chat template; `treeflash.tool_calls.parse_tool_calls(output.text, fmt)` reads the calls of a reply
+        in the template's format (`tool_call_format(llm.tokenizer.chat_template)`; Mistral's needs
+        skip_special_tokens=False, its calls beginning with a special token).
         documents, add_generation_prompt, continue_final_message, chat_template_kwargs: as vLLM's
         (`chat_token_ids`).
         """

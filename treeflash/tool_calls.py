@@ -1,32 +1,49 @@
-"""Tool calls in a model's reply, read from the text it generated (the Hermes format).
+"""Tool calls in a model's reply, read from the text it generated, in the format its chat template teaches.
 
-Models whose chat template shows them tools (Qwen2.5, Qwen3, Hermes and their kin) are trained to answer a
-call as `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, one block per call. Reading changes
-nothing that is generated: the tokens are the model's, as with any other request, and the reply's text is
-split afterwards into the content (whatever lies outside the blocks, stripped) and the calls. Where a call
-is forced (OpenAI's tool_choice "required", or a named function), `call_structure` gives the structured
-output that holds the reply to call blocks (treeflash/structured.py).
+Three formats, by vLLM's parser names:
+- `hermes`: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, one block per call (Qwen2.5,
+  Qwen3, Hermes and their kin). Text outside the blocks is content.
+- `llama3_json`: the whole reply is `{"name": ..., "parameters": {...}}`, calls joined by `;` where there
+  are several (Llama 3.1, 3.2 and 3.3; `<|python_tag|>` first, where special tokens are kept). A reply that
+  is anything else is content, as a whole.
+- `mistral`: `[TOOL_CALLS]` and then a JSON list of calls (`[{"name": ..., "arguments": {...}}]`, Mistral
+  7B v0.3, Nemo) or one `name[ARGS]{...}` per `[TOOL_CALLS]` (newer Mistral templates); text before the
+  first `[TOOL_CALLS]` is content. `[TOOL_CALLS]` is a special token, so a request with tools keeps
+  special tokens in its text, and ids are 9 letters and digits, as Mistral's templates require of them.
 
-A block ends at the first `</tool_call>` outside a JSON string, so an argument may hold the closing tag
-itself (code that writes tool calls, say). Where the block ends depends only on the text before it, which
-keeps the streamed split (`ToolCallStream`) equal to the whole text's (`parse_tool_calls`), block by block.
-A block whose JSON is not a call (no name, arguments not an object, not JSON) stays in the content as the
-model wrote it, and so does a block the reply ends inside (a length cut, or a string never closed):
-nothing is dropped.
+Reading changes nothing that is generated: the tokens are the model's, as with any other request, and the
+reply's text is split afterwards into the content (stripped) and the calls. Where a call is forced
+(OpenAI's tool_choice "required", or a named function), `call_structure` gives the structured output that
+holds the reply to calls (treeflash/structured.py).
+
+Nothing is dropped: a block or reply that is not a well-formed call (no name, arguments not an object, not
+JSON, cut by a length limit) stays in the content as the model wrote it. A Hermes block ends at the first
+`</tool_call>` outside a JSON string, so an argument may hold the closing tag itself (code that writes tool
+calls, say). What is content depends only on the text before it, which keeps the streamed split
+(`ToolCallStream`) equal to the whole text's (`parse_tool_calls`): a Hermes call streams as soon as its
+block closes; the other two formats say whether a reply calls only once it ends, so their calls (and a
+reply that turns out to be text after all) come at the end.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import re
+import string
 import uuid
 from dataclasses import dataclass, field
 
 from treeflash.structured import StructuredOutputsParams
 
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
+OPEN, CLOSE = "<tool_call>", "</tool_call>"  # Hermes
+PYTHON_TAG = "<|python_tag|>"  # Llama 3's, before a call, where special tokens are kept
+MISTRAL_CALLS = "[TOOL_CALLS]"
 _QUOTE_OR_CLOSE = re.compile(r'"|' + re.escape(CLOSE))
 _STRING_END = re.compile(r'\\.|"', re.S)  # an escape (skipped whole) or the closing quote
+_MISTRAL_NAMED = re.compile(r"([^\s\[\]{}]+)(?:\[CALL_ID\][A-Za-z0-9]*)?\[ARGS\]")  # name[ARGS]{...}
+_SPACE = re.compile(r"\s*")
+_JSON = json.JSONDecoder()
 
 
 @dataclass(frozen=True)
@@ -36,14 +53,188 @@ class ToolCall:
     id: str = field(default_factory=lambda: "call_" + uuid.uuid4().hex[:24])
 
 
-def template_writes_tool_calls(template: str | None) -> bool:
-    """Whether a chat template teaches the Hermes format (the one this module reads)."""
-    return OPEN in str(template or "")
+class ToolCallFormat:
+    """How a family of chat templates asks the model to write calls: how to read them out of a reply, and
+    the pattern a forced call follows."""
+
+    name: str
+    keeps_special_tokens = False  # whether its calls' markup is a special token (kept in the text then)
+    arguments_key = "arguments"  # the key a forced call writes its arguments under
+
+    def split(self, text: str, final: bool) -> tuple[str, list[ToolCall]]:
+        """The text that is content (markup of malformed calls kept) and the calls; unless `final`, only what
+        is certain whatever text comes next."""
+        raise NotImplementedError
+
+    def calls_pattern(self, call: str, several: bool) -> str:
+        """The regex of a reply of one call (or with `several`, one or more) whose JSON object matches `call`."""
+        raise NotImplementedError
+
+    def new_call(self, name: str, arguments: dict) -> ToolCall:
+        return ToolCall(name, json.dumps(arguments, ensure_ascii=False))
+
+    def __repr__(self) -> str:
+        return self.name
 
 
-def parse_tool_calls(text: str) -> tuple[str | None, list[ToolCall]]:
+class Hermes(ToolCallFormat):
+    name = "hermes"
+
+    def split(self, text: str, final: bool) -> tuple[str, list[ToolCall]]:
+        content, calls, pos = [], [], 0
+        while True:
+            start = text.find(OPEN, pos)
+            if start < 0:
+                tail = text[pos:]
+                content.append(tail if final else tail[:len(tail) - _tag_prefix(tail, OPEN)])
+                return "".join(content), calls
+            content.append(text[pos:start])
+            end = _block_end(text, start + len(OPEN))
+            if end < 0:  # the reply stops inside a block: not a call
+                if final:
+                    content.append(text[start:])
+                return "".join(content), calls
+            call = self._call(text[start + len(OPEN):end])
+            if call is None:
+                content.append(text[start:end + len(CLOSE)])
+            else:
+                calls.append(call)
+            pos = end + len(CLOSE)
+
+    def _call(self, body: str) -> ToolCall | None:
+        try:
+            obj = json.loads(body)
+        except ValueError:
+            return None
+        return _call_of(self, obj)
+
+    def calls_pattern(self, call: str, several: bool) -> str:
+        block = f"{OPEN}\n{call}\n{CLOSE}"
+        return block + (f"(\n{block})*" if several else "")
+
+
+class Llama3Json(ToolCallFormat):
+    name = "llama3_json"
+    arguments_key = "parameters"  # (what Llama 3's templates ask for; "arguments" is read too)
+
+    def split(self, text: str, final: bool) -> tuple[str, list[ToolCall]]:
+        body = text.lstrip()
+        if body.startswith(PYTHON_TAG):
+            body = body[len(PYTHON_TAG):].lstrip()
+            if not final and not body:
+                return "", []
+        elif not final and PYTHON_TAG.startswith(body):  # (nothing but blanks yet, or the tag's beginning)
+            return "", []
+        if not body.startswith("{"):
+            return text, []
+        if not final:  # a call, or text that begins like one: said at the end
+            return "", []
+        calls = self._calls(body)
+        return ("", calls) if calls is not None else (text, [])
+
+    def _calls(self, body: str) -> list[ToolCall] | None:
+        """The calls of a body that is nothing but calls joined by `;`, else None."""
+        calls, pos = [], 0
+        while True:
+            try:
+                obj, pos = _JSON.raw_decode(body, pos)
+            except ValueError:
+                return None
+            if (call := _call_of(self, obj)) is None:
+                return None
+            calls.append(call)
+            pos = _SPACE.match(body, pos).end()
+            if pos < len(body) and body[pos] == ";":
+                pos = _SPACE.match(body, pos + 1).end()
+            elif pos < len(body):
+                return None
+            if pos == len(body):
+                return calls
+
+    def calls_pattern(self, call: str, several: bool) -> str:
+        return call + (f"(; {call})*" if several else "")
+
+
+class Mistral(ToolCallFormat):
+    name = "mistral"
+    keeps_special_tokens = True
+
+    def split(self, text: str, final: bool) -> tuple[str, list[ToolCall]]:
+        start = text.find(MISTRAL_CALLS)
+        if start < 0:
+            return (text if final else text[:len(text) - _tag_prefix(text, MISTRAL_CALLS)]), []
+        if not final:  # calls, or text that begins like them: said at the end
+            return text[:start], []
+        calls = self._calls(text, start)
+        return (text[:start], calls) if calls else (text, [])
+
+    def _calls(self, text: str, pos: int) -> list[ToolCall] | None:
+        """The calls from `pos` to the end, each list or call after a [TOOL_CALLS], else None."""
+        calls = []
+        while pos < len(text):
+            if not text.startswith(MISTRAL_CALLS, pos):
+                return None
+            pos = _SPACE.match(text, pos + len(MISTRAL_CALLS)).end()
+            named = _MISTRAL_NAMED.match(text, pos)
+            try:
+                if named is None:  # a JSON list of calls
+                    objs, pos = _JSON.raw_decode(text, pos)
+                    if not isinstance(objs, list) or not objs:
+                        return None
+                else:  # name[ARGS]{arguments}
+                    arguments, pos = _JSON.raw_decode(text, named.end())
+                    objs = [{"name": named.group(1), "arguments": arguments}]
+            except ValueError:
+                return None
+            for obj in objs:
+                if (call := _call_of(self, obj)) is None:
+                    return None
+                calls.append(call)
+            pos = _SPACE.match(text, pos).end()
+        return calls
+
+    def calls_pattern(self, call: str, several: bool) -> str:
+        raise ValueError("a call cannot be forced in Mistral's format: its calls begin with the special token "
+                         "[TOOL_CALLS], which a structured output does not write")
+
+    def new_call(self, name: str, arguments: dict) -> ToolCall:
+        alphabet = string.ascii_letters + string.digits  # (Mistral's templates refuse any other id)
+        return ToolCall(name, json.dumps(arguments, ensure_ascii=False),
+                        id="".join(random.SystemRandom().choices(alphabet, k=9)))
+
+
+FORMATS: dict[str, ToolCallFormat] = {f.name: f for f in (Hermes(), Llama3Json(), Mistral())}
+HERMES = FORMATS["hermes"]
+_LLAMA3_SIGNS = ('{"name": function name, "parameters"', PYTHON_TAG)  # (in Llama 3.1-3.3's templates)
+
+
+def tool_call_format(template: str | None) -> ToolCallFormat:
+    """The format a chat template asks the model to write calls in, or a ValueError that says why none."""
+    t = str(template or "")
+    if MISTRAL_CALLS in t:
+        return FORMATS["mistral"]
+    if "<function=" in t or "<arg_key>" in t:  # (Qwen3-Coder's and Qwen3.5's; GLM's)
+        raise ValueError("this model's chat template asks for calls in an XML format (<function=...> or "
+                         "<arg_key>), which this server does not read")
+    if OPEN in t:
+        return HERMES
+    if any(sign in t for sign in _LLAMA3_SIGNS):
+        return FORMATS["llama3_json"]
+    raise ValueError(f"this model's chat template asks for calls in none of the formats this server reads "
+                     f"({', '.join(FORMATS)}); if the model writes one of them, name it with --tool-call-parser")
+
+
+def _format(fmt: ToolCallFormat | str) -> ToolCallFormat:
+    if isinstance(fmt, ToolCallFormat):
+        return fmt
+    if fmt not in FORMATS:
+        raise ValueError(f"tool call format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    return FORMATS[fmt]
+
+
+def parse_tool_calls(text: str, fmt: ToolCallFormat | str = HERMES) -> tuple[str | None, list[ToolCall]]:
     """A finished reply's content (None where nothing but calls was said) and its tool calls, in order."""
-    content, calls = _split(text, final=True)
+    content, calls = _format(fmt).split(text, final=True)
     content = content.strip()
     return content or None, calls
 
@@ -52,21 +243,23 @@ class ToolCallStream:
     """The same split as `parse_tool_calls`, as text arrives: `feed` returns the content that is certain
     now and the calls completed since the last feed; `finish` returns what was held back.
 
-    Held back until it is certain: a tail that may begin a block (`<tool_`), a block not closed yet, and
-    whitespace that may turn out to end the content (the finished content is stripped).
+    Held back until it is certain: what may still be markup (a tail that may begin it, a Hermes block not
+    closed yet, a whole Llama reply that starts as JSON, Mistral's calls), and whitespace that may turn out
+    to end the content (the finished content is stripped).
     """
 
-    def __init__(self, parallel: bool = True):
+    def __init__(self, parallel: bool = True, fmt: ToolCallFormat | str = HERMES):
         self.parallel = parallel  # False: the first call only (OpenAI's parallel_tool_calls)
+        self.format = _format(fmt)
         self.text, self.sent, self.calls = "", 0, 0
 
     def feed(self, text: str) -> tuple[str, list[ToolCall]]:
         self.text += text
-        content, calls = _split(self.text, final=False)
+        content, calls = self.format.split(self.text, final=False)
         return self._new(content.lstrip().rstrip(), calls)
 
     def finish(self) -> tuple[str, list[ToolCall]]:
-        content, calls = _split(self.text, final=True)
+        content, calls = self.format.split(self.text, final=True)
         return self._new(content.strip(), calls)
 
     def _new(self, content: str, calls: list[ToolCall]) -> tuple[str, list[ToolCall]]:
@@ -77,44 +270,33 @@ class ToolCallStream:
         return delta, new
 
 
-def call_structure(tools: list[dict], name: str | None = None, several: bool = False) -> StructuredOutputsParams:
-    """The structure of a reply that is a call (OpenAI's tool_choice "required", or naming `name`): a block
-    calling one of the tools with arguments to its parameters' schema; `several`: one or more blocks."""
+def call_structure(tools: list[dict], name: str | None = None, several: bool = False,
+                   fmt: ToolCallFormat | str = HERMES) -> StructuredOutputsParams:
+    """The structure of a reply that is a call (OpenAI's tool_choice "required", or naming `name`) in the
+    format `fmt`: one calling one of the tools with arguments to its parameters' schema; `several`: one or
+    more calls. A ValueError where the format cannot be forced or a schema cannot be held to."""
     from outlines_core.json_schema import build_regex_from_schema
 
-    calls = [{"type": "object", "required": ["name", "arguments"],
-              "properties": {"name": {"const": f["name"]}, "arguments": f.get("parameters") or {"type": "object"}}}
+    fmt = _format(fmt)
+    key = fmt.arguments_key
+    calls = [{"type": "object", "required": ["name", key],
+              "properties": {"name": {"const": f["name"]}, key: f.get("parameters") or {"type": "object"}}}
              for f in (t["function"] for t in tools) if name is None or f["name"] == name]
     try:
         call = build_regex_from_schema(json.dumps({"anyOf": calls}))
     except Exception as e:  # noqa: BLE001 (a parameters schema outlines-core cannot translate)
         raise ValueError(f"the tools' parameters cannot be held to: {e}") from None
-    block = f"{OPEN}\n{call}\n{CLOSE}"
-    return StructuredOutputsParams(regex=block + (f"(\n{block})*" if several else ""))
+    return StructuredOutputsParams(regex=fmt.calls_pattern(call, several))
 
 
-def _split(text: str, final: bool) -> tuple[str, list[ToolCall]]:
-    """The text outside the well-formed blocks (malformed ones kept whole) and the blocks' calls; unless
-    `final`, without an open block or a tail that may still become one."""
-    content, calls, pos = [], [], 0
-    while True:
-        start = text.find(OPEN, pos)
-        if start < 0:
-            tail = text[pos:]
-            content.append(tail if final else tail[:len(tail) - _tag_prefix(tail)])
-            return "".join(content), calls
-        content.append(text[pos:start])
-        end = _block_end(text, start + len(OPEN))
-        if end < 0:  # the reply stops inside a block: not a call
-            if final:
-                content.append(text[start:])
-            return "".join(content), calls
-        call = _call(text[start + len(OPEN):end])
-        if call is None:
-            content.append(text[start:end + len(CLOSE)])
-        else:
-            calls.append(call)
-        pos = end + len(CLOSE)
+def _call_of(fmt: ToolCallFormat, obj) -> ToolCall | None:
+    """A call from its decoded JSON object, or None where it is not one."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return None
+    arguments = obj.get("arguments", obj.get("parameters", {}))  # (models of every format write either)
+    if not isinstance(arguments, dict):
+        return None
+    return fmt.new_call(obj["name"], arguments)
 
 
 def _block_end(text: str, pos: int) -> int:
@@ -133,22 +315,9 @@ def _block_end(text: str, pos: int) -> int:
         pos = m.end()
 
 
-def _tag_prefix(tail: str) -> int:
-    """Length of the longest end of `tail` that begins OPEN (and may become it)."""
-    for k in range(min(len(tail), len(OPEN) - 1), 0, -1):
-        if tail.endswith(OPEN[:k]):
+def _tag_prefix(tail: str, tag: str) -> int:
+    """Length of the longest end of `tail` that begins `tag` (and may become it)."""
+    for k in range(min(len(tail), len(tag) - 1), 0, -1):
+        if tail.endswith(tag[:k]):
             return k
     return 0
-
-
-def _call(body: str) -> ToolCall | None:
-    try:
-        obj = json.loads(body)
-    except ValueError:
-        return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
-        return None
-    arguments = obj.get("arguments", obj.get("parameters", {}))  # (some models write "parameters")
-    if not isinstance(arguments, dict):
-        return None
-    return ToolCall(obj["name"], json.dumps(arguments, ensure_ascii=False))

@@ -24,7 +24,7 @@ from treeflash.server.protocol import (CHAT_UNSUPPORTED, COMPLETION_UNSUPPORTED,
                                        SamplingFields, TokenizeRequest)
 from treeflash.server.replies import ReplyReader
 from treeflash.structured import StructuredOutputsParams
-from treeflash.tool_calls import ToolCallStream, call_structure, template_writes_tool_calls
+from treeflash.tool_calls import FORMATS, ToolCallFormat, ToolCallStream, call_structure, tool_call_format
 
 CONTEXT = "context_length_exceeded"
 
@@ -37,6 +37,7 @@ class ServerConfig:
     shutdown_timeout: float = 30.0  # seconds in-flight requests get to finish on SIGINT/SIGTERM
     max_request_bytes: int = 16 << 20  # a larger body is refused (413) before it is read or parsed
     reasoning_parser: str | None = None  # "qwen3" / "deepseek_r1": chat replies' <think> block as `reasoning`
+    tool_call_parser: str | None = None  # "hermes" / "llama3_json" / "mistral"; None: the chat template's
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,13 @@ class Frontend:
         if config.reasoning_parser not in (None, *PARSERS):
             raise ValueError(f"reasoning_parser must be one of {', '.join(PARSERS)} (or None), got "
                              f"{config.reasoning_parser!r}")
+        if config.tool_call_parser not in (None, *FORMATS):
+            raise ValueError(f"tool_call_parser must be one of {', '.join(FORMATS)} (or None: the chat template "
+                             f"says), got {config.tool_call_parser!r}")
         self.llm, self.config = llm, config
         self.tokenizer = load_tokenizer(llm.model_dir) if llm.tokenizer is not None else None
+        if self.tokenizer is not None:  # (the LLM's --chat-template, where one replaced the model's)
+            self.tokenizer.chat_template = llm.tokenizer.chat_template
         self._structure_tokenizer = None  # the structure thread's own, loaded at its first compile
 
     # --- the two endpoints -----------------------------------------------------------------------
@@ -74,22 +80,24 @@ class Frontend:
         """The engine requests (n choices), and where the replies are read for reasoning or tool calls, what
         reads one."""
         self._check_common(body, CHAT_UNSUPPORTED)
-        tools, forced = self._tools(body)
+        tools = self._tools(body)
         tok = self._need_tokenizer("messages")
         ids = self._chat_ids(body, tools, tok)
-        if tools is not None and not template_writes_tool_calls(tok.chat_template):
-            raise bad_request("this model's chat template does not ask for calls in the <tool_call> format, the only "
-                              "one this server reads", param="tools", code="unsupported")
+        fmt = forced = None
+        if tools is not None:
+            fmt = self._tool_format(tok)
+            forced = self._forced_call(body, tools, fmt)
         inside = None  # (no reasoning parser)
         if self.config.reasoning_parser is not None:
             inside = starts_in_reasoning(tok.decode(ids[-32:]))  # (the generation prompt is in the last tokens)
         max_tokens = body.max_completion_tokens or body.max_tokens
         requests = self._requests(body, self._truncated(body, [Prompt(ids, None)]), max_tokens,
-                                  default_max_tokens=None, forced=forced, reasoning_inside=inside)
+                                  default_max_tokens=None, forced=forced, reasoning_inside=inside,
+                                  keep_special_tokens=fmt is not None and fmt.keeps_special_tokens)
         if tools is None and inside is None:
             return requests, None
         return requests, lambda: ReplyReader(None if inside is None else ReasoningStream(inside),
-                                             None if tools is None else ToolCallStream(body.parallel_tool_calls))
+                                             None if fmt is None else ToolCallStream(body.parallel_tool_calls, fmt))
 
     def compile_structures(self, requests: list[Request], body: SamplingFields) -> None:
         """The structured requests' automata (the endpoints leave them out), on the server's structure thread
@@ -119,25 +127,44 @@ class Frontend:
             raise bad_request(f"the chat template refused these messages: {e}", param="messages") from None
 
     @staticmethod
-    def _tools(body: ChatCompletionRequest) -> tuple[list[dict] | None, StructuredOutputsParams | None]:
-        """The tools to show the model (None: none, or tool_choice "none"), and where tool_choice forces a call
-        ("required", or a named function), the structure that holds the reply to call blocks."""
+    def _tools(body: ChatCompletionRequest) -> list[dict] | None:
+        """The tools to show the model (None: none, or tool_choice "none")."""
         choice = body.tool_choice
-        forcing = Frontend._forces_call(body)
         if not body.tools or choice == "none":
-            if forcing:
+            if Frontend._forces_call(body):
                 raise bad_request("tool_choice forces a call, but no tools were given", param="tool_choice")
-            return None, None
+            return None
         tools = [t.model_dump(exclude_none=True) for t in body.tools]
-        if not forcing:
-            return tools, None
-        name = choice.function.get("name") if isinstance(choice, NamedToolChoice) else None
-        if isinstance(choice, NamedToolChoice) and name not in {t["function"]["name"] for t in tools}:
-            raise bad_request(f"tool_choice names {name!r}, which is not one of the tools", param="tool_choice")
+        if isinstance(choice, NamedToolChoice) and choice.function.get("name") not in {
+                t["function"]["name"] for t in tools}:
+            raise bad_request(f"tool_choice names {choice.function.get('name')!r}, which is not one of the tools",
+                              param="tool_choice")
+        return tools
+
+    def _tool_format(self, tok) -> ToolCallFormat:
+        """The format replies' calls are read in: the server's --tool-call-parser, else the chat template's."""
+        if self.config.tool_call_parser is not None:
+            return FORMATS[self.config.tool_call_parser]
         try:
-            return tools, call_structure(tools, name, several=name is None and body.parallel_tool_calls)
+            return tool_call_format(tok.chat_template)
         except ValueError as e:
-            raise bad_request(str(e), param="tools") from None
+            raise bad_request(str(e), param="tools", code="unsupported") from None
+
+    @staticmethod
+    def _forced_call(body: ChatCompletionRequest, tools: list[dict], fmt: ToolCallFormat
+                     ) -> StructuredOutputsParams | None:
+        """Where tool_choice forces a call ("required", or a named function), the structure that holds the
+        reply to calls in the format `fmt`."""
+        if not Frontend._forces_call(body):
+            return None
+        choice = body.tool_choice
+        name = choice.function.get("name") if isinstance(choice, NamedToolChoice) else None
+        try:
+            return call_structure(tools, name, several=name is None and body.parallel_tool_calls, fmt=fmt)
+        except ValueError as e:  # (a format that cannot be forced; a schema outlines-core cannot translate)
+            cannot = "cannot be forced" in str(e)
+            raise bad_request(str(e), param="tool_choice" if cannot else "tools",
+                              code="unsupported" if cannot else "invalid_value") from None
 
     @staticmethod
     def _forces_call(body: ChatCompletionRequest) -> bool:
@@ -207,9 +234,10 @@ class Frontend:
 
     def _requests(self, body: SamplingFields, prompts: list[Prompt], max_tokens: int | None,
                   default_max_tokens: int | None, forced: StructuredOutputsParams | None = None,
-                  reasoning_inside: bool | None = None) -> list[Request]:
+                  reasoning_inside: bool | None = None, keep_special_tokens: bool = False) -> list[Request]:
         """reasoning_inside: with a reasoning parser, whether the replies start inside their reasoning block
-        (a structure then holds the answer after the block); None: no parser."""
+        (a structure then holds the answer after the block); None: no parser. keep_special_tokens: write
+        special tokens into the text whatever skip_special_tokens says (where tool calls' markup is one)."""
         choices = len(prompts) * body.n
         if choices > self.config.max_choices:
             raise bad_request(f"n x prompts is {choices}; at most {self.config.max_choices} choices per request",
@@ -232,7 +260,7 @@ class Frontend:
             # (the model's max_new_tokens caps the default, as in vLLM; an asked max_tokens stands)
             fallback = min(default_max_tokens or room, self.llm.default_sampling.get("max_tokens", room), room)
             base = self._sampling(body, max_tokens or fallback, self._logprobs(body),
-                                  self._prompt_logprobs(body), structure, source)
+                                  self._prompt_logprobs(body), structure, source, keep_special_tokens)
             if reasoning_inside is not None and base.structured_outputs is not None:
                 try:
                     base = dataclasses.replace(base, structured_outputs=reasoning_structure(
@@ -326,7 +354,7 @@ class Frontend:
 
     def _sampling(self, body: SamplingFields, max_tokens: int, logprobs: int | None = None,
                   prompt_logprobs: int | None = None, structure: StructuredOutputsParams | dict | None = None,
-                  source: str | None = None) -> SamplingParams:
+                  source: str | None = None, keep_special_tokens: bool = False) -> SamplingParams:
         """The request's SamplingParams; a field it leaves out takes the model's default (its
         generation_config.json's, `LLM.default_sampling`), else OpenAI's / vLLM's."""
         model = self.llm.default_sampling
@@ -348,7 +376,7 @@ class Frontend:
                 logit_bias=_token_bias(body.logit_bias), min_tokens=body.min_tokens or 0,
                 allowed_token_ids=body.allowed_token_ids, bad_words=body.bad_words or None,
                 include_stop_str_in_output=body.include_stop_str_in_output, structured_outputs=structure,
-                skip_special_tokens=body.skip_special_tokens)
+                skip_special_tokens=body.skip_special_tokens and not keep_special_tokens)
         except ValueError as e:
             field = str(e).split(" ", 1)[0]
             raise bad_request(str(e), param=source if field.startswith("structured_outputs") else field) from None
