@@ -45,6 +45,7 @@ from treeflash.detokenize import IncrementalDetokenizer
 from treeflash.gguf_convert import default_cache_dir
 from treeflash.logprobs import COLUMNS, Logprob, TokenPieces, unpack
 from treeflash.outputs import RequestMetrics, RequestOutput
+from treeflash.prefix_reuse import PrefixReuse
 from treeflash.provenance import source_digest
 from treeflash.round import PREDICTED_SCALE, PREFILL_CHUNK, PrefillPiece, RoundResult, SpecConfig, Speculator, \
     rows_per_round
@@ -127,6 +128,7 @@ class EngineStats:
     prefill_tokens: int = 0
     prefill_seconds: float = 0.0  # prefill forwards and first-token draws
     generated_tokens: int = 0
+    reused_prompt_tokens: int = 0  # prompt tokens whose rows an earlier prompt's prefill left (prefix reuse)
 
 
 # 4, 8, 16: a prefix, as BudgetChooser's columns require. On a 2-core CPU with the shipped pair, budget 32
@@ -181,6 +183,10 @@ class EngineConfig:
     # clock, no recorded trees); True: also otherwise (eagerly it only costs, but the tests check the
     # bookkeeping on the CPU with it); False: never. The tokens are the same in every case.
     overlap: bool | None = None
+    # A prompt's whole prefill chunks that a slot's caches still hold (an earlier prompt's, in its slot or
+    # another) are taken instead of prefilled again (treeflash/prefix_reuse.py); False: every prompt is
+    # prefilled from its first token.
+    prefix_reuse: bool = True
 
     def __post_init__(self) -> None:
         if self.budget_profile is True or not isinstance(self.budget_profile, (str, Path, bool, type(None))):
@@ -242,6 +248,7 @@ class Engine:
         self.seq_lens = [0] * len(self.slots)  # host copy, known after each round's one sync
         self.waiting: deque[Request] = deque()
         self.started: list[Request] = []  # requests given a slot, in that order (some may be running now)
+        self._prefixes: PrefixReuse | None = None  # (`prefixes`)
         self.stats = EngineStats()
 
     def _budget_chooser(self, config: EngineConfig) -> BudgetChooser:
@@ -335,6 +342,7 @@ class Engine:
             return 0
         if any(r is not None for r in self.slots):
             raise RuntimeError("capture_graphs needs an idle engine")
+        self._overwritten(range(len(self.slots)))  # (captures prefill and run rounds over idle slots)
         top = self.runner.bucket(min(max_batch, len(self.slots)))
         before = len(self.runner.graphs) + len(self.runner.prefill_graphs)
         count = 1
@@ -459,6 +467,9 @@ class Engine:
     def _launch(self, running: list[int]) -> Launched:
         """Run (or queue, on a GPU) a round over slots [0, running[-1]] without waiting for it."""
         num_slots = running[-1] + 1
+        # A round (and a cost measurement) runs over the bucket's slots; a free one's rows are written from 0.
+        bucket = min(self.runner.bucket(num_slots), len(self.slots))
+        self._overwritten(i for i in range(bucket) if self.slots[i] is None)
         budget = self.budget.choose(self.runner.bucket(num_slots)) if self.budget else None
         start = time.perf_counter()
         # Rows any of these slots may reach this round (committed + what it writes; with overlap the host's
@@ -570,6 +581,8 @@ class Engine:
             elapsed = time.perf_counter() - clock  # each request waited for the whole forward
             for i, (request, start, end) in enumerate(group):
                 request.prefilled = self.seq_lens[request.slot] = end
+                if self.prefixes is not None:
+                    self.prefixes.grow(request.slot, end)
                 request.metrics.prefill_seconds += elapsed
                 if request.prompt_logprobs is not None:
                     self._prompt_logprobs(request, start, end, first[i][width:])
@@ -619,7 +632,37 @@ class Engine:
         self._grow_to(len(request.prompt_ids) + generated + self.spare_rows + 1)
         request.slot, self.slots[slot] = slot, request
         self.started.append(request)
+        if self.prefixes is not None:
+            self._reuse_prefix(request)
         return request
+
+    def _reuse_prefix(self, request: Request) -> None:
+        """Start the request past the whole prefill chunks of its prompt that some slot's caches hold (copied
+        into its own slot where another holds them); its slot holds its prompt's chunks from now on. Not for
+        a request asking for prompt log-probs: they come from the prefill's own logits."""
+        holder, rows = (None, 0) if request.prompt_logprobs is not None else \
+            self.prefixes.find(request.prompt_ids, prefer=request.slot)
+        if rows:
+            self.speculator.copy_prefix(holder, request.slot, rows)  # (and the slot's committed length)
+            request.prefilled = self.seq_lens[request.slot] = rows
+            request.metrics.num_cached_tokens = rows
+            self.stats.reused_prompt_tokens += rows
+        self.prefixes.hold(request.slot, request.prompt_ids, rows)
+
+    @property
+    def prefixes(self) -> PrefixReuse | None:
+        """The prefixes the slots hold (None: prefix reuse off), kept in whole chunks of the configured size."""
+        if not self.config.prefix_reuse:
+            self._prefixes = None  # (nothing is recorded while off: turned on again, it starts from nothing)
+            return None
+        if self._prefixes is None or self._prefixes.chunk != self.config.prefill_chunk:
+            self._prefixes = PrefixReuse(len(self.slots), self.config.prefill_chunk)  # (nothing held yet)
+        return self._prefixes
+
+    def _overwritten(self, slots) -> None:
+        """Slots whose caches' rows are being written over from row 0: they hold no prefix any more."""
+        if self.prefixes is not None:
+            self.prefixes.forget(slots)
 
     def _grow_to(self, rows: int) -> None:
         """Caches of at least `rows` rows per slot; doubling keeps regrowth (a copy of the caches) rare."""
@@ -631,7 +674,8 @@ class Engine:
         for one that ran to the context) are not held while the engine waits. Graphed rounds keep theirs: the
         graphs are captured over the caches' capacity, and shrinking would mean capturing them again."""
         if not self.runner.enabled and not self.has_work() and self.speculator.capacity > self.floor_capacity:
-            self.speculator.shrink(self.floor_capacity)
+            # (keeping the rows of the prefixes the slots hold: the next turn of a chat begins with one)
+            self.speculator.shrink(max(self.floor_capacity, self.prefixes.rows_held() if self.prefixes else 0))
 
     def _retire_if_done(self, request: Request) -> None:
         """Free a finished request's slot here; its device state is released by `_release`, which the

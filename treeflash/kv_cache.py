@@ -85,6 +85,12 @@ class KVCache:
         """A one-slot view that writes through to this cache (for prefilling one request)."""
         return self.slots(index, index + 1)
 
+    def copy_rows(self, src: int, dst: int, rows: int) -> None:
+        """Slot `dst`'s first `rows` rows become slot `src`'s, in every layer (a prompt prefix reused)."""
+        pick = (lambda t, i: t[:, i]) if self.stacked is not None else (lambda t, i: t[i])  # (layers first)
+        for t in self.stacked or (*self.keys, *self.values):
+            pick(t, dst)[..., :rows, :] = pick(t, src)[..., :rows, :]
+
     def select(self, slots: torch.Tensor, real: tuple[torch.Tensor, torch.Tensor] | None = None) -> "SlotSelection":
         """Slots `slots` [B] of this cache as one batch (for prefilling several requests at once)."""
         return SlotSelection(self, slots, real)

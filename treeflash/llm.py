@@ -328,6 +328,11 @@ class LLM:
     chat_template: a Jinja chat template that replaces the model's (its text, or a file holding it; vLLM's
     --chat-template), for `chat`, `chat_token_ids` and the server: a model that ships none, or one whose
     template does not show tools. None (default): the model's.
+    enable_prefix_caching: a prompt's whole prefill chunks (512 tokens) that an earlier prompt prefilled
+    and a slot's caches still hold are taken rather than prefilled again (vLLM's name;
+    treeflash/prefix_reuse.py): the next turn of a chat, a shared system prompt. The rows taken are those
+    its own prefill would write, bit for bit on the CPU in float32; `output.num_cached_tokens` says how
+    many. Default True.
     """
 
     def __init__(self, model: str | Path | None = None, device: str | torch.device | None = None,
@@ -341,7 +346,8 @@ class LLM:
                  cuda_graph_sizes: Sequence[int] | None = None, draft_vocab: bool = True,
                  tree_kernel: bool | None = None, cpu_prepack: bool = True, overlap: bool | None = None,
                  ngram_tokens: int | None = None, structure_compile_timeout: float | None = COMPILE_TIMEOUT,
-                 generation_config: str | Path | None = "auto", chat_template: str | Path | None = None):
+                 generation_config: str | Path | None = "auto", chat_template: str | Path | None = None,
+                 enable_prefix_caching: bool = True):
         draft_model = default_draft_model(model, draft_model, spec)
         template = read_chat_template(chat_template) if chat_template is not None else None
         self.parallel = None  # the tensor-parallel group (workers), when tensor_parallel_size > 1
@@ -401,7 +407,7 @@ class LLM:
             attention=attention, budget_profile=budget_profile, prefill_tokens_per_step=prefill_tokens_per_step,
             admit_batch=admit_batch, cuda_graph_sizes=_sizes(cuda_graph_sizes), draft_vocab=bool(draft_vocab),
             compile_kernels=bool(compile_kernels), tree_kernel=tree_kernel, cpu_prepack=bool(cpu_prepack),
-            overlap=None if overlap is None else bool(overlap),
+            overlap=None if overlap is None else bool(overlap), prefix_reuse=bool(enable_prefix_caching),
             # On CUDA every cache growth recaptures the graphs and recompiles attention kernels (seconds):
             # start with room for typical requests there; on the CPU grow from small, as memory is dearer.
             min_capacity=CUDA_MIN_CAPACITY if self.device.type == "cuda" else EngineConfig.min_capacity)

@@ -17,6 +17,7 @@ def plural(n: int, word: str) -> str:
 class RequestMetrics:
     num_prompt_tokens: int = 0
     num_generated_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens not prefilled: an earlier prompt's rows held them (prefix reuse)
     # Tokens emitted per round: accepted drafts + 1, less what a stop or max_tokens cut from the last round,
     # so they sum to the generated tokens less the first (which prefill emits).
     acceptance_lengths: list[int] = field(default_factory=list)
@@ -105,6 +106,12 @@ class RequestOutput:
         if self.logprobs is None:
             return None
         return sum(entry[token].logprob for token, entry in zip(self.token_ids, self.logprobs))
+
+    @property
+    def num_cached_tokens(self) -> int:
+        """Prompt tokens whose rows an earlier prompt's prefill left in the caches, so they were not prefilled
+        again (vLLM's field; prefix reuse, treeflash/prefix_reuse.py)."""
+        return self.metrics.num_cached_tokens
 
     @property
     def finished(self) -> bool:

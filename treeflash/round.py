@@ -564,6 +564,17 @@ class Speculator:
             self.history = history
         self.capacity = capacity
 
+    def copy_prefix(self, src: int, dst: int, rows: int) -> None:
+        """Slot `dst`'s first `rows` committed rows become slot `src`'s: the target's and the drafter's caches
+        and prompt lookup's tokens (treeflash/prefix_reuse.py); its committed length becomes `rows`."""
+        if src != dst:
+            for cache in (self.cache, self.draft_cache):
+                if cache is not None:
+                    cache.copy_rows(src, dst, rows)
+            if self.history is not None:
+                self.history[dst, :rows] = self.history[src, :rows]
+        self.state.seq_lens[dst] = rows
+
     def release(self, slot: int) -> None:
         self.release_many([slot])
 

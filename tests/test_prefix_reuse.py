@@ -1,0 +1,126 @@
+"""Prefix reuse (treeflash/prefix_reuse.py): a prompt's whole prefill chunks that a slot's caches hold from
+an earlier prompt are taken, not prefilled again, and nothing else changes: on the CPU in float32 every token
+and log-prob equals the engine's with reuse off, bit for bit, for plain decoding and DDTree, across slots,
+after other requests ran, and after a round ran over the holding slot while it was free (which writes over
+it: nothing may be taken from it then)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from helpers import make_tiny_target
+from spec_helpers import make_drafter
+from treeflash import LLM, SamplingParams
+from treeflash.prefix_reuse import PrefixReuse
+
+CHUNK = 8
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    path = tmp_path_factory.mktemp("prefix-reuse")
+    target = make_tiny_target(path / "target", tokenizer=True, max_position_embeddings=512)
+    return target, make_drafter(path / "drafter", target, block_size=4)
+
+
+def _llm(pair, spec: str, reuse: bool, **kw) -> LLM:
+    target, drafter = pair
+    llm = LLM(str(target), device="cpu", draft_model=str(drafter) if spec != "none" else None, spec=spec,
+              tree_budget=8 if spec == "ddtree" else "auto", max_num_seqs=4, **kw)
+    llm.engine.config = dataclasses.replace(llm.engine.config, prefill_chunk=CHUNK, prefix_reuse=reuse)
+    return llm
+
+
+def _params(n: int = 12, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=n, logprobs=2, ignore_eos=True, **kw)
+
+
+def _same(got, want):
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    # (the drafter's rows and prompt lookup's tokens are reused too: the same drafts, so the same acceptance)
+    assert [o.metrics.acceptance_lengths for o in got] == [o.metrics.acceptance_lengths for o in want]
+    assert [[{t: e.logprob for t, e in entry.items()} for entry in o.logprobs] for o in got] == \
+        [[{t: e.logprob for t, e in entry.items()} for entry in o.logprobs] for o in want]
+
+
+BASE = "the quick brown fox jumps over the lazy dog and then "  # 53 characters: 6 whole chunks of 8
+TURNS = [BASE + "runs", BASE + "runs away fast", BASE + "sleeps", "another prompt entirely, no common start",
+         BASE[:20] + "xyz", BASE + "runs away fast and far"]
+
+
+@pytest.mark.parametrize("spec", ["none", "ddtree"])
+def test_reused_prefixes_change_no_bit_one_request_at_a_time(pair, spec):
+    on, off = _llm(pair, spec, True), _llm(pair, spec, False)
+    cached = []
+    for prompt in TURNS:
+        got, want = on.generate([prompt], _params(), use_tqdm=False), off.generate([prompt], _params(),
+                                                                                       use_tqdm=False)
+        _same(got, want)
+        cached.append(got[0].num_cached_tokens)
+        assert want[0].num_cached_tokens == 0
+    # Each prompt's whole chunks before its last token that the last one prefilled (one request at a time runs
+    # in slot 0, so a prompt's prefill replaces the chunks held before): 7 of the 8 of BASE + "runs away fast",
+    # 6 of BASE + "sleeps", none after the other prompt, 2 of BASE[:20] + "xyz".
+    assert cached == [0, 56, 48, 0, 0, 16]
+    assert on.engine.stats.reused_prompt_tokens == sum(cached)
+    assert on.engine.stats.prefill_tokens == off.engine.stats.prefill_tokens - sum(cached)
+
+
+def test_reuse_across_slots_and_not_from_a_free_slot_rounds_wrote_over(pair):
+    on, off = _llm(pair, "ddtree", True), _llm(pair, "ddtree", False)
+    short_long = [_params(4), _params(30)]  # (the request in slot 0 ends rounds before the one in slot 1)
+
+    def both(prompts, params):
+        got = on.generate(prompts, params, use_tqdm=False)
+        _same(got, off.generate(prompts, params, use_tqdm=False))
+        held = [h and h.chunks for h in on.engine.prefixes.held]
+        # What a slot holds is bit for bit what the engine without reuse (slots taken in the same order) has
+        # there: the target's and the drafter's keys and values, and prompt lookup's tokens.
+        a, b = on.engine.speculator, off.engine.speculator
+        for slot, rows in ((slot, chunks * CHUNK) for slot, chunks in enumerate(held) if chunks):
+            for x, y in ((a.cache, b.cache), (a.draft_cache, b.draft_cache)):
+                assert all(torch.equal(s[:, slot, :, :rows], t[:, slot, :, :rows])
+                           for s, t in zip(x.stacked, y.stacked))
+            assert torch.equal(a.history[slot, :rows], b.history[slot, :rows])
+        return [o.num_cached_tokens for o in got], held
+
+    # Slot 0 ends first, and the rounds of slot 1 that follow run over it free: it holds nothing after them.
+    assert both([BASE + "runs", "zz " + BASE], short_long) == ([0, 0], [None, 7, None, None])
+    # The first prompt takes slot 0 and copies the 7 chunks of "zz " + BASE from slot 1; the second none.
+    assert both(["zz " + BASE + "at night", BASE + "swims"], short_long) == ([56, 0], [None, 7, None, None])
+    # BASE's 6 whole chunks (53 characters), from what slot 1 holds now (BASE + "swims"), into slot 0, whose
+    # prefill then adds its prompt's seventh.
+    assert both([BASE + "at dawn"], _params()) == ([48], [7, 7, None, None])
+
+
+def test_prompt_logprobs_requests_prefill_everything(pair):
+    on, off = _llm(pair, "ddtree", True), _llm(pair, "ddtree", False)
+    on.generate([BASE + "runs"], _params(), use_tqdm=False)
+    params = _params(4, prompt_logprobs=1)
+    got, want = on.generate([BASE + "runs"], params, use_tqdm=False), off.generate([BASE + "runs"], params,
+                                                                                      use_tqdm=False)
+    assert got[0].num_cached_tokens == 0 and got[0].prompt_logprobs == want[0].prompt_logprobs
+    # its prefill leaves the chunks for the next request all the same
+    assert on.generate([BASE + "sits"], _params(), use_tqdm=False)[0].num_cached_tokens == 48
+
+
+def test_prefix_index_bookkeeping():
+    index = PrefixReuse(slots=3, chunk=4)
+    prompt = list(range(20))
+    assert index.find(prompt) == (None, 0)
+    index.hold(0, prompt, 4)
+    index.grow(0, 11)  # two whole chunks prefilled
+    assert index.find(prompt) == (0, 8) and index.find(prompt[:9]) == (0, 8) and index.find(prompt[:8]) == (0, 4)
+    assert index.find([99] + prompt) == (None, 0)
+    index.hold(2, prompt, 16)
+    assert index.find(prompt) == (2, 16) and index.find(prompt[:10], prefer=2) == (2, 8)
+    assert index.find(prompt[:10]) == (0, 8) and index.rows_held() == 16
+    index.forget([2])
+    assert index.find(prompt) == (0, 8)
+    index.hold(0, [7] * 20, 8)  # the slot taken by another prompt
+    assert index.find(prompt) == (None, 0) and index.find([7] * 20) == (0, 8)
+    index.forget_all()
+    assert index.find([7] * 20) == (None, 0) and index.rows_held() == 0

@@ -1,0 +1,92 @@
+"""Which slots' caches still hold which prompts' prefilled chunks, so that a prompt beginning the same way
+skips their prefill (vLLM's prefix caching, in the engine's per-slot caches).
+
+A prompt is prefilled in chunks at fixed offsets (multiples of `prefill_chunk` from its start), and a
+chunk's rows (the target's keys and values, the drafter's context, prompt lookup's tokens) depend only on
+the tokens up to its end. So the rows of a whole chunk that an earlier prompt prefilled are the rows this
+prompt's prefill would write there, bit for bit where prefill's numbers do not depend on the batch (the
+CPU, float32: tests/test_prefix_reuse.py compares every token and log-prob with reuse off). Only whole
+chunks count (a prompt's last, shorter piece is computed as a shorter forward), only prefilled rows (a
+reply's rows come from verification, in another order of sums), and at least the prompt's last token is
+always prefilled (its logits draw the first token).
+
+A slot holds its chunks while it runs and after it is freed, until something writes over them: another
+request given the slot, or a round run over it while it is free (a round runs over every slot below the
+highest running one, and a free slot's rounds write from row 0). The engine reports both, and a chunk
+held by another slot is copied into the newcomer's slot (one device copy per cache) rather than taking
+a higher slot: rounds cost by the highest slot they run over.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Held:
+    tokens: list[int]  # the prompt whose first `chunks` whole chunks the slot's rows hold
+    chunks: int
+    keys: list[int]  # the chained key of each chunk: chunk k's says tokens[:(k + 1) * chunk]
+
+
+class PrefixReuse:
+    def __init__(self, slots: int, chunk: int):
+        self.chunk = chunk
+        self.held: list[Held | None] = [None] * slots
+        self._holders: dict[int, set[int]] = {}  # chunk key -> slots holding it
+
+    def keys(self, tokens: list[int], chunks: int) -> list[int]:
+        out, key = [], 0
+        for k in range(chunks):
+            key = hash((key, tuple(tokens[k * self.chunk:(k + 1) * self.chunk])))
+            out.append(key)
+        return out
+
+    def find(self, prompt: list[int], prefer: int | None = None) -> tuple[int | None, int]:
+        """A slot holding the longest run of this prompt's whole chunks that leaves its last token to
+        prefill (`prefer` among those that do: no copy), and how many rows that is; (None, 0) where none
+        does."""
+        chunks = (len(prompt) - 1) // self.chunk
+        keys = self.keys(prompt, chunks)
+        for k in range(chunks, 0, -1):
+            for slot in sorted(self._holders.get(keys[k - 1], ()), key=lambda i: (i != prefer, i)):
+                rows = k * self.chunk
+                if self.held[slot].tokens[:rows] == prompt[:rows]:  # (a hash match is checked, not trusted)
+                    return slot, rows
+        return None, 0
+
+    def hold(self, slot: int, tokens: list[int], rows: int) -> None:
+        """Slot `slot` now holds tokens[:rows] (whole chunks of it counted), whatever it held before."""
+        self.forget([slot])
+        chunks = rows // self.chunk
+        held = self.held[slot] = Held(tokens, chunks, self.keys(tokens, chunks))
+        for key in held.keys:
+            self._holders.setdefault(key, set()).add(slot)
+
+    def grow(self, slot: int, rows: int) -> None:
+        """Slot `slot`'s prefill has reached `rows` rows of its prompt."""
+        held = self.held[slot]
+        if held is None or rows // self.chunk <= held.chunks:
+            return
+        key = held.keys[-1] if held.keys else 0
+        for k in range(held.chunks, rows // self.chunk):
+            key = hash((key, tuple(held.tokens[k * self.chunk:(k + 1) * self.chunk])))
+            held.keys.append(key)
+            self._holders.setdefault(key, set()).add(slot)
+        held.chunks = rows // self.chunk
+
+    def forget(self, slots) -> None:
+        for slot in slots:
+            held, self.held[slot] = self.held[slot], None
+            for key in held.keys if held is not None else ():
+                holders = self._holders[key]
+                holders.discard(slot)
+                if not holders:
+                    del self._holders[key]
+
+    def forget_all(self) -> None:
+        self.forget(range(len(self.held)))
+
+    def rows_held(self) -> int:
+        """The most rows any slot holds."""
+        return max((h.chunks * self.chunk for h in self.held if h is not None), default=0)
