@@ -838,3 +838,16 @@ def test_the_command_line_takes_a_chat_template(model_dir, tmp_path):
     bad = run(str(tmp_path / "missing.jinja"))
     assert bad.returncode == 1 and bad.stderr.strip().count("\n") == 0
     assert "neither a file nor a Jinja template" in bad.stderr
+
+
+def test_a_prompt_prefilled_before_is_reused_and_usage_says_how_much(server, client):
+    prompt = ("the same long system prompt " * 25)[:600]  # 600 characters: one whole 512-token chunk
+    cached_before = metric(server, "treeflash_prompt_tokens_cached_total")
+    first = client.completions.create(model=NAME, prompt=prompt + "one", max_tokens=4, temperature=0)
+    again = client.completions.create(model=NAME, prompt=prompt + "two", max_tokens=4, temperature=0)
+    assert first.usage.prompt_tokens == again.usage.prompt_tokens == 603
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert again.usage.prompt_tokens_details.cached_tokens == 512
+    assert metric(server, "treeflash_prompt_tokens_cached_total") == cached_before + 512
+    chat = client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=2, temperature=0)
+    assert chat.usage.prompt_tokens_details.cached_tokens == 0  # (a short prompt: no whole chunk)

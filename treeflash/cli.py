@@ -288,6 +288,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the format chat replies' tool calls are read in (vLLM's names): hermes "
                           "(<tool_call> blocks: Qwen2.5, Qwen3), llama3_json (Llama 3.1-3.3's JSON reply) or "
                           "mistral ([TOOL_CALLS]); default: the one the chat template asks for")
+    srv.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                     help="take a prompt's whole 512-token prefill chunks that an earlier prompt prefilled, where a "
+                          "slot's caches still hold them, rather than prefill them again (vLLM's option; default "
+                          "on; the rows are those a prefill would write)")
     srv.add_argument("--enable-auto-tool-choice", action="store_true",
                      help="accepted for vLLM's command lines, and changes nothing: where a request gives tools, its "
                           "replies' calls are always read")
@@ -513,7 +517,7 @@ def _serve(args) -> int:
               draft_model=args.draft_model, spec=args.spec, tree_budget=args.tree_budget,
               max_num_seqs=args.max_num_seqs, ngram_tokens=args.ngram_tokens,
               structure_compile_timeout=args.structure_compile_timeout, generation_config=args.generation_config,
-              chat_template=args.chat_template)
+              chat_template=args.chat_template, enable_prefix_caching=args.enable_prefix_caching)
     if llm.default_sampling:  # (said, as vLLM says it: a request without a temperature is not sampled at 1.0)
         print(f"treeflash: the model's default sampling ({describe(llm.default_sampling)}, from its "
               f"generation_config.json; --generation-config vllm leaves it out) applies where a request does not "

@@ -354,15 +354,18 @@ class _Formatter:
                 for e in entries]
 
     def new_usage(self) -> dict:
-        return {"prompt_tokens": 0, "completion_tokens": 0}
+        return {"prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0}
 
     def count(self, usage: dict, event: Event) -> None:
         if event.index % self.n == 0:  # a prompt counts once, however many choices it has
             usage["prompt_tokens"] += event.prompt_tokens
+            usage["cached_tokens"] += event.cached_tokens
         usage["completion_tokens"] += event.completion_tokens
 
     def _usage(self, usage: dict) -> p.Usage:
-        return p.Usage(**usage, total_tokens=usage["prompt_tokens"] + usage["completion_tokens"])
+        return p.Usage(prompt_tokens=usage["prompt_tokens"], completion_tokens=usage["completion_tokens"],
+                       total_tokens=usage["prompt_tokens"] + usage["completion_tokens"],
+                       prompt_tokens_details=p.PromptTokensDetails(cached_tokens=usage["cached_tokens"]))
 
     def final(self, texts: list[str], reasons: list[str | None], usage: dict, logprobs: list[list | None],
               stops: list[int | str | None]) -> dict:

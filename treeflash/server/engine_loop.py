@@ -63,6 +63,7 @@ class Event:
     logprobs: list[TokenLogprob] | None = None
     prompt: PromptLogprobs | None = None  # the choice's first event, where prompt log-probs were asked for
     stop_reason: int | str | None = None  # with finish_reason "stop": the stop string or token id (None: EOS)
+    cached_tokens: int = 0  # prompt tokens an earlier prompt's prefill left in the caches (prefix reuse)
 
 
 class RequestGroup:
@@ -200,7 +201,7 @@ class EngineLoop:
             if text or logprobs or prompt or request.finished:
                 events.append((tracked.group, Event(tracked.index, text, request.finish_reason,
                                                     len(request.prompt_ids), len(request.output_ids), logprobs,
-                                                    prompt, request.stop_reason)))
+                                                    prompt, request.stop_reason, request.metrics.num_cached_tokens)))
             if request.finished:
                 self._forget(request, now)
         self._set_gauges()
@@ -235,6 +236,7 @@ class EngineLoop:
         if tracked.tokens == 0 and new:
             m.time_to_first_token.observe(now - tracked.group.arrival)
             m.prompt_tokens.inc(len(request.prompt_ids))
+            m.cached_prompt_tokens.inc(request.metrics.num_cached_tokens)
         elif new:
             gap = (now - tracked.last_time) / new
             for _ in range(new):

@@ -20,7 +20,11 @@ class ServerMetrics:
         self.finished = Counter("treeflash_requests_finished", "Requests ended, by finish reason "
                                 "(abort: the client went away or the server shut down)", ["finish_reason"],
                                 registry=r)
-        self.prompt_tokens = Counter("treeflash_prompt_tokens", "Prompt tokens prefilled", registry=r)
+        self.prompt_tokens = Counter("treeflash_prompt_tokens", "Prompt tokens of the requests that started",
+                                     registry=r)
+        self.cached_prompt_tokens = Counter(
+            "treeflash_prompt_tokens_cached", "Prompt tokens not prefilled: an earlier prompt's prefill had left "
+            "their rows in the caches (prefix reuse)", registry=r)
         self.generation_tokens = Counter("treeflash_generation_tokens", "Tokens generated", registry=r)
         self.acceptance_length = Histogram(
             "treeflash_acceptance_length", "Tokens a request got from one round (accepted drafts + 1)",

@@ -201,10 +201,15 @@ class DetokenizeRequest(_Request):
 
 
 # --- responses ------------------------------------------------------------------------------------
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int  # prompt tokens an earlier prompt's prefill had left in the caches (prefix reuse)
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class CompletionLogprobs(BaseModel):
