@@ -177,7 +177,7 @@ def test_parallel_false_keeps_the_first_call(fmt, text):
 
 
 def test_tool_call_format_from_the_template():
-    assert tool_call_format("{% if tools %}<tools>{{ tools }}</tools> answer in <tool_call></tool_call>").name == "hermes"
+    assert tool_call_format("{% if tools %}<tools>{{ tools }}</tools> in <tool_call></tool_call>").name == "hermes"
     assert tool_call_format("{{- 'Respond in the format {\"name\": function name, \"parameters\": dictionary' }}"
                             ).name == "llama3_json"
     assert tool_call_format("{{- '<|python_tag|>' + tool_call.name }}").name == "llama3_json"
