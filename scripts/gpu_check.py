@@ -4,7 +4,7 @@ Checks that the CUDA path (CUDA graphs on, the default) is the same engine as th
 the round eagerly and graphed. Prints the results and writes a JSON file (updated after each section).
 
   python scripts/gpu_check.py --out results/gpu_check.json [--smollm2 /path/SmolLM2-135M-Instruct.Q4_1.gguf]
-                              [--sections TEFLABC] [--timings qwen3-8b,smollm2-135m] [--budget-s SECONDS]
+                              [--sections TEFLABCR] [--timings qwen3-8b,smollm2-135m] [--budget-s SECONDS]
 
 A. tiny random Llama / Qwen2 / Qwen3 (float32): greedy tokens identical to transformers on the GPU.
 B. tiny random DFlash drafter: dflash and ddtree greedy identical to plain decoding; seeded sampling
@@ -37,6 +37,11 @@ S. structured outputs (float32, none / dflash / ddtree-16 / ddtree-64 + lookup, 
    tokens they get in a batch without a structure (graphed), and rounds without a structured request replay
    graphs again; the structure kernels (treeflash/structure_kernel.py) give GrammarSlots' torch ops' node
    masks, drafts' masks and states, element for element, at vocabularies of 49,152 and 151,936.
+R. prefix reuse (treeflash/prefix_reuse.py; graphs and overlap on, float32 and bfloat16, none / ddtree + lookup,
+   splitkv and flex attention, 8-token prefill chunks): one request at a time through turns that share whole
+   chunks, and two at a time (a short request beside a long one, so a freed slot is written over by rounds
+   while the other runs): every token and log-prob equals the engine's with reuse off, and prompt tokens were
+   reused (the two-at-a-time case is reported, not failed: its prefills batch other pieces than without reuse).
 P. graphs sharing one memory pool: rounds hop between graphs (buckets, budgets 0-256, one pool, one capture
    stream) and equal the same rounds run eagerly; a round's read-back survives other graphs' replays; graphs
    captured one per stage (time_stages) write no tensor made after them.
@@ -362,6 +367,44 @@ def replays_without_sync(runner: GraphRunner, slots: int) -> bool | str:
 
 
 # --- S: structured outputs -----------------------------------------------------------------------------
+def check_prefix_reuse(target: Path, drafter: Path) -> dict:
+    rng = random.Random(3)
+    base = [rng.randrange(1, 298) for _ in range(53)]
+    turns = [base + [5, 6, 7], base + list(range(5, 15)), base + [9], [rng.randrange(1, 298) for _ in range(40)],
+             base[:20] + [1, 2, 3], base + list(range(5, 18))]
+    pair = [base + [40, 41], base[:30] + [50] * 10]
+    params = SamplingParams(temperature=0, max_tokens=16, logprobs=2, ignore_eos=True)
+    results = {}
+    for dtype in ("float32", "bfloat16"):
+        for spec, ngram, attention in [("none", 0, None), ("ddtree", 6, None), ("ddtree", 6, "flex")]:
+            if DEVICE != "cuda" and (attention or dtype == "bfloat16"):
+                continue  # (--device cpu checks the script: the CPU runs sdpa, in float32)
+            name = f"{dtype} {spec}" + (" + lookup" if ngram else "") + f", {attention or 'default'} attention"
+            runs = {}
+            for reuse in (True, False):
+                llm = LLM(target, device=DEVICE, dtype=dtype, draft_model=None if spec == "none" else drafter,
+                          spec=spec, max_num_seqs=4, ngram_tokens=ngram, attention=attention,
+                          enable_prefix_caching=reuse, **({"tree_budget": 16} if spec == "ddtree" else {}))
+                llm.engine.config = dataclasses.replace(llm.engine.config, prefill_chunk=8)
+                one = [llm.generate(prompt_token_ids=[t], sampling_params=params, use_tqdm=False)[0] for t in turns]
+                two = llm.generate(prompt_token_ids=pair, sampling_params=[
+                    params, dataclasses.replace(params, max_tokens=40)], use_tqdm=False)
+                runs[reuse] = (one, two, llm.engine.stats.reused_prompt_tokens)
+
+            def same(a, b) -> bool:
+                return [o.token_ids for o in a] == [o.token_ids for o in b] and \
+                    [[{t: e.logprob for t, e in x.items()} for x in o.logprobs] for o in a] == \
+                    [[{t: e.logprob for t, e in x.items()} for x in o.logprobs] for o in b]
+
+            (one, two, reused), (one_off, two_off, _) = runs[True], runs[False]
+            results[f"{name}: one at a time, tokens and log-probs == reuse off"] = same(one, one_off)
+            results[f"{name}: one at a time, prompt tokens reused"] = [o.num_cached_tokens for o in one]
+            results[f"{name}: prompt tokens were reused"] = reused > 0
+            results[f"{name}: two at a time"] = ("equal" if same(two, two_off) else "differ") + \
+                f" (reused {[o.num_cached_tokens for o in two]})"
+    return results
+
+
 def check_structured(target: Path, drafter: Path) -> dict:
     import random
 
@@ -911,7 +954,7 @@ def main() -> int:
     ap.add_argument("--smollm2", type=Path, default=None, help="path of the SmolLM2 GGUF on the GPU machine")
     ap.add_argument("--out", type=Path, default=Path("gpu_check.json"))
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--sections", default="ABCEFLPS", help="which of A B C E F L P S T to run (default all but T)")
+    ap.add_argument("--sections", default="ABCEFLPRS", help="which of A B C E F L P R S T to run (default all but T)")
     ap.add_argument("--attentions", default="flex,sdpa,splitkv,hybrid",
                     help="attention backends section E checks (C and F: the first)")
     ap.add_argument("--timings", default="", help="comma-separated shapes for G: smollm2-135m,qwen3-8b")
@@ -946,7 +989,7 @@ def main() -> int:
         save(section, value)
 
     with tempfile.TemporaryDirectory() as tmp:
-        targets = tiny_targets(Path(tmp)) if set(args.sections) & set("ABCEFLPS") else {}
+        targets = tiny_targets(Path(tmp)) if set(args.sections) & set("ABCEFLPRS") else {}
         drafter = tiny_drafter(Path(tmp)) if targets else None
         if "T" in args.sections and cuda:
             run("T. tree kernel == build_tree", check_tree_kernel)
@@ -960,6 +1003,8 @@ def main() -> int:
             run("S. structured outputs", check_structured, targets["qwen3"], drafter)
         if "P" in args.sections:
             run("P. graphs sharing one memory pool", check_shared_pool, targets["qwen3"], drafter)
+        if "R" in args.sections:
+            run("R. prefix reuse", check_prefix_reuse, targets["qwen3"], drafter)
         if "F" in args.sections and cuda:
             run("F. host synchronisation in replayed rounds", check_no_sync_in_replay, targets["qwen3"], drafter,
                 args.attentions.split(",")[0])
