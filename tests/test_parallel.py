@@ -298,3 +298,18 @@ def test_cli_uneven_split_is_a_clear_error(models):
     target, _ = models["qwen2"]
     result = _cli("generate", "hello", "--model", str(target), "--device", "cpu", "--tensor-parallel-size", "3")
     assert result.returncode == 1 and "does not split" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_tp2_with_prefix_reuse_equals_tp1(tmp_path):
+    # Every rank's engine decides the same reuse from the same requests, and copies its own shard's rows.
+    target = make_tiny_target(tmp_path / "qwen3", "qwen3", logit_scale=2.0, max_position_embeddings=2048)
+    drafter = make_drafter(tmp_path / "drafter", target, 4)
+    base = [(7 * i) % 61 + 1 for i in range(600)]  # more than one 512-token prefill chunk
+    runs = {}
+    for tp in (1, 2):
+        with one_thread(), LLM(str(target), device="cpu", draft_model=str(drafter), spec="ddtree", tree_budget=6,
+                               max_num_seqs=2, tensor_parallel_size=tp) as llm:
+            outs = [llm.generate(prompt_token_ids=[base + tail], sampling_params=GREEDY, use_tqdm=False)[0]
+                    for tail in ([1, 2], [3], [4, 5, 6])]
+            runs[tp] = [(o.token_ids, o.num_cached_tokens) for o in outs]
+    assert runs[2] == runs[1] and [cached for _, cached in runs[1]] == [0, 512, 512]
