@@ -317,21 +317,33 @@ TIME = {"type": "function", "function": {
 JOKE = [{"role": "user", "content": "Tell me a joke."}]
 
 
+FORCED = [("required", {"get_weather", "get_time"}),
+          ({"type": "function", "function": {"name": "get_time"}}, {"get_time"})]
+
+
+def _forced_calls(client, messages, choice, names, **kw):
+    """A reply held to calls (tool_choice `choice`) of the tools `names` with a `city` string each, streamed
+    the same, no content either way; returns the non-streamed response."""
+    raw = _ask(client, messages=messages, tools=[WEATHER, TIME], tool_choice=choice, **kw)
+    reply = raw.choices[0]
+    assert reply.finish_reason == "tool_calls" and reply.message.content is None
+    assert reply.message.tool_calls and all(c.function.name in names for c in reply.message.tool_calls)
+    for call in reply.message.tool_calls:
+        arguments = json.loads(call.function.arguments)
+        assert set(arguments) == {"city"} and isinstance(arguments["city"], str)
+    streamed = list(_ask(client, messages=messages, tools=[WEATHER, TIME], tool_choice=choice, stream=True))
+    deltas = [chunk.choices[0].delta for chunk in streamed if chunk.choices]
+    assert "".join(d.content or "" for d in deltas) == ""
+    assert [(c.function.name, c.function.arguments) for d in deltas for c in d.tool_calls or []] == \
+        [(c.function.name, c.function.arguments) for c in reply.message.tool_calls]
+    return raw
+
+
 @pytest.mark.integration
 @pytest.mark.slow
 def test_real_model_forced_calls_follow_the_tools_schemas(qwen):
-    for choice, names in (("required", {"get_weather", "get_time"}),
-                          ({"type": "function", "function": {"name": "get_time"}}, {"get_time"})):
-        reply = _ask(qwen, messages=JOKE, tools=[WEATHER, TIME], tool_choice=choice).choices[0]
-        assert reply.finish_reason == "tool_calls" and reply.message.content is None
-        assert reply.message.tool_calls and all(c.function.name in names for c in reply.message.tool_calls)
-        for call in reply.message.tool_calls:
-            arguments = json.loads(call.function.arguments)
-            assert set(arguments) == {"city"} and isinstance(arguments["city"], str)
-        streamed = list(_ask(qwen, messages=JOKE, tools=[WEATHER, TIME], tool_choice=choice, stream=True))
-        calls = [c for chunk in streamed if chunk.choices for c in chunk.choices[0].delta.tool_calls or []]
-        assert [(c.function.name, c.function.arguments) for c in calls] == \
-            [(c.function.name, c.function.arguments) for c in reply.message.tool_calls]
+    for choice, names in FORCED:
+        _forced_calls(qwen, JOKE, choice, names)
 
 
 @pytest.mark.integration
@@ -395,22 +407,10 @@ def test_real_model_forced_calls_in_llama_format_through_a_chat_template_file(qw
     """--chat-template replaces the model's template, whose call format (llama3_json, found in it) the
     forced calls follow and the replies are read in; the calls go back to the template in the next turn."""
     client = qwen_llama_style
-    for choice, names in (("required", {"get_weather", "get_time"}),
-                          ({"type": "function", "function": {"name": "get_time"}}, {"get_time"})):
-        raw = _ask(client, messages=TWO_CITIES, tools=[WEATHER, TIME], tool_choice=choice,
-                   extra_body={"prompt_logprobs": 0})
+    for choice, names in FORCED:
+        raw = _forced_calls(client, TWO_CITIES, choice, names, extra_body={"prompt_logprobs": 0})
         assert "Respond in the format" in _prompt_text(raw) and "<tools>" not in _prompt_text(raw)
         reply = raw.choices[0]
-        assert reply.finish_reason == "tool_calls" and reply.message.content is None
-        assert reply.message.tool_calls and all(c.function.name in names for c in reply.message.tool_calls)
-        for call in reply.message.tool_calls:
-            arguments = json.loads(call.function.arguments)
-            assert set(arguments) == {"city"} and isinstance(arguments["city"], str)
-        streamed = list(_ask(client, messages=TWO_CITIES, tools=[WEATHER, TIME], tool_choice=choice, stream=True))
-        deltas = [chunk.choices[0].delta for chunk in streamed if chunk.choices]
-        assert "".join(d.content or "" for d in deltas) == ""
-        assert [(c.function.name, c.function.arguments) for d in deltas for c in d.tool_calls or []] == \
-            [(c.function.name, c.function.arguments) for c in reply.message.tool_calls]
     call = reply.message.tool_calls[0]
     results = [{"role": "tool", "tool_call_id": call.id, "content": '{"time": "14:05"}'}]
     after = _ask(client, messages=TWO_CITIES + [reply.message.model_dump(exclude_none=True)] + results,
