@@ -612,3 +612,16 @@ def test_the_budget_plot_draws_auto_and_the_chain_as_levels_with_or_without_a_sw
     levels = {line.get_label(): line.get_ydata()[0] for line in accept.get_lines() if line.get_label() != "ddtree"}
     assert levels == {"dflash (chain)": 2.4, "ddtree:auto": 3.0}
     assert (speed.get_xscale() == "log") == fixed  # no budget axis where nothing was swept
+
+
+def test_our_methods_bench_without_prefix_reuse_unless_asked(monkeypatch):
+    # The timed run repeats the warm-up's prompts: taking their prefilled chunks would flatter ours.
+    from treeflash.bench import run as bench_run
+    from treeflash.bench.methods import parse_methods
+
+    made = []
+    monkeypatch.setattr("treeflash.LLM", lambda *a, **kw: made.append(kw))
+    for asked in (False, True):
+        cfg = bench_run.BenchConfig(prefix_caching=asked)
+        bench_run._make_llm(cfg, parse_methods("none")[0], None, "cpu", "float32")
+    assert [kw["enable_prefix_caching"] for kw in made] == [False, True]

@@ -114,6 +114,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "default 8 (bench.methods.NGRAM_TOKENS)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--warmup", type=int, default=1, help="untimed warm-up prompts per method (default 1)")
+    r.add_argument("--enable-prefix-caching", action="store_true",
+                   help="let our methods take prompt chunks an earlier request prefilled (LLM's "
+                        "enable_prefix_caching; off here by default: the warm-up would hand the timed run "
+                        "prompts it prefilled, which the baselines cannot take)")
     r.add_argument("--stage-prompts", type=int, default=2,
                    help="on CUDA, prompts of an extra pass that times stages (it synchronises per stage; default 2)")
 
@@ -262,7 +266,8 @@ def _run(args, command: str, progress) -> dict:
                       tensor_parallel_size=args.tensor_parallel_size, cuda_graph_sizes=args.cuda_graph_sizes,
                       draft_vocab=not args.no_draft_vocab, attention=args.attention,
                       tree_builder=args.tree_builder,
-                      ngram_tokens=NGRAM_TOKENS if args.ngram_tokens is None else args.ngram_tokens)
+                      ngram_tokens=NGRAM_TOKENS if args.ngram_tokens is None else args.ngram_tokens,
+                      prefix_caching=args.enable_prefix_caching)
     _check_out(Path(args.out))
     return run_bench(cfg, command, log=_log, progress=progress, debug=_debug(args))
 

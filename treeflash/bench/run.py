@@ -63,6 +63,9 @@ class BenchConfig:
     attention: str | None = None  # "sdpa", "flex", "splitkv", "hybrid" (treeflash/attention.py); None: the default
     tree_builder: str = "auto"  # DDTree's builder on CUDA: "kernel", "ops" or "auto" (LLM(tree_kernel=...))
     ngram_tokens: int = NGRAM_TOKENS  # prompt lookup per round of the /ngram methods (LLM(ngram_tokens=...))
+    # LLM(enable_prefix_caching=...) of our methods: off, so that no timed prompt starts from rows its warm-up
+    # (or a run before) prefilled, which the baselines could not do
+    prefix_caching: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "batch_size", "drafter_layers"):
@@ -225,7 +228,8 @@ def _make_llm(cfg: BenchConfig, method: Method, drafter_dir, device, dtype, time
                draft_model=drafter_dir if method.spec != "none" else None, max_num_seqs=cfg.batch_size,
                time_stages=time_stages, tensor_parallel_size=cfg.tensor_parallel_size,
                cuda_graph_sizes=cfg.cuda_graph_sizes, draft_vocab=cfg.draft_vocab, attention=cfg.attention,
-               tree_kernel=TREE_BUILDERS[cfg.tree_builder], **method.llm_kwargs(cfg.ngram_tokens))
+               tree_kernel=TREE_BUILDERS[cfg.tree_builder], enable_prefix_caching=cfg.prefix_caching,
+               **method.llm_kwargs(cfg.ngram_tokens))
 
 
 def _encode(llm, prompt: Prompt) -> list[int]:
