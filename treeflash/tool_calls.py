@@ -46,6 +46,10 @@ _SPACE = re.compile(r"\s*")
 _JSON = json.JSONDecoder()
 
 
+class CannotForce(ValueError):
+    """A format whose calls a structured output cannot hold a reply to."""
+
+
 @dataclass(frozen=True)
 class ToolCall:
     name: str
@@ -194,8 +198,8 @@ class Mistral(ToolCallFormat):
         return calls
 
     def calls_pattern(self, call: str, several: bool) -> str:
-        raise ValueError("a call cannot be forced in Mistral's format: its calls begin with the special token "
-                         "[TOOL_CALLS], which a structured output does not write")
+        raise CannotForce("a call cannot be forced in Mistral's format: its calls begin with the special token "
+                          "[TOOL_CALLS], which a structured output does not write")
 
     def new_call(self, name: str, arguments: dict) -> ToolCall:
         alphabet = string.ascii_letters + string.digits  # (Mistral's templates refuse any other id)
@@ -274,7 +278,7 @@ def call_structure(tools: list[dict], name: str | None = None, several: bool = F
                    fmt: ToolCallFormat | str = HERMES) -> StructuredOutputsParams:
     """The structure of a reply that is a call (OpenAI's tool_choice "required", or naming `name`) in the
     format `fmt`: one calling one of the tools with arguments to its parameters' schema; `several`: one or
-    more calls. A ValueError where the format cannot be forced or a schema cannot be held to."""
+    more calls. CannotForce where the format cannot be forced; a ValueError where a schema cannot be held to."""
     from outlines_core.json_schema import build_regex_from_schema
 
     fmt = _format(fmt)

@@ -24,7 +24,8 @@ from treeflash.server.protocol import (CHAT_UNSUPPORTED, COMPLETION_UNSUPPORTED,
                                        SamplingFields, TokenizeRequest)
 from treeflash.server.replies import ReplyReader
 from treeflash.structured import StructuredOutputsParams
-from treeflash.tool_calls import FORMATS, ToolCallFormat, ToolCallStream, call_structure, tool_call_format
+from treeflash.tool_calls import FORMATS, CannotForce, ToolCallFormat, ToolCallStream, call_structure, \
+    tool_call_format
 
 CONTEXT = "context_length_exceeded"
 
@@ -161,10 +162,10 @@ class Frontend:
         name = choice.function.get("name") if isinstance(choice, NamedToolChoice) else None
         try:
             return call_structure(tools, name, several=name is None and body.parallel_tool_calls, fmt=fmt)
-        except ValueError as e:  # (a format that cannot be forced; a schema outlines-core cannot translate)
-            cannot = "cannot be forced" in str(e)
-            raise bad_request(str(e), param="tool_choice" if cannot else "tools",
-                              code="unsupported" if cannot else "invalid_value") from None
+        except CannotForce as e:
+            raise bad_request(str(e), param="tool_choice", code="unsupported") from None
+        except ValueError as e:  # (a parameters schema outlines-core cannot translate)
+            raise bad_request(str(e), param="tools") from None
 
     @staticmethod
     def _forces_call(body: ChatCompletionRequest) -> bool:
