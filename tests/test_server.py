@@ -690,6 +690,13 @@ def test_a_chat_template_given_replaces_the_models(model_dir, tmp_path):
         from treeflash.server.frontend import Frontend, ServerConfig
 
         assert Frontend(llm, ServerConfig(model_name=NAME)).tokenizer.chat_template == template
+    # one call's template (vLLM's LLM.chat(chat_template=...)), the LLM's own for the others
+    upper = "{% for m in messages %}{{ m.content }} {% endfor %}"
+    got = llm.chat(CHAT, greedy(2), chat_template=upper, add_generation_prompt=False)[0]
+    assert llm.tokenizer.decode(got.prompt_token_ids) == "be brief name a tree "
+    assert llm.tokenizer.decode(llm.chat_token_ids(CHAT, add_generation_prompt=False)).startswith("system said")
+    with pytest.raises(ValueError, match="not a Jinja template"):
+        llm.chat(CHAT, greedy(2), chat_template="{% if %}")
     (tmp_path / "bad.jinja").write_text("{% for m in messages %}")
     for given, error in ((tmp_path / "none.jinja", "neither a file nor a Jinja template"),
                          (tmp_path / "bad.jinja", r"bad.jinja: not a Jinja template \(line 1"),

@@ -446,7 +446,7 @@ class LLM:
              sampling_params: SamplingParams | dict | Sequence[SamplingParams | dict] | None = None, *,
              use_tqdm: bool = True, tools: list[dict] | None = None, documents: list[dict] | None = None,
              add_generation_prompt: bool = True, continue_final_message: bool = False,
-             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+             chat_template_kwargs: dict | None = None, chat_template: str | Path | None = None) -> list[RequestOutput]:
         """Generate replies to one conversation (a list of {role, content}) or a list of them.
 
         Roles: system, user, assistant (and tool when the chat template handles tool messages); every
@@ -456,9 +456,10 @@ class LLM:
         its chat template; `treeflash.tool_calls.parse_tool_calls(output.text, fmt)` reads the calls of a reply
         in the template's format (`tool_call_format(llm.tokenizer.chat_template)`; Mistral's needs
         skip_special_tokens=False, its calls beginning with a special token).
-        documents, add_generation_prompt, continue_final_message, chat_template_kwargs: as vLLM's
-        (`chat_token_ids`).
+        documents, add_generation_prompt, continue_final_message, chat_template_kwargs, chat_template: as
+        vLLM's (`chat_token_ids`).
         """
+        given = read_chat_template(chat_template) if chat_template is not None else None
         if not isinstance(messages, (list, tuple)):
             raise ValueError(f"chat takes a list of {{'role': ..., 'content': ...}} messages (or a list of such "
                              f"lists), got {type(messages).__name__}")
@@ -466,12 +467,13 @@ class LLM:
             raise ValueError("chat needs at least one message ({'role': ..., 'content': ...})")
         one = isinstance(messages[0], dict)
         conversations = [messages] if one else messages
-        template = getattr(self.tokenizer, "chat_template", None)
+        template = given or getattr(self.tokenizer, "chat_template", None)
         for n, conv in enumerate(conversations):
             _check_conversation(conv, "messages" if one else f"messages[{n}]", template)
         ids = [self.chat_token_ids(c, tools=tools, documents=documents, add_generation_prompt=add_generation_prompt,
                                    continue_final_message=continue_final_message,
-                                   chat_template_kwargs=chat_template_kwargs) for c in conversations]
+                                   chat_template_kwargs=chat_template_kwargs, chat_template=given)
+               for c in conversations]
         prompts = [self.tokenizer.decode(i) for i in ids]
         return self._run(self._requests(None, sampling_params, ids, texts=prompts), use_tqdm)
 
@@ -546,7 +548,8 @@ class LLM:
 
     def chat_token_ids(self, messages: list[dict], tokenizer=None, tools: list[dict] | None = None, *,
                        documents: list[dict] | None = None, add_generation_prompt: bool = True,
-                       continue_final_message: bool = False, chat_template_kwargs: dict | None = None) -> list[int]:
+                       continue_final_message: bool = False, chat_template_kwargs: dict | None = None,
+                       chat_template: str | Path | None = None) -> list[int]:
         """The prompt token ids of one conversation under the model's chat template (checked first).
 
         tokenizer: another instance of this model's tokenizer (a thread of its own must not share one).
@@ -555,12 +558,16 @@ class LLM:
         add_generation_prompt: end with the assistant turn's header (the model answers next);
         continue_final_message: end inside the last message (an assistant's), for the model to go on with it.
         chat_template_kwargs: more variables for the template (Qwen3's enable_thinking, say).
+        chat_template: a template for this call instead of the model's (its text, or a file holding it).
         """
         tok = tokenizer or self._need_tokenizer()
-        _check_conversation(messages, "messages", getattr(tok, "chat_template", None))
-        if not tok.chat_template:
+        given = read_chat_template(chat_template) if chat_template is not None else None
+        _check_conversation(messages, "messages", given or getattr(tok, "chat_template", None))
+        if not (given or tok.chat_template):
             raise ValueError(f"{self.model_dir}: the tokenizer has no chat template")
         options = _template_options(messages, add_generation_prompt, continue_final_message, chat_template_kwargs)
+        if given is not None:
+            options["chat_template"] = given
         text = tok.apply_chat_template(list(messages), tokenize=False, **options)
         for name, given in (("tools", tools), ("documents", documents)):
             if given:
