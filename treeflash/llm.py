@@ -561,13 +561,13 @@ class LLM:
         chat_template: a template for this call instead of the model's (its text, or a file holding it).
         """
         tok = tokenizer or self._need_tokenizer()
-        given = read_chat_template(chat_template) if chat_template is not None else None
-        _check_conversation(messages, "messages", given or getattr(tok, "chat_template", None))
-        if not (given or tok.chat_template):
+        template = read_chat_template(chat_template) if chat_template is not None else None
+        _check_conversation(messages, "messages", template or getattr(tok, "chat_template", None))
+        if not (template or tok.chat_template):
             raise ValueError(f"{self.model_dir}: the tokenizer has no chat template")
         options = _template_options(messages, add_generation_prompt, continue_final_message, chat_template_kwargs)
-        if given is not None:
-            options["chat_template"] = given
+        if template is not None:
+            options["chat_template"] = template
         text = tok.apply_chat_template(list(messages), tokenize=False, **options)
         for name, given in (("tools", tools), ("documents", documents)):
             if given:
