@@ -342,7 +342,8 @@ class Engine:
             return 0
         if any(r is not None for r in self.slots):
             raise RuntimeError("capture_graphs needs an idle engine")
-        self._overwritten(range(len(self.slots)))  # (captures prefill and run rounds over idle slots)
+        if self.prefixes is not None:  # (captures prefill and run rounds over idle slots, from row 0)
+            self.prefixes.forget_all()
         top = self.runner.bucket(min(max_batch, len(self.slots)))
         before = len(self.runner.graphs) + len(self.runner.prefill_graphs)
         count = 1
@@ -468,8 +469,10 @@ class Engine:
         """Run (or queue, on a GPU) a round over slots [0, running[-1]] without waiting for it."""
         num_slots = running[-1] + 1
         # A round (and a cost measurement) runs over the bucket's slots; a free one's rows are written from 0.
-        bucket = min(self.runner.bucket(num_slots), len(self.slots))
-        self._overwritten(i for i in range(bucket) if self.slots[i] is None)
+        # A round (and a cost measurement) runs over the bucket's slots, and writes a free one's rows from row 0.
+        if self.prefixes is not None:  # (only the slots holding a prompt are looked at: a round's host time)
+            bucket = self.runner.bucket(num_slots)
+            self.prefixes.forget([i for i in self.prefixes.holding if i < bucket and self.slots[i] is None])
         budget = self.budget.choose(self.runner.bucket(num_slots)) if self.budget else None
         start = time.perf_counter()
         # Rows any of these slots may reach this round (committed + what it writes; with overlap the host's
@@ -658,11 +661,6 @@ class Engine:
         if self._prefixes is None or self._prefixes.chunk != self.config.prefill_chunk:
             self._prefixes = PrefixReuse(len(self.slots), self.config.prefill_chunk)  # (nothing held yet)
         return self._prefixes
-
-    def _overwritten(self, slots) -> None:
-        """Slots whose caches' rows are being written over from row 0: they hold no prefix any more."""
-        if self.prefixes is not None:
-            self.prefixes.forget(slots)
 
     def _grow_to(self, rows: int) -> None:
         """Caches of at least `rows` rows per slot; doubling keeps regrowth (a copy of the caches) rare."""

@@ -19,25 +19,31 @@ a higher slot: rounds cost by the highest slot they run over.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
 class Held:
-    tokens: list[int]  # the prompt whose first `chunks` whole chunks the slot's rows hold
-    chunks: int
-    keys: list[int]  # the chained key of each chunk: chunk k's says tokens[:(k + 1) * chunk]
+    tokens: list[int]  # the prompt whose first whole chunks the slot's rows hold
+    # each held chunk's chained key: chunk k's stands for tokens[:(k + 1) * chunk]
+    keys: list[int] = field(default_factory=list)
+
+    @property
+    def chunks(self) -> int:
+        return len(self.keys)
 
 
 class PrefixReuse:
     def __init__(self, slots: int, chunk: int):
         self.chunk = chunk
         self.held: list[Held | None] = [None] * slots
+        self.holding: set[int] = set()  # the slots with a prompt (rounds check only these)
         self._holders: dict[int, set[int]] = {}  # chunk key -> slots holding it
 
-    def keys(self, tokens: list[int], chunks: int) -> list[int]:
-        out, key = [], 0
-        for k in range(chunks):
+    def keys(self, tokens: list[int], chunks: int, start: int = 0, key: int = 0) -> list[int]:
+        """The chained keys of chunks start..chunks-1 of `tokens` (`key`: chunk start - 1's, 0 before the first)."""
+        out = []
+        for k in range(start, chunks):
             key = hash((key, tuple(tokens[k * self.chunk:(k + 1) * self.chunk])))
             out.append(key)
         return out
@@ -58,26 +64,23 @@ class PrefixReuse:
     def hold(self, slot: int, tokens: list[int], rows: int) -> None:
         """Slot `slot` now holds tokens[:rows] (whole chunks of it counted), whatever it held before."""
         self.forget([slot])
-        chunks = rows // self.chunk
-        held = self.held[slot] = Held(tokens, chunks, self.keys(tokens, chunks))
-        for key in held.keys:
-            self._holders.setdefault(key, set()).add(slot)
+        self.held[slot] = Held(tokens)
+        self.holding.add(slot)
+        self.grow(slot, rows)
 
     def grow(self, slot: int, rows: int) -> None:
         """Slot `slot`'s prefill has reached `rows` rows of its prompt."""
         held = self.held[slot]
-        if held is None or rows // self.chunk <= held.chunks:
+        if held is None:
             return
-        key = held.keys[-1] if held.keys else 0
-        for k in range(held.chunks, rows // self.chunk):
-            key = hash((key, tuple(held.tokens[k * self.chunk:(k + 1) * self.chunk])))
+        for key in self.keys(held.tokens, rows // self.chunk, held.chunks, held.keys[-1] if held.keys else 0):
             held.keys.append(key)
             self._holders.setdefault(key, set()).add(slot)
-        held.chunks = rows // self.chunk
 
     def forget(self, slots) -> None:
         for slot in slots:
             held, self.held[slot] = self.held[slot], None
+            self.holding.discard(slot)
             for key in held.keys if held is not None else ():
                 holders = self._holders[key]
                 holders.discard(slot)
