@@ -1,8 +1,8 @@
 """Prefix reuse (treeflash/prefix_reuse.py): a prompt's whole prefill chunks that a slot's caches hold from
 an earlier prompt are taken, not prefilled again, and nothing else changes: on the CPU in float32 every token
 and log-prob equals the engine's with reuse off, bit for bit, for plain decoding and DDTree, across slots,
-after other requests ran, and after a round ran over the holding slot while it was free (which writes over
-it: nothing may be taken from it then)."""
+after other requests ran, and after rounds ran over the holding slot while it was free (which write past
+the rows it holds)."""
 
 from __future__ import annotations
 
@@ -69,31 +69,44 @@ def test_reused_prefixes_change_no_bit_one_request_at_a_time(pair, spec):
     assert on.engine.stats.prefill_tokens == off.engine.stats.prefill_tokens - sum(cached)
 
 
-def test_reuse_across_slots_and_not_from_a_free_slot_rounds_wrote_over(pair):
+def _same_rows(a, b, slot: int, rows: int) -> None:
+    """Slot `slot`'s first `rows` rows are bit for bit equal in the two speculators: the target's and the
+    drafter's keys and values, and prompt lookup's tokens."""
+    for x, y in ((a.cache, b.cache), (a.draft_cache, b.draft_cache)):
+        assert all(torch.equal(s[:, slot, :, :rows], t[:, slot, :, :rows]) for s, t in zip(x.stacked, y.stacked))
+    assert torch.equal(a.history[slot, :rows], b.history[slot, :rows])
+
+
+def test_reuse_across_slots_and_from_a_free_slot_rounds_ran_over(pair):
     on, off = _llm(pair, "ddtree", True), _llm(pair, "ddtree", False)
     short_long = [_params(4), _params(30)]  # (the request in slot 0 ends rounds before the one in slot 1)
 
-    def both(prompts, params):
+    def both(prompts, params, compare):
         got = on.generate(prompts, params, use_tqdm=False)
         _same(got, off.generate(prompts, params, use_tqdm=False))
         held = [h and h.chunks for h in on.engine.prefixes.held]
-        # What a slot holds is bit for bit what the engine without reuse (slots taken in the same order) has
-        # there: the target's and the drafter's keys and values, and prompt lookup's tokens.
-        a, b = on.engine.speculator, off.engine.speculator
-        for slot, rows in ((slot, chunks * CHUNK) for slot, chunks in enumerate(held) if chunks):
-            for x, y in ((a.cache, b.cache), (a.draft_cache, b.draft_cache)):
-                assert all(torch.equal(s[:, slot, :, :rows], t[:, slot, :, :rows])
-                           for s, t in zip(x.stacked, y.stacked))
-            assert torch.equal(a.history[slot, :rows], b.history[slot, :rows])
+        # What slot `compare` holds (one that no round ran over after its request: the engine without reuse
+        # writes a free slot's rows from row 0) is what the engine without reuse, slots taken in the same
+        # order, has there.
+        _same_rows(on.engine.speculator, off.engine.speculator, compare, held[compare] * CHUNK)
         return [o.num_cached_tokens for o in got], held
 
-    # Slot 0 ends first, and the rounds of slot 1 that follow run over it free: it holds nothing after them.
-    assert both([BASE + "runs", "zz " + BASE], short_long) == ([0, 0], [None, 7, None, None])
-    # The first prompt takes slot 0 and copies the 7 chunks of "zz " + BASE from slot 1; the second none.
-    assert both(["zz " + BASE + "at night", BASE + "swims"], short_long) == ([56, 0], [None, 7, None, None])
+    # Slot 0 ends first, and the rounds of slot 1 that follow run over it free, writing past the rows it holds.
+    assert both([BASE + "runs", "zz " + BASE], short_long, compare=1) == ([0, 0], [7, 7, None, None])
+    alone = _llm(pair, "ddtree", False)  # (slot 0 without the rounds that ran over it)
+    alone.generate([BASE + "runs"], short_long[0], use_tqdm=False)
+    _same_rows(on.engine.speculator, alone.engine.speculator, 0, 7 * CHUNK)
+    # so a prompt beginning the same way takes them, in the same slot
+    assert both([BASE + "runs far"], _params(), compare=0) == ([56], [7, 7, None, None])
+    # The first prompt takes slot 0 and copies the 7 chunks of "zz " + BASE from slot 1 (then prefills its
+    # eighth); the second none. Slot 0 ends holding 64 rows, more than slot 1's request then has: emptied.
+    assert both(["zz " + BASE + "at night", BASE + "swims"], short_long, compare=1) == ([56, 0], [None, 7, None, None])
     # BASE's 6 whole chunks (53 characters), from what slot 1 holds now (BASE + "swims"), into slot 0, whose
     # prefill then adds its prompt's seventh.
-    assert both([BASE + "at dawn"], _params()) == ([48], [7, 7, None, None])
+    assert both([BASE + "at dawn"], _params(), compare=0) == ([48], [7, 7, None, None])
+    # A free slot holding more rows than the longest running request has is emptied (rounds would attend over
+    # them): slot 0's 13 chunks, while slot 1 runs a 10-token prompt.
+    assert both([BASE + BASE + "on", "short one"], short_long, compare=1) == ([48, 0], [None, 1, None, None])
 
 
 def test_prompt_logprobs_requests_prefill_everything(pair):
@@ -124,3 +137,4 @@ def test_prefix_index_bookkeeping():
     assert index.find(prompt) == (None, 0) and index.find([7] * 20) == (0, 8)
     index.forget_all()
     assert index.find([7] * 20) == (None, 0) and index.rows_held() == 0
+

@@ -468,11 +468,8 @@ class Engine:
     def _launch(self, running: list[int]) -> Launched:
         """Run (or queue, on a GPU) a round over slots [0, running[-1]] without waiting for it."""
         num_slots = running[-1] + 1
-        # A round (and a cost measurement) runs over the bucket's slots; a free one's rows are written from 0.
-        # A round (and a cost measurement) runs over the bucket's slots, and writes a free one's rows from row 0.
-        if self.prefixes is not None:  # (only the slots holding a prompt are looked at: a round's host time)
-            bucket = self.runner.bucket(num_slots)
-            self.prefixes.forget([i for i in self.prefixes.holding if i < bucket and self.slots[i] is None])
+        if self.prefixes is not None:
+            self._bound_free_prefixes(running)
         budget = self.budget.choose(self.runner.bucket(num_slots)) if self.budget else None
         start = time.perf_counter()
         # Rows any of these slots may reach this round (committed + what it writes; with overlap the host's
@@ -624,6 +621,20 @@ class Engine:
             pieces.append((request, start, end))
         return pieces
 
+    def _bound_free_prefixes(self, running: list[int]) -> None:
+        """A round runs over every slot below its highest running one, and attends over the rows a free one
+        holds as over a request's: a free slot there keeps its prompt's rows only while they are no more than
+        the longest running request's (no more attention than one request more; on the CPU, no wider eager
+        attention for all), and is emptied otherwise."""
+        bucket, longest = self.runner.bucket(running[-1] + 1), max(self.seq_lens[i] for i in running)
+        costly = [i for i in self.prefixes.holding
+                  if i < bucket and self.slots[i] is None and self.seq_lens[i] > longest]
+        if costly:
+            self.prefixes.forget(costly)
+            for i in costly:
+                self.seq_lens[i] = 0
+            self.speculator.release_many(costly)
+
     def _take_slot(self) -> Request | None:
         """Give the first waiting request a free slot, with caches long enough for its prompt and a round; with
         CUDA graphs, for all it may need (a growth there recaptures every graph: seconds)."""
@@ -672,22 +683,26 @@ class Engine:
         for one that ran to the context) are not held while the engine waits. Graphed rounds keep theirs: the
         graphs are captured over the caches' capacity, and shrinking would mean capturing them again."""
         if not self.runner.enabled and not self.has_work() and self.speculator.capacity > self.floor_capacity:
-            # (keeping the rows of the prefixes the slots hold: the next turn of a chat begins with one)
-            self.speculator.shrink(max(self.floor_capacity, self.prefixes.rows_held() if self.prefixes else 0))
+            # (keeping the rows of the prefixes the slots hold, and a round's past them: the next turn of a
+            # chat begins with one, and a free slot's rounds write from its held rows on)
+            held = self.prefixes.rows_held() + self.spare_rows + 1 if self.prefixes else 0
+            self.speculator.shrink(max(self.floor_capacity, held))
 
     def _retire_if_done(self, request: Request) -> None:
         """Free a finished request's slot here; its device state is released by `_release`, which the
         step (or abort) calls before anything else can use the slot."""
         if request.finished and request.slot is not None:
             self.slots[request.slot] = None
-            self.seq_lens[request.slot] = 0
+            # A free slot's length is what it holds of its prompt (0 if nothing): the rounds that run over it
+            # while it is free write past that row (a round writes from a slot's length on), not over it.
+            self.seq_lens[request.slot] = self.prefixes.rows(request.slot) if self.prefixes is not None else 0
             self.freed.append(request.slot)
             heapq.heappush(self.free, request.slot)
             request.slot = None
 
     def _release(self) -> None:
         freed, self.freed = self.freed, []
-        self.speculator.release_many(freed)
+        self.speculator.release_many(freed, [self.seq_lens[slot] for slot in freed])
 
     # --- stops -----------------------------------------------------------------------------------
     def _append(self, request: Request, tokens: list[int], logprobs: list[list[int]] | None = None) -> list[int]:

@@ -10,11 +10,14 @@ chunks count (a prompt's last, shorter piece is computed as a shorter forward), 
 reply's rows come from verification, in another order of sums), and at least the prompt's last token is
 always prefilled (its logits draw the first token).
 
-A slot holds its chunks while it runs and after it is freed, until something writes over them: another
-request given the slot, or a round run over it while it is free (a round runs over every slot below the
-highest running one, and a free slot's rounds write from row 0). The engine reports both, and a chunk
-held by another slot is copied into the newcomer's slot (one device copy per cache) rather than taking
-a higher slot: rounds cost by the highest slot they run over.
+A slot holds its chunks while it runs and after it is freed, until another request is given the slot
+(or graphs are captured at start-up, which prefill idle slots from row 0). A round runs over every slot
+below the highest running one, free ones included, and writes a slot's rows from its length on: a freed
+slot's length is set to the rows it holds, so those rounds write past them (while they are no more rows
+than the longest running request's: a round attends over them as over a request's, so a free slot
+holding more there is emptied, `Engine._bound_free_prefixes`). A chunk held by another slot
+is copied into the newcomer's slot (one device copy per cache) rather than taking a higher slot: rounds
+cost by the highest slot they run over.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ class PrefixReuse:
     def __init__(self, slots: int, chunk: int):
         self.chunk = chunk
         self.held: list[Held | None] = [None] * slots
-        self.holding: set[int] = set()  # the slots with a prompt (rounds check only these)
+        self.holding: set[int] = set()  # the slots with a prompt (what a round's launch looks at)
         self._holders: dict[int, set[int]] = {}  # chunk key -> slots holding it
 
     def keys(self, tokens: list[int], chunks: int, start: int = 0, key: int = 0) -> list[int]:
@@ -89,6 +92,11 @@ class PrefixReuse:
 
     def forget_all(self) -> None:
         self.forget(range(len(self.held)))
+
+    def rows(self, slot: int) -> int:
+        """The rows slot `slot` holds (whole chunks; 0 for none)."""
+        held = self.held[slot]
+        return held.chunks * self.chunk if held is not None else 0
 
     def rows_held(self) -> int:
         """The most rows any slot holds."""

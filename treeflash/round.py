@@ -578,13 +578,15 @@ class Speculator:
     def release(self, slot: int) -> None:
         self.release_many([slot])
 
-    def release_many(self, slots: list[int]) -> None:
-        """Free slots: inactive, empty, idle sampling rows. One batch of small writes for all of them
-        (a step that retires many requests pays it once, not per request)."""
+    def release_many(self, slots: list[int], keep: list[int] | None = None) -> None:
+        """Free slots: inactive, idle sampling rows, and empty past their first `keep` rows (default none:
+        the rows of a prompt prefix kept for reuse, which the rounds run over a free slot then write past).
+        One batch of small writes for all of them (a step that retires many requests pays it once, not per
+        request)."""
         if not slots:
             return
         index = to_device(slots, self.device, torch.long)
-        self.state.seq_lens[index] = 0
+        self.state.seq_lens[index] = 0 if keep is None else to_device(keep, self.device, self.state.seq_lens.dtype)
         self.state.active[index] = False
         self.set_sampling_many(slots, [None] * len(slots), [0] * len(slots))
 
