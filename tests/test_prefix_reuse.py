@@ -138,3 +138,21 @@ def test_prefix_index_bookkeeping():
     index.forget_all()
     assert index.find([7] * 20) == (None, 0) and index.rows_held() == 0
 
+
+@pytest.mark.parametrize("spec", ["none", "ddtree"])
+def test_prompts_of_one_step_prefill_a_shared_chunk_once(pair, spec):
+    """Prompts admitted together that begin the same way (a batch under one system prompt, n > 1) prefill each
+    shared chunk once: the others wait a step and take it from that slot, and nothing else changes."""
+    on, off = _llm(pair, spec, True), _llm(pair, spec, False)
+    prompts = [BASE + "runs", BASE + "sleeps", "zz " + BASE, BASE + "runs"]
+    params = [_params(), _params(seed=1), _params(), dataclasses.replace(_params(), n=2)]
+    got = on.generate(prompts, params, use_tqdm=False)
+    want = off.generate(prompts, params, use_tqdm=False)
+    for a, b in zip(got, want):
+        _same(a.outputs, b.outputs)
+    assert [len(o.outputs) for o in got] == [1, 1, 1, 2]
+    # BASE + "runs" (57 characters) is 7 whole chunks; BASE + "sleeps" shares 6 with it, the n=2 copies all 7.
+    # (max_num_seqs=4: the fifth request, the n=2 prompt's second completion, starts after the others.)
+    assert [o.num_cached_tokens for o in got] == [0, 48, 0, 56]
+    reused = on.engine.stats.reused_prompt_tokens
+    assert reused >= 48 + 56 + 56 and on.engine.stats.prefill_tokens == off.engine.stats.prefill_tokens - reused

@@ -80,6 +80,7 @@ class Request:
     bad_words_ids: list[list[int]] | None = None  # params.bad_words as token sequences (treeflash/bad_words.py)
     grammar: Grammar | None = None  # params.structured_outputs as a token automaton (treeflash/structured.py)
     choice: int = 0  # which of its prompt's SamplingParams.n completions this request makes
+    waits_for_copy: bool = False  # its next chunk was prefilled by another request: taken from that slot next step
 
     def __post_init__(self) -> None:
         if self.params.logprobs is not None and self.logprobs is None:
@@ -609,16 +610,25 @@ class Engine:
         # Newcomers wait until admit_batch slots are free (or every waiting request fits, or no slot is busy).
         admit = len(self.free) >= min(self.config.admit_batch, len(self.waiting)) or len(self.free) == len(self.slots)
         pieces, spent = [], 0
+        planned: set[int] = set()  # the prefix chunks this step prefills (prefix reuse: each once)
         while True:
             request = next(started, None) or (self._take_slot() if admit else None)
             if request is None:
                 break
+            if request.waits_for_copy:
+                self._catch_up(request)
             start = request.prefilled
             end = min(len(request.prompt_ids), start + self.config.prefill_chunk)
+            key = self._shared_chunk(request, end)
+            if key in planned:  # (a prompt sharing this chunk with one before it in this step: n > 1, a batch)
+                request.waits_for_copy = True
+                continue  # it takes the chunk from that prompt's slot next step, rather than computing it too
             if spent and spent + end - start > self.config.prefill_budget:
                 break  # it waits for the next step (a newcomer keeps the slot it was given)
             spent += end - start
             pieces.append((request, start, end))
+            if key is not None:
+                planned.add(key)
         return pieces
 
     def _bound_free_prefixes(self, running: list[int]) -> None:
@@ -634,6 +644,25 @@ class Engine:
             for i in costly:
                 self.seq_lens[i] = 0
             self.speculator.release_many(costly)
+
+    def _shared_chunk(self, request: Request, end: int) -> int | None:
+        """The prefix key of the request's piece ending at `end` where it is a whole chunk that another prompt
+        may take (prefix reuse on; not a request asking for prompt log-probs, which prefill everything)."""
+        if self.prefixes is None or request.prompt_logprobs is not None:
+            return None
+        return self.prefixes.next_key(request.slot, end)
+
+    def _catch_up(self, request: Request) -> None:
+        """Take the prompt's chunks that another slot prefilled while this request waited (`_plan_prefill`)."""
+        request.waits_for_copy = False
+        holder, rows = self.prefixes.find(request.prompt_ids, prefer=request.slot) if self.prefixes else (None, 0)
+        if rows > request.prefilled:
+            self.speculator.copy_prefix(holder, request.slot, rows)
+            taken = rows - request.prefilled
+            request.prefilled = self.seq_lens[request.slot] = rows
+            request.metrics.num_cached_tokens += taken
+            self.stats.reused_prompt_tokens += taken
+            self.prefixes.grow(request.slot, rows)
 
     def _take_slot(self) -> Request | None:
         """Give the first waiting request a free slot, with caches long enough for its prompt and a round; with

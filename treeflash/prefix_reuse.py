@@ -80,6 +80,14 @@ class PrefixReuse:
             held.keys.append(key)
             self._holders.setdefault(key, set()).add(slot)
 
+    def next_key(self, slot: int, end: int) -> int | None:
+        """The key of slot `slot`'s prompt chunk ending at row `end`, where that is the next whole chunk its
+        prefill writes and a longer prompt could take (its prompt goes on past it); else None."""
+        held = self.held[slot]
+        if held is None or end != (held.chunks + 1) * self.chunk or end >= len(held.tokens):
+            return None
+        return self.keys(held.tokens, held.chunks + 1, held.chunks, held.keys[-1] if held.keys else 0)[0]
+
     def forget(self, slots) -> None:
         for slot in slots:
             held, self.held[slot] = self.held[slot], None
