@@ -7,8 +7,13 @@ each, one at a time through two engines of one slot on the same weights (DDTree-
 drafter, CUDA graphs, overlap), one with `prefix_reuse` off: each engine's first request prefills
 everything (not counted); each later one, whose user part differs, finds the system prompt's whole
 512-token chunks in the slot (reuse on) or prefills them again (reuse off), alternately, --pairs times.
-Reports each request's prefill seconds (its prefill forwards and first token) and time to its first token (from submission), and checks that both settings
-give the same tokens.
+Reports each request's prefill seconds (its prefill forwards and first token) and time to its first token
+(from submission), and checks that both settings give the same tokens.
+
+With --together N: engines of N slots, and N requests submitted at once under one system prompt that no
+slot holds (a new one each time, --pairs times, after a first batch that captures the graphs): with reuse
+on, the first request prefills each shared chunk and the others take it from its slot a step later; off,
+each prefills it. Reports the time until every one of them has its first token, and the mean.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ def main() -> None:
     ap.add_argument("--user-tokens", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--pairs", type=int, default=4)
+    ap.add_argument("--together", type=int, default=1, help="requests submitted at once under a new system prompt")
+    ap.add_argument("--prefill-chunk", type=int, default=512, help="(smaller for --shape tiny)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--device", default="cuda", help="cuda; cpu (with --shape tiny) checks the script")
     args = ap.parse_args()
@@ -48,8 +55,8 @@ def main() -> None:
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     target, drafter = gpu_check.build_shape(args.shape)
     vocab = target.config.vocab_size
-    config = EngineConfig(max_num_seqs=1, max_model_len=args.system_tokens + args.user_tokens + args.max_tokens + 64,
-                          time_stages=False)
+    config = EngineConfig(max_num_seqs=args.together, max_model_len=args.system_tokens + args.user_tokens + args.max_tokens + 64,
+                          time_stages=False, prefill_chunk=args.prefill_chunk)
     spec = SpecConfig("ddtree", 64, ngram_tokens=8)
     engines = {reuse: Engine(target, drafter, spec, None, dataclasses.replace(config, prefix_reuse=reuse))
                for reuse in (True, False)}
@@ -71,6 +78,8 @@ def main() -> None:
                 "cached_tokens": request.metrics.num_cached_tokens, "tokens": request.output_ids}
 
     rows: list[dict] = []
+    if args.together > 1:
+        return together(args, engines, rng, vocab, params, sync)
     users = [torch.randint(0, vocab, (args.user_tokens,), generator=rng).tolist() for _ in range(args.pairs + 1)]
     for reuse in (True, False):
         ask(users[0], reuse)  # (captures graphs, prefills the system prompt once; not counted)
@@ -90,6 +99,49 @@ def main() -> None:
     if args.out:
         report = {**run_info(torch.device(args.device)), "shape": args.shape, "system_tokens": args.system_tokens,
                   "user_tokens": args.user_tokens, "summary": summary, "rows": rows}
+        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+
+
+def together(args, engines: dict, rng: torch.Generator, vocab: int, params: SamplingParams, sync) -> None:
+    def batch(system: list[int], users: list[list[int]], reuse: bool) -> dict:
+        engine = engines[reuse]
+        requests = [Request(i, None, system + user, params, 0, frozenset(), args.max_tokens)
+                    for i, user in enumerate(users)]
+        sync()
+        start, first = time.perf_counter(), {}
+        for request in requests:
+            engine.add(request)
+        while not all(r.finished for r in requests):
+            engine.step()
+            now = time.perf_counter() - start
+            first.update({r.id: now for r in requests if r.output_ids and r.id not in first})
+        return {"reuse": reuse, "all_first_s": max(first.values()), "mean_ttft_s": statistics.mean(first.values()),
+                "prefill_s": max(r.metrics.prefill_seconds for r in requests),
+                "cached_tokens": [r.metrics.num_cached_tokens for r in requests],
+                "tokens": [r.output_ids for r in requests]}
+
+    def new(length: int) -> list[int]:
+        return torch.randint(0, vocab, (length,), generator=rng).tolist()
+
+    rows = []
+    for i in range(args.pairs + 1):
+        system, users = new(args.system_tokens), [new(args.user_tokens) for _ in range(args.together)]
+        for reuse in (True, False):
+            row = {"batch": i, **batch(system, users, reuse)}
+            if i:  # (the first batch captures graphs: not counted)
+                rows.append(row)
+                print({k: v for k, v in row.items() if k != "tokens"}, flush=True)
+    on = [r for r in rows if r["reuse"]]
+    off = [r for r in rows if not r["reuse"]]
+    summary = {f"median {what}, reuse {name}": statistics.median(r[key] for r in of)
+               for key, what in (("all_first_s", "s until every first token"), ("mean_ttft_s", "mean ttft s"))
+               for name, of in (("on", on), ("off", off))}
+    summary["cached tokens, reuse on"] = on[0]["cached_tokens"]
+    summary["same tokens"] = all(a["tokens"] == b["tokens"] for a, b in zip(on, off))
+    print(json.dumps(summary, indent=1))
+    if args.out:
+        report = {**run_info(torch.device(args.device)), "shape": args.shape, "system_tokens": args.system_tokens,
+                  "user_tokens": args.user_tokens, "together": args.together, "summary": summary, "rows": rows}
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
 
 
