@@ -156,3 +156,17 @@ def test_prompts_of_one_step_prefill_a_shared_chunk_once(pair, spec):
     assert [o.num_cached_tokens for o in got] == [0, 48, 0, 56]
     reused = on.engine.stats.reused_prompt_tokens
     assert reused >= 48 + 56 + 56 and on.engine.stats.prefill_tokens == off.engine.stats.prefill_tokens - reused
+
+
+def test_a_waiting_prompt_takes_the_chunks_of_one_aborted_meanwhile(pair):
+    on, off = _llm(pair, "ddtree", True), _llm(pair, "ddtree", False)
+    first, second = (on._requests([prompt], _params(), None)[0] for prompt in (BASE + "runs", BASE + "sleeps"))
+    on.engine.add(first)
+    on.engine.add(second)
+    on.engine.step()  # the first prefills chunk 1; the second waits for it
+    assert first.prefilled == CHUNK and second.prefilled == 0 and second.waits_for_copy
+    on.engine.abort(first.id)  # its slot is free, and holds chunk 1
+    while not second.finished:
+        on.engine.step()
+    assert second.metrics.num_cached_tokens == CHUNK
+    _same([on.engine.output_of(second)], off.generate([BASE + "sleeps"], _params(), use_tqdm=False)[0].outputs)
