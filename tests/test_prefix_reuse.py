@@ -118,6 +118,15 @@ def test_prompt_logprobs_requests_prefill_everything(pair):
     assert got[0].num_cached_tokens == 0 and got[0].prompt_logprobs == want[0].prompt_logprobs
     # its prefill leaves the chunks for the next request all the same
     assert on.generate([BASE + "sits"], _params(), use_tqdm=False)[0].num_cached_tokens == 48
+    # and for one admitted with it, which waits for them; never the other way round
+    for prompts, cached in ((["zz" + BASE + "runs", "zz" + BASE + "sits"], [0, 48]),
+                            (["yy" + BASE + "sits", "yy" + BASE + "runs"], [0, 0])):
+        both = [params, _params()] if cached[1] else [_params(), params]
+        got, want = on.generate(prompts, both, use_tqdm=False), off.generate(prompts, both, use_tqdm=False)
+        assert [o.num_cached_tokens for o in got] == cached
+        assert [o.prompt_logprobs for o in got] == [o.prompt_logprobs for o in want]
+        for a, b in zip(got, want):
+            _same(a.outputs, b.outputs)
 
 
 def test_prefix_index_bookkeeping():

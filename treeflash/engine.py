@@ -619,8 +619,10 @@ class Engine:
                 self._catch_up(request)
             start = request.prefilled
             end = min(len(request.prompt_ids), start + self.config.prefill_chunk)
-            key = self._shared_chunk(request, end)
-            if key in planned:  # (a prompt sharing this chunk with one before it in this step: n > 1, a batch)
+            key = self.prefixes.next_key(request.slot, end) if self.prefixes is not None else None
+            # (a prompt sharing this chunk with one before it in this step: n > 1, a batch. Not one asking for
+            # prompt log-probs: they come from its own prefill's logits.)
+            if key in planned and request.prompt_logprobs is None:
                 request.waits_for_copy = True
                 continue  # it takes the chunk from that prompt's slot next step, rather than computing it too
             if spent and spent + end - start > self.config.prefill_budget:
@@ -644,13 +646,6 @@ class Engine:
             for i in costly:
                 self.seq_lens[i] = 0
             self.speculator.release_many(costly)
-
-    def _shared_chunk(self, request: Request, end: int) -> int | None:
-        """The prefix key of the request's piece ending at `end` where it is a whole chunk that another prompt
-        may take (prefix reuse on; not a request asking for prompt log-probs, which prefill everything)."""
-        if self.prefixes is None or request.prompt_logprobs is not None:
-            return None
-        return self.prefixes.next_key(request.slot, end)
 
     def _catch_up(self, request: Request) -> None:
         """Take the prompt's chunks that another slot prefilled while this request waited (`_plan_prefill`)."""
