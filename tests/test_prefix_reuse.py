@@ -179,3 +179,25 @@ def test_a_waiting_prompt_takes_the_chunks_of_one_aborted_meanwhile(pair):
         on.engine.step()
     assert second.metrics.num_cached_tokens == CHUNK
     _same([on.engine.output_of(second)], off.generate([BASE + "sleeps"], _params(), use_tqdm=False)[0].outputs)
+
+
+@pytest.mark.parametrize("spec", ["none", "ddtree"])
+def test_a_mixed_workload_changes_no_bit(pair, spec):
+    """Many requests through 4 slots at once: prompts under three shared beginnings or none, lengths of
+    reply that free slots below running ones, n > 1, sampling; every token, log-prob and acceptance equal
+    to reuse off, and prompt tokens taken."""
+    import random
+
+    rng = random.Random(7)
+    starts = [BASE, "zz " + BASE + BASE[:11], BASE[:17], ""]
+    prompts = [rng.choice(starts) + "".join(rng.choice("abcdefgh ") for _ in range(rng.randrange(1, 12)))
+               for _ in range(14)]
+    params = [dataclasses.replace(_params(rng.randrange(1, 24)), n=rng.choice([1, 1, 1, 2]),
+                                  **({"temperature": 0.8, "seed": i} if i % 3 == 0 else {}))
+              for i in range(len(prompts))]
+    on, off = _llm(pair, spec, True), _llm(pair, spec, False)
+    got, want = on.generate(prompts, params, use_tqdm=False), off.generate(prompts, params, use_tqdm=False)
+    for a, b in zip(got, want):
+        _same(a.outputs, b.outputs)
+    assert on.engine.stats.reused_prompt_tokens > 0
+    assert on.engine.stats.prefill_tokens == off.engine.stats.prefill_tokens - on.engine.stats.reused_prompt_tokens
