@@ -194,7 +194,12 @@ def test_capture_graphs_takes_every_bucket_up_to_the_batch_with_its_flags(pair):
     prefills = []
     engine.runner.prefill = lambda pieces: prefills.append([(p.slot, p.start, p.end) for p in pieces])
     sampled = SamplingParams(temperature=0.7, top_p=0.9, max_tokens=4)
+    # A free slot past the buckets captured that holds a prompt's rows (its length kept at them): the capture
+    # writes idle slots from row 0, so nothing is held after it, and every slot's length is 0 again.
+    engine.prefixes.hold(6, list(range(1100)), 1024)
+    engine.seq_lens[6] = engine.speculator.state.seq_lens[6] = engine.prefixes.rows(6)
     engine.capture_graphs(3, sampled)
+    assert engine.prefixes.rows_held() == 0 and engine.seq_lens == [0] * 8
     assert seen == [(1, False), (2, False), (4, False)]  # 3 runs in the 4-bucket's graph
     # 1, 2 and 4 prompts (up to the 4-bucket) of each power-of-two length that fits the cache (512 rows on the
     # CPU: one block of its attention kernel), one step's prefill (512 tokens) and a graph's element bound,

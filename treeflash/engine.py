@@ -345,6 +345,8 @@ class Engine:
             raise RuntimeError("capture_graphs needs an idle engine")
         if self.prefixes is not None:  # (captures prefill and run rounds over idle slots, from row 0)
             self.prefixes.forget_all()
+            self.seq_lens = [0] * len(self.slots)  # (free slots kept the lengths of the rows they held)
+            self.speculator.release_many(list(range(len(self.slots))))
         top = self.runner.bucket(min(max_batch, len(self.slots)))
         before = len(self.runner.graphs) + len(self.runner.prefill_graphs)
         count = 1
