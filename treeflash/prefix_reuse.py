@@ -35,6 +35,11 @@ class Held:
     def chunks(self) -> int:
         return len(self.keys)
 
+    @property
+    def last_key(self) -> int:
+        """The last held chunk's key (0 before the first: the chain's start)."""
+        return self.keys[-1] if self.keys else 0
+
 
 class PrefixReuse:
     def __init__(self, slots: int, chunk: int):
@@ -76,7 +81,7 @@ class PrefixReuse:
         held = self.held[slot]
         if held is None:
             return
-        for key in self.keys(held.tokens, rows // self.chunk, held.chunks, held.keys[-1] if held.keys else 0):
+        for key in self.keys(held.tokens, rows // self.chunk, held.chunks, held.last_key):
             held.keys.append(key)
             self._holders.setdefault(key, set()).add(slot)
 
@@ -86,7 +91,7 @@ class PrefixReuse:
         held = self.held[slot]
         if held is None or end != (held.chunks + 1) * self.chunk or end >= len(held.tokens):
             return None
-        return self.keys(held.tokens, held.chunks + 1, held.chunks, held.keys[-1] if held.keys else 0)[0]
+        return self.keys(held.tokens, held.chunks + 1, held.chunks, held.last_key)[0]
 
     def forget(self, slots) -> None:
         for slot in slots:
@@ -108,4 +113,4 @@ class PrefixReuse:
 
     def rows_held(self) -> int:
         """The most rows any slot holds."""
-        return max((h.chunks * self.chunk for h in self.held if h is not None), default=0)
+        return max(map(self.rows, range(len(self.held))), default=0)
