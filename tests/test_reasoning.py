@@ -169,3 +169,18 @@ def test_real_model_answers_a_schema_after_an_optional_block(qwen):
     assert reply.finish_reason == "stop", (reply.message.content, reply.message.model_extra)
     assert set(json.loads(reply.message.content)) == {"prime"}
     assert reply.message.model_extra["reasoning"] is None  # (this model answers at once)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_real_model_reasoning_comes_as_a_reasoning_item_of_a_response(qwen):
+    client, _ = qwen
+    prompt = dict(temperature=0, extra_body={"continue_final_message": True, "add_generation_prompt": False})
+    chat = client.chat.completions.create(model="qwen", messages=THINKING, max_tokens=40, **prompt).choices[0].message
+    got = client.responses.create(model="qwen", input=THINKING, max_output_tokens=40, **prompt)
+    assert [i.content[0].text for i in got.output if i.type == "reasoning"] == [chat.model_extra["reasoning"]]
+    assert got.output[0].type == "reasoning" and got.output_text == (chat.content or "")
+    events = list(client.responses.create(model="qwen", input=THINKING, max_output_tokens=40, stream=True, **prompt))
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == chat.model_extra["reasoning"]
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == got.output_text
+    assert [i.type for i in events[-1].response.output] == [i.type for i in got.output]

@@ -311,6 +311,34 @@ def test_real_model_continues_its_final_message(qwen):
     assert reply.choices[0].message.content.startswith(" a, b")  # the parameters, not a new answer
 
 
+@pytest.mark.integration
+@pytest.mark.slow
+def test_real_model_calls_tools_through_the_responses_api(qwen):
+    """The chat endpoint's calls as function_call items, streamed or not; their results sent back as
+    function_call_output items after previous_response_id make the prompt and reply the chat endpoint makes."""
+    tool = {"type": "function", **WEATHER["function"]}  # (the Responses API's flat function tool)
+    ask = dict(model="qwen", input=TWO_CITIES[0]["content"], tools=[tool], temperature=0, max_output_tokens=96)
+    got = qwen.responses.create(**ask)
+    assert [(i.type, i.name, json.loads(i.arguments)) for i in got.output] == [("function_call", *c) for c in CALLS]
+    assert got.status == "completed" and got.output_text == "" and all(i.call_id.startswith("call_") for i in got.output)
+    events = list(qwen.responses.create(**ask, stream=True))
+    done = [e.item for e in events if e.type == "response.output_item.done"]
+    assert [(i.type, i.name, i.arguments) for i in done] == [(i.type, i.name, i.arguments) for i in got.output]
+    assert not [e for e in events if e.type.startswith("response.output_text")]  # no markup, no empty message
+
+    results = [{"type": "function_call_output", "call_id": i.call_id, "output": json.dumps({"temperature_c": t})}
+               for i, t in zip(got.output, (18, 24))]
+    after = qwen.responses.create(model="qwen", input=results, previous_response_id=got.id, tools=[tool],
+                                  temperature=0, max_output_tokens=48)
+    calls = [{"id": i.call_id, "type": "function", "function": {"name": i.name, "arguments": i.arguments}}
+             for i in got.output]
+    messages = TWO_CITIES + [{"role": "assistant", "content": None, "tool_calls": calls}] + [
+        {"role": "tool", "tool_call_id": r["call_id"], "content": r["output"]} for r in results]
+    chat = _ask(qwen, messages=messages, max_tokens=48)
+    assert after.usage.input_tokens == chat.usage.prompt_tokens
+    assert after.output_text == (chat.choices[0].message.content or "")
+
+
 TIME = {"type": "function", "function": {
     "name": "get_time", "description": "Get the local time in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}

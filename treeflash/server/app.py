@@ -1,5 +1,5 @@
-"""The HTTP routes: OpenAI's /v1/models, /v1/completions, /v1/chat/completions, plus /health, /metrics and
-vLLM's /tokenize and /detokenize.
+"""The HTTP routes: OpenAI's /v1/models, /v1/completions, /v1/chat/completions and /v1/responses, plus /health,
+/metrics and vLLM's /tokenize and /detokenize.
 
 Every answer other than 200 carries OpenAI's error body. Requests are validated completely before the
 engine sees them; a streamed call submits its requests when its stream starts and aborts them when
@@ -9,11 +9,12 @@ the stream ends early (the client went away), so an abandoned request frees its 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
@@ -29,11 +30,12 @@ from treeflash.server.errors import APIError, bad_request, from_validation
 from treeflash.server.frontend import Frontend, ServerConfig
 from treeflash.server.metrics import CONTENT_TYPE, ServerMetrics
 from treeflash.server.replies import ReplyReader
+from treeflash.server.responses import ResponsesRequest, ResponseStore, ResponseWriter, responses_param, to_chat
 from treeflash.tool_calls import ToolCall
 
 _FIELDS = {name for model in (p.CompletionRequest, p.ChatCompletionRequest, p.ChatMessage, p.TextPart, p.StreamOptions,
                                p.MessageToolCall, p.FunctionCall, p.Tool, p.FunctionDefinition, p.NamedToolChoice,
-                               p.TokenizeRequest, p.DetokenizeRequest)
+                               p.TokenizeRequest, p.DetokenizeRequest, ResponsesRequest)
            for name in model.model_fields}
 
 
@@ -49,6 +51,7 @@ def build_app(llm: LLM, config: ServerConfig) -> FastAPI:
     # takes seconds and a pathological pattern runs to its time limit, while other requests go on.
     structure_thread = ThreadPoolExecutor(1, thread_name_prefix="treeflash-structures")
     created = int(time.time())
+    stored = ResponseStore(config.stored_responses)
 
     async def validated(make, body):
         return await asyncio.get_running_loop().run_in_executor(frontend_thread, make, body)
@@ -132,6 +135,36 @@ def build_app(llm: LLM, config: ServerConfig) -> FastAPI:
                           prompt_logprobs=body.prompt_logprobs is not None, reader=reader)
         return await _respond(request, loop, requests, chat, body.stream)
 
+    @app.post("/v1/responses", **v1)
+    async def create_response(request: Request) -> Response:
+        body = await _parse(request, ResponsesRequest, config.max_request_bytes)
+        turn = to_chat(body, stored)
+        try:
+            requests, reader = await validated_requests(frontend.chat_requests, turn.chat)
+        except APIError as e:
+            raise responses_param(e) from None
+        writer = ResponseWriter(turn, requests[0].params, config.model_name, reader)
+
+        def keep() -> None:
+            if body.store and writer.status in ("completed", "incomplete"):
+                stored.put(writer.response(), writer.conversation())
+
+        if body.stream:
+            return StreamingResponse(_stream_response(loop, requests, writer, keep), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        answer = await _answer(request, loop, requests, lambda group: _whole_response(group, writer))
+        keep()
+        return answer
+
+    @app.get("/v1/responses/{response_id}", **v1)
+    async def get_response(response_id: str) -> dict:
+        return stored.get(response_id)[0]
+
+    @app.delete("/v1/responses/{response_id}", **v1)
+    async def delete_response(response_id: str) -> dict:
+        stored.delete(response_id)
+        return {"id": response_id, "object": "response.deleted", "deleted": True}
+
     # vLLM's: the prompt token ids the endpoints would run (a completion prompt, or chat messages under the
     # template), and the text of token ids; behind the API key, as /v1 is.
     @app.post("/tokenize", dependencies=v1["dependencies"])
@@ -198,17 +231,24 @@ async def _respond(request: Request, loop: EngineLoop, requests, fmt: _Formatter
         # Submitted when the stream starts: a client gone before that leaves nothing behind.
         return StreamingResponse(_stream(loop, requests, fmt), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
+    return await _answer(request, loop, requests, lambda group: _collect(group, fmt))
+
+
+async def _answer(request: Request, loop: EngineLoop, requests, collect: Callable[[RequestGroup], Awaitable[dict]]
+                  ) -> Response:
+    """A non-streamed call's body (`collect` reads it from the requests' events), or 499 where the client went
+    away first: its requests are then aborted."""
     group = _submit(loop, requests)
-    collect = asyncio.ensure_future(_collect(group, fmt))
+    task = asyncio.ensure_future(collect(group))
     gone = asyncio.ensure_future(_disconnected(request))
     try:
-        await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
-        if not collect.done():
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
             return Response(status_code=499)  # nobody is there to read it
-        return JSONResponse(collect.result())
+        return JSONResponse(task.result())
     finally:
-        for task in (collect, gone):
-            task.cancel()
+        for pending in (task, gone):
+            pending.cancel()
         loop.abort(group)  # a no-op once every choice has finished
 
 
@@ -225,24 +265,66 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def _collect(group: RequestGroup, fmt: _Formatter) -> dict:
-    texts, reasons, stops = [""] * fmt.num_choices, [None] * fmt.num_choices, [None] * fmt.num_choices
-    logprobs: list[list | None] = [None] * fmt.num_choices
-    usage = fmt.new_usage()
+async def _events(group: RequestGroup) -> AsyncIterator[Event]:
+    """The group's events; the engine's failure or shutdown as the APIError a non-streamed call answers."""
     try:
         async for event in group.events():
-            text, entries = fmt.with_echo(event)
-            texts[event.index] += text
-            if entries is not None:
-                logprobs[event.index] = (logprobs[event.index] or []) + entries
-            if event.finish_reason is not None:
-                reasons[event.index], stops[event.index] = event.finish_reason, event.stop_reason
-                fmt.count(usage, event)
+            yield event
     except ShuttingDown as e:
         raise APIError(503, str(e), type="server_error") from None
     except Exception as e:  # noqa: BLE001 (the engine failed; the server goes on)
         raise APIError(500, f"the engine failed on this request: {e}", type="server_error") from None
+
+
+async def _collect(group: RequestGroup, fmt: _Formatter) -> dict:
+    texts, reasons, stops = [""] * fmt.num_choices, [None] * fmt.num_choices, [None] * fmt.num_choices
+    logprobs: list[list | None] = [None] * fmt.num_choices
+    usage = fmt.new_usage()
+    async for event in _events(group):
+        text, entries = fmt.with_echo(event)
+        texts[event.index] += text
+        if entries is not None:
+            logprobs[event.index] = (logprobs[event.index] or []) + entries
+        if event.finish_reason is not None:
+            reasons[event.index], stops[event.index] = event.finish_reason, event.stop_reason
+            fmt.count(usage, event)
     return fmt.final(texts, reasons, usage, logprobs, stops)
+
+
+async def _whole_response(group: RequestGroup, writer: ResponseWriter) -> dict:
+    """A response's body: its one request's events joined into one, which the writer reads at once."""
+    text, entries, last = "", [], None
+    async for last in _events(group):
+        text += last.text
+        entries += last.logprobs or []
+    return writer.whole(dataclasses.replace(last, text=text, logprobs=entries))
+
+
+async def _stream_response(loop: EngineLoop, requests, writer: ResponseWriter, keep: Callable[[], None]
+                           ) -> AsyncIterator[str]:
+    """A response's stream: Responses events (`event:` names the type), ended by response.completed or
+    response.incomplete, or by error + response.failed; `keep` stores the finished response."""
+    group = None
+    try:
+        group = _submit(loop, requests)
+        for body in writer.start():
+            yield _named_sse(body)
+        async for event in group.events():
+            for body in writer.feed(event):
+                yield _named_sse(body)
+        keep()
+    except Exception as e:  # noqa: BLE001 (an engine failure or shutdown ends the stream with error events)
+        error = e if isinstance(e, APIError) else APIError(503 if isinstance(e, ShuttingDown) else 500, str(e),
+                                                             type="server_error")
+        for body in writer.failed(error):
+            yield _named_sse(body)
+    finally:
+        if group is not None:
+            loop.abort(group)  # the client went away (or the stream failed): free the slot now
+
+
+def _named_sse(body: dict) -> str:
+    return f"event: {body['type']}\ndata: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
 async def _stream(loop: EngineLoop, requests, fmt: _Formatter) -> AsyncIterator[str]:

@@ -39,6 +39,7 @@ class ServerConfig:
     max_request_bytes: int = 16 << 20  # a larger body is refused (413) before it is read or parsed
     reasoning_parser: str | None = None  # "qwen3" / "deepseek_r1": chat replies' <think> block as `reasoning`
     tool_call_parser: str | None = None  # "hermes" / "llama3_json" / "mistral"; None: the chat template's
+    stored_responses: int = 1024  # /v1/responses kept in memory for previous_response_id (the newest)
 
 
 @dataclass(frozen=True)
