@@ -215,8 +215,8 @@ def _structure(args) -> dict | None:
 
 SERVE_DESCRIPTION = """\
 Serve MODEL (default: the embedded SmolLM2 with its drafter) over HTTP: /v1/models,
-/v1/completions and /v1/chat/completions as OpenAI defines them (streamed or not), /health, and
-/metrics in the Prometheus text format. Requests join and leave the running batch between rounds; a client that
+/v1/completions, /v1/chat/completions and /v1/responses as OpenAI defines them (streamed or not),
+/health, and /metrics in the Prometheus text format. Requests join and leave the running batch between rounds; a client that
 goes away has its request aborted at once. SIGINT/SIGTERM: stop taking connections, let the
 requests in flight finish (up to --shutdown-timeout seconds, then cancel them), exit 0. On CUDA the
 server first captures the CUDA graphs its requests will replay (every batch size up to --max-num-seqs;
