@@ -93,6 +93,59 @@ def test_a_compile_past_its_time_limit_is_a_clear_error_and_the_next_one_works(p
         LLM(pair[0], structure_compile_timeout=0)
 
 
+def test_a_slow_compile_is_kept_on_disk_and_the_next_process_reads_it(pair, tmp_path, monkeypatch):
+    from transformers import AutoTokenizer
+
+    from treeflash import structured
+
+    tok = AutoTokenizer.from_pretrained(str(pair[0]))
+    params, stops = StructuredOutputsParams(regex="[ab]{2,4} c"), frozenset({0})
+    monkeypatch.setattr(structured, "MIN_SECONDS", 0.0)  # (this one compiles in milliseconds)
+    want = GrammarCompiler(tok, 64, store=tmp_path).compile(params, stops)
+    [kept] = tmp_path.glob("*.npz")
+
+    def same(grammar: Grammar) -> bool:
+        return grammar.initial == want.initial and all(
+            np.array_equal(getattr(grammar, name), getattr(want, name)) for name in ("allowed", "keys", "next"))
+
+    # A compiler with its own worker and memory (another process's, as far as the store can tell) reads it.
+    reader = GrammarCompiler(tok, 64, store=tmp_path)
+    monkeypatch.setattr(reader._worker, "compile", lambda *a: pytest.fail("compiled again"))
+    assert same(reader.compile(params, stops))
+    with pytest.raises(BaseException, match="compiled again"):  # other stop tokens are another automaton
+        reader.compile(params, frozenset({0, 1}))
+
+    kept.write_bytes(b"not an archive")  # a broken file is compiled again, and replaced
+    assert same(GrammarCompiler(tok, 64, store=tmp_path).compile(params, stops))
+    assert same(Grammar(64, *GrammarCompiler(tok, 64, store=tmp_path)._store.load(params.pattern(), [0])))
+
+    monkeypatch.setattr(structured, "MIN_SECONDS", 60.0)  # a fast compile is not kept
+    GrammarCompiler(tok, 64, store=tmp_path).compile(StructuredOutputsParams(choice=["ab"]), stops)
+    assert list(tmp_path.glob("*.npz")) == [kept]
+
+
+def test_the_store_keeps_the_files_read_last_and_a_folder_it_cannot_write_fails_nothing(tmp_path):
+    from treeflash.structure_store import StructureStore
+
+    arrays = (0, np.zeros((3, 8), np.uint8), np.arange(500, dtype=np.int64), np.arange(500, dtype=np.int64))
+    store = StructureStore(tmp_path, "v", 64)
+    store.save("a", [0], arrays)
+    size = next(tmp_path.glob("*.npz")).stat().st_size
+    store.max_bytes = 2 * size + size // 2  # room for two files
+    store.save("b", [0], arrays)
+    time.sleep(0.01)
+    assert store.load("a", [0]) is not None  # read: now the newest
+    store.save("c", [0], arrays)
+    assert store.load("b", [0]) is None and store.load("a", [0]) is not None and store.load("c", [0]) is not None
+    assert StructureStore(tmp_path, "other vocabulary", 64).load("a", [0]) is None
+    assert StructureStore(tmp_path, "v", 72).load("a", [0]) is None  # (rows of another width)
+
+    blocked = tmp_path / "a file"
+    blocked.write_text("")
+    with pytest.warns(UserWarning, match="not kept"):
+        StructureStore(blocked, "v", 64).save("a", [0], arrays)
+
+
 def _random_grammar(rng: random.Random, states: int, vocab: int) -> dict[int, dict[int, int]]:
     return {s: {t: rng.randrange(states) for t in rng.sample(range(vocab), rng.randint(1, vocab - 1))}
             for s in range(states)}

@@ -84,8 +84,9 @@ class Worker:
     """A compile process over one vocabulary (`eos`: the stand-in end token; `pieces`: bytes -> token ids)."""
 
     def __init__(self, eos: int, pieces: dict[bytes, list[int]], vocab_size: int):
-        self._setup = json.dumps({"eos": eos, "vocab_size": vocab_size,
-                                  "pieces": [[p.hex(), ids] for p, ids in pieces.items()]}).encode() + b"\n"
+        # (the first line the worker reads: the vocabulary, all it depends on besides a pattern)
+        self.setup = json.dumps({"eos": eos, "vocab_size": vocab_size,
+                                 "pieces": [[p.hex(), ids] for p, ids in pieces.items()]}).encode() + b"\n"
         self._proc: subprocess.Popen | None = None
 
     def compile(self, pattern: str, stop_ids: list[int], timeout: float | None):
@@ -98,7 +99,7 @@ class Worker:
                 self._proc = subprocess.Popen([sys.executable, "-m", "treeflash.grammar_worker"],
                                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                               env={**os.environ, "PYTHONPATH": path})
-                self._proc.stdin.write(self._setup)
+                self._proc.stdin.write(self.setup)
             self._proc.stdin.write(json.dumps({"pattern": pattern, "stop_ids": stop_ids}).encode() + b"\n")
             self._proc.stdin.flush()
             size, = struct.unpack("<Q", self._read(8, deadline))

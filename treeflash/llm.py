@@ -17,6 +17,7 @@ from treeflash.config import ModelConfig, config_int_list, read_json_object
 from treeflash.default_model import default_draft_model
 from treeflash.engine import Engine, EngineConfig, Request
 from treeflash.generation_config import sampling_defaults
+from treeflash.gguf_convert import default_cache_dir
 from treeflash.models.parallel import check_shardable
 from treeflash.outputs import RequestOutput
 from treeflash.progress import Progress
@@ -664,7 +665,8 @@ class LLM:
                 continue
             if self._grammars is None:
                 self._grammars = GrammarCompiler(tokenizer or self.tokenizer, self.config.vocab_size,
-                                                 timeout=self.structure_compile_timeout)
+                                                 timeout=self.structure_compile_timeout,
+                                                 store=default_cache_dir() / "structures")
             r.grammar = self._grammars.compile(r.params.structured_outputs, r.stop_ids | frozenset(self.eos_token_ids))
 
     def _requests(self, prompts, sampling_params, prompt_token_ids, texts=None, tokenizer=None,

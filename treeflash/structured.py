@@ -25,14 +25,17 @@ run as a few Triton kernels (treeflash/structure_kernel.py), the torch ops here 
 from __future__ import annotations
 
 import json
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from treeflash.grammar_worker import Worker, table_arrays
 from treeflash.logprobs import byte_decoder, piece_bytes
+from treeflash.structure_store import MIN_SECONDS, StructureStore, vocabulary_key
 from treeflash.transfer import to_device
 
 COMPILE_TIMEOUT = 60.0  # seconds a structure may take to compile (json_object at Qwen's vocabulary: 12.6 s here)
@@ -135,9 +138,11 @@ class GrammarCompiler:
     """Compiles structures for one tokenizer (its vocabulary read once) and keeps the last `cache_size`
     automata: a JSON-object structure takes seconds to compile, and requests repeat their schemas. Compiles
     run in a worker process (treeflash/grammar_worker.py) and fail with a ValueError past `timeout` seconds
-    (None: no limit); failures are kept like automata, so a repeated bad pattern fails at once."""
+    (None: no limit); failures are kept like automata, so a repeated bad pattern fails at once. store: a
+    folder where slow compiles are kept for later processes (treeflash/structure_store.py); None: none."""
 
-    def __init__(self, tokenizer, vocab_size: int, cache_size: int = 32, timeout: float | None = COMPILE_TIMEOUT):
+    def __init__(self, tokenizer, vocab_size: int, cache_size: int = 32, timeout: float | None = COMPILE_TIMEOUT,
+                 store: Path | None = None):
         self.vocab_size, self.timeout = vocab_size, timeout
         special = set(tokenizer.all_special_ids)
         eos = min(special) if special else vocab_size  # a stand-in end token: its transitions are dropped
@@ -150,14 +155,14 @@ class GrammarCompiler:
         self._worker = Worker(eos, pieces, vocab_size)
         self._cache: OrderedDict[tuple, Grammar | ValueError] = OrderedDict()
         self.cache_size = cache_size
+        self._store = None if store is None else StructureStore(store, vocabulary_key(self._worker.setup), vocab_size)
 
     def compile(self, params: StructuredOutputsParams, stop_ids: frozenset[int]) -> Grammar:
         pattern = params.pattern()
         key = (pattern, tuple(sorted(stop_ids)))
         if key not in self._cache:
             try:
-                self._cache[key] = Grammar(self.vocab_size, *self._worker.compile(pattern, sorted(stop_ids),
-                                                                                  self.timeout))
+                self._cache[key] = Grammar(self.vocab_size, *self._compiled(pattern, sorted(stop_ids)))
             except ValueError as e:  # (kept too: a pattern past the time limit must not cost it again)
                 self._cache[key] = e
             if len(self._cache) > self.cache_size:
@@ -167,6 +172,17 @@ class GrammarCompiler:
         if isinstance(found, ValueError):
             raise ValueError(*found.args)
         return found
+
+    def _compiled(self, pattern: str, stop_ids: list[int]):
+        """The automaton's arrays: from the store where it has them, else compiled (and stored if that was slow)."""
+        found = self._store.load(pattern, stop_ids) if self._store is not None else None
+        if found is not None:
+            return found
+        start = time.monotonic()
+        arrays = self._worker.compile(pattern, stop_ids, self.timeout)
+        if self._store is not None and time.monotonic() - start >= MIN_SECONDS:
+            self._store.save(pattern, stop_ids, arrays)
+        return arrays
 
     def close(self) -> None:
         """End the worker process (a later compile starts another)."""
