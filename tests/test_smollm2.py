@@ -119,6 +119,20 @@ def test_cli_chat_streams_the_seeded_templated_reply_and_show_tree_needs_a_draft
     assert result.stderr.splitlines()[-2].startswith(f"[none] {len(expected.token_ids)} tokens in ")
 
 
+def test_cli_chat_holds_a_conversation_and_ddtree_replies_as_plain_decoding(llm: LLM) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-m", "treeflash", "chat", "--temperature", "0", "--max-tokens", "24"],
+                            input="What is 2+2?\nAnd times 3?\n", capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stderr
+    conversation = [{"role": "user", "content": "What is 2+2?"}]
+    params = SamplingParams(temperature=0, max_tokens=24)
+    first = llm.chat(conversation, params, use_tqdm=False)[0].text
+    conversation += [{"role": "assistant", "content": first}, {"role": "user", "content": "And times 3?"}]
+    second = llm.chat(conversation, params, use_tqdm=False)[0].text
+    assert result.stdout == f"{first}\n{second}\n"  # (the shipped pair's DDTree, plain decoding's text)
+    assert result.stderr.count("[ddtree + lookup 8] ") == 2
+
+
 def test_cli_holds_the_reply_to_a_structure(llm: LLM, tmp_path) -> None:
     result = run_cli("generate", "Is water wet?", "--chat", "--temperature", "0", "--choice", "yes", "--choice", "no")
     assert result.returncode == 0, result.stderr

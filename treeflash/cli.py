@@ -169,6 +169,22 @@ def _add_chat_template_arg(p: argparse.ArgumentParser) -> None:
                    help="a Jinja chat template that replaces the model's, as a file or as its text (vLLM's option; "
                         "default: the model's own)")
 
+CHAT_DESCRIPTION = """\
+Hold a conversation with the model in the terminal: type a message, and the reply streams as rounds accept
+it, then a summary line on stderr (tokens/s, mean acceptance length). Each turn's prompt is the whole
+conversation under the model's chat template; the prompt's whole 512-token chunks that an earlier turn
+prefilled are reused. /reset forgets the conversation, /exit or Ctrl-D (or Ctrl-C at the prompt) ends it,
+Ctrl-C stops a reply (what it said stays in the conversation), a line ending with a backslash goes on to the
+next. Standard input may
+be a pipe: one message a line. Sampling options as for generate (temperature 0.7 and up to 256 new tokens a
+reply unless the model's generation_config.json or an option says otherwise)."""
+
+CHAT_EPILOG = """\
+examples:
+  treeflash chat
+  treeflash chat --system "Answer in one sentence." --temperature 0
+  treeflash chat --model Qwen3-8B/ --draft-model Qwen3-8B-DFlash-b16/ --device cuda"""
+
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=None, help="0 for greedy decoding" + MODEL_DEFAULT + "0.7")
@@ -258,6 +274,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling_args(gen)
     _add_generation_config_arg(gen, "the options left out")
     _add_chat_template_arg(gen)
+
+    chat = sub.add_parser("chat", help="hold a conversation with the model in the terminal",
+                          description=CHAT_DESCRIPTION, epilog=CHAT_EPILOG,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    chat.add_argument("--system", default=None, help="the system message (default: none, or the template's own)")
+    _add_debug_arg(chat, argparse.SUPPRESS)
+    _add_model_args(chat)
+    _add_spec_args(chat)
+    _add_sampling_args(chat)
+    _add_generation_config_arg(chat, "the options left out")
+    _add_chat_template_arg(chat)
 
     srv = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
                          description=SERVE_DESCRIPTION, epilog=SERVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -447,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
                 warnings.showwarning = _warning_line(warnings.showwarning)
             if args.command == "bench":
                 return _bench(args, argv)
-            return {"generate": _generate, "convert": _convert, "train-drafter": _train_drafter,
+            return {"generate": _generate, "chat": _chat, "convert": _convert, "train-drafter": _train_drafter,
                     "serve": _serve}[args.command](args)
     except KeyboardInterrupt:
         print("\ntreeflash: interrupted", file=sys.stderr)
@@ -544,25 +571,50 @@ def _serve(args) -> int:
     return 0
 
 
-def _generate(args) -> int:
+def _sampling_options(args) -> tuple[dict, dict]:
+    """The sampling options given (those the model's defaults yield to, and the rest), checked before the model
+    loads, so that a bad one fails at once."""
+    from treeflash import SamplingParams
+
+    asked = {k: getattr(args, k) for k in SAMPLING_DEFAULTS if getattr(args, k) is not None}
+    fixed = dict(seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos, structured_outputs=_structure(args))
+    SamplingParams(**{**SAMPLING_DEFAULTS, **asked}, **fixed)
+    return asked, fixed
+
+
+def _terminal_llm(args, asked: dict, fixed: dict, record_trees: bool = False):
+    """The LLM (one slot; CPU threads measured while it loads) and SamplingParams of `generate` and `chat`."""
     import torch
 
     from treeflash import LLM, SamplingParams
 
     torch.set_num_threads(args.threads or default_threads())
     others = OtherCpuUse() if args.threads is None else None  # (measured while the model loads)
-    asked = {k: getattr(args, k) for k in SAMPLING_DEFAULTS if getattr(args, k) is not None}
-    fixed = dict(seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos, structured_outputs=_structure(args))
-    SamplingParams(**{**SAMPLING_DEFAULTS, **asked}, **fixed)  # (a bad option fails before the model loads)
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
               draft_model=args.draft_model, spec=args.spec, tree_budget=args.tree_budget, max_num_seqs=1,
-              record_trees=args.show_tree, tensor_parallel_size=args.tensor_parallel_size,
+              record_trees=record_trees, tensor_parallel_size=args.tensor_parallel_size,
               ngram_tokens=args.ngram_tokens, generation_config=args.generation_config,
               chat_template=args.chat_template)
     params = SamplingParams(**{**SAMPLING_DEFAULTS, **llm.default_sampling, **asked}, **fixed)
     if others is not None:
         torch.set_num_threads(generate_threads(others.cores()))
+    return llm, params
+
+
+def _chat(args) -> int:
+    from treeflash.terminal_chat import Chat, run
+
+    llm, params = _terminal_llm(args, *_sampling_options(args))
+    if llm.tokenizer is None or not llm.tokenizer.chat_template:
+        raise ValueError("this model has no chat template to hold a conversation in (--chat-template gives one)")
+    return run(Chat(llm, params, system=args.system), Path(str(args.model)).name if args.model else
+               "SmolLM2-135M-Instruct")
+
+
+def _generate(args) -> int:
+    asked, fixed = _sampling_options(args)
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    llm, params = _terminal_llm(args, asked, fixed, record_trees=args.show_tree)
     if args.chat or args.system is not None:  # a system message only means something in a chat
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
                    [{"role": "user", "content": prompt}]

@@ -1,0 +1,91 @@
+"""`treeflash chat`: each reply is what offline chat gives the conversation so far, /reset starts a new one,
+a conversation past the context is refused without ending the chat, and a stopped reply leaves the engine
+ready for the next turn."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import treeflash
+from helpers import make_tiny_target
+from treeflash import LLM, SamplingParams
+from treeflash.terminal_chat import Chat, read_message
+
+CONTEXT = 256
+TEMPLATE = ("{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}"
+            "{% if add_generation_prompt %}assistant {% endif %}")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    path = make_tiny_target(tmp_path_factory.mktemp("chat") / "chars", tokenizer=True, max_position_embeddings=CONTEXT)
+    config_file = path / "tokenizer_config.json"
+    config_file.write_text(json.dumps(json.loads(config_file.read_text()) | {"chat_template": TEMPLATE}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def offline(model_dir) -> LLM:
+    return LLM(str(model_dir), device="cpu", max_num_seqs=1)
+
+
+def reply(offline: LLM, messages: list[dict], max_tokens: int = 12, **kw) -> str:
+    return offline.chat(messages, SamplingParams(temperature=0, max_tokens=max_tokens, **kw))[0].text
+
+
+def test_the_command_answers_each_turn_as_offline_chat_does(model_dir, offline):
+    lines = ["name a tree", "and a bird", "/reset", "/help", "x" * (CONTEXT + 5), "a long\\", "message", "/exit",
+             "never read"]
+    root = str(Path(treeflash.__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, "-m", "treeflash.cli", "chat", "--model", str(model_dir), "--device", "cpu",
+                           "--spec", "none", "--temperature", "0", "--max-tokens", "12", "--system", "be brief"],
+                          input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": root, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    system = {"role": "system", "content": "be brief"}
+    conversation = [system, {"role": "user", "content": "name a tree"}]
+    first = reply(offline, conversation)
+    conversation += [{"role": "assistant", "content": first}, {"role": "user", "content": "and a bird"}]
+    second = reply(offline, conversation)
+    third = reply(offline, [system, {"role": "user", "content": "a long\nmessage"}])  # (after /reset)
+    assert done.stdout.split("\n")[:-1] == [first, second, third]
+    assert "(a new conversation)" in done.stderr and "/reset  forget the conversation" in done.stderr
+    assert f"the context {CONTEXT}: /reset starts a new one" in done.stderr
+    assert done.stderr.count("[none] ") == 3  # a summary line a reply
+
+
+def test_a_stopped_reply_stays_in_the_conversation_and_the_next_turn_is_exact(offline):
+    class StopAfterFirst(io.StringIO):
+        def write(self, text):
+            chat._interrupt(None, None)  # (as Ctrl-C would, between rounds)
+            return super().write(text)
+
+    chat = Chat(offline, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True), out=StopAfterFirst(),
+                err=io.StringIO())
+    assert chat.say("name a tree") is None
+    partial = chat.messages[-1]["content"]
+    whole = reply(offline, [{"role": "user", "content": "name a tree"}], 40, ignore_eos=True)
+    assert partial and whole.startswith(partial) and len(partial) < len(whole)
+    assert "(stopped)" in chat.err.getvalue()
+
+    chat.out = io.StringIO()
+    out = chat.say("and a bird")
+    want = reply(offline, [{"role": "user", "content": "name a tree"}, {"role": "assistant", "content": partial},
+                           {"role": "user", "content": "and a bird"}], 40, ignore_eos=True)
+    assert out is not None and chat.messages[-1]["content"] == want and chat.out.getvalue() == want + "\n"
+
+
+def test_a_message_goes_on_after_a_backslash(monkeypatch):
+    lines = iter(["one\\", "two\\", "three", "four"])
+    monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))
+    assert read_message("", False) == "one\ntwo\nthree"
+    assert read_message("", False) == "four"
+    monkeypatch.setattr("builtins.input", lambda prompt="": (_ for _ in ()).throw(EOFError))
+    assert read_message("", False) is None
