@@ -185,6 +185,23 @@ examples:
   treeflash chat --system "Answer in one sentence." --temperature 0
   treeflash chat --model Qwen3-8B/ --draft-model Qwen3-8B-DFlash-b16/ --device cuda"""
 
+BATCH_DESCRIPTION = """\
+Answer a file of requests in OpenAI's batch format offline: each input line is {"custom_id": ...,
+"method": "POST", "url": "/v1/chat/completions" (or /v1/completions, /v1/responses), "body": {...}}, and
+each output line, in the input's order, {"id", "custom_id", "response": {"status_code", "request_id",
+"body"}, "error"}: the body `treeflash serve` would have answered (a refused request's 4xx and error body
+too), or, for a line that is no request, an error with a null response. The lines run through the
+server's own routes in this process, up to 4 x --max-num-seqs at a time, so the engine batches them; a
+line's body names the model as --served-model-name says (or leaves it out). An output line is written as
+soon as it and those before it are done. Exit status 0 once every line is answered (a summary line on
+stderr counts them)."""
+
+BATCH_EPILOG = """\
+examples:
+  treeflash run-batch -i requests.jsonl -o answers.jsonl
+  treeflash run-batch -i requests.jsonl -o - --model Qwen3-8B/ --draft-model Qwen3-8B-DFlash-b16/ \\
+      --served-model-name Qwen/Qwen3-8B --max-num-seqs 32"""
+
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=None, help="0 for greedy decoding" + MODEL_DEFAULT + "0.7")
@@ -252,6 +269,51 @@ then, from any OpenAI client:
   OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="secret").chat.completions.create(...)"""
 
 
+def _add_serving_args(p: argparse.ArgumentParser, model_flag: bool = False) -> None:
+    """The options `serve` and `run-batch` share: the model, the engine, and how requests are read."""
+    if model_flag:
+        p.add_argument("--model", default=None, help="target: a Hugging Face directory or a .gguf file (default: "
+                                                     "the embedded SmolLM2-135M-Instruct, with its drafter unless "
+                                                     "--spec none)")
+    else:
+        p.add_argument("model", nargs="?", default=None,
+                       help="target: a Hugging Face directory or a .gguf file (default: the embedded "
+                            "SmolLM2-135M-Instruct, with its drafter unless --spec none)")
+    _add_spec_args(p)
+    p.add_argument("--max-num-seqs", type=int, default=8, help="requests decoded side by side (default 8)")
+    p.add_argument("--max-model-len", type=int, default=None, help="context limit in tokens (default: the model's)")
+    p.add_argument("--served-model-name", default=None,
+                   help="the model name requests send (and /v1/models lists); default: the model as given, or the "
+                        "embedded model's name")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bfloat16 on cuda, float32 "
+                                                 "on cpu)")
+    p.add_argument("--max-choices", type=int, default=16, help="prompts x n of one request, at most (default 16)")
+    p.add_argument("--reasoning-parser", default=None, choices=("qwen3", "deepseek_r1"),  # (reasoning.PARSERS)
+                   help="split a thinking model's <think> block off its chat replies into `reasoning` (and "
+                        "`reasoning_content`); a structured output then holds the answer after the block "
+                        "(default: none, the block stays in `content`)")
+    _add_generation_config_arg(p, "the fields a request leaves out")
+    _add_chat_template_arg(p)
+    p.add_argument("--tool-call-parser", default=None, choices=("hermes", "llama3_json", "mistral"),  # (FORMATS)
+                   help="the format chat replies' tool calls are read in (vLLM's names): hermes "
+                        "(<tool_call> blocks: Qwen2.5, Qwen3), llama3_json (Llama 3.1-3.3's JSON reply) or "
+                        "mistral ([TOOL_CALLS]); default: the one the chat template asks for")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                   help="take a prompt's whole 512-token prefill chunks that an earlier prompt prefilled, where a "
+                        "slot's caches still hold them, rather than prefill them again (vLLM's option; default "
+                        "on; the rows are those a prefill would write)")
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="accepted for vLLM's command lines, and changes nothing: where a request gives tools, its "
+                        "replies' calls are always read")
+    p.add_argument("--structure-compile-timeout", type=float, default=60.0,
+                   help="seconds a request's structured output (JSON schema, regex, choice) may take to compile; "
+                        "past it the request gets a 400 (default 60)")
+    p.add_argument("--threads", type=_positive_int, default=None,
+                   help=f"intra-op CPU threads for torch (default here: {default_threads()}; $OMP_NUM_THREADS "
+                        f"if set, else half the usable cores, 1 to 4)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="treeflash", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -288,54 +350,30 @@ def build_parser() -> argparse.ArgumentParser:
 
     srv = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
                          description=SERVE_DESCRIPTION, epilog=SERVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    srv.add_argument("model", nargs="?", default=None,
-                     help="target: a Hugging Face directory or a .gguf file (default: the embedded SmolLM2-135M-Instruct, with its drafter unless --spec none)")
-    _add_spec_args(srv)
+    _add_serving_args(srv)
     srv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     srv.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    srv.add_argument("--max-num-seqs", type=int, default=8, help="requests decoded side by side (default 8)")
-    srv.add_argument("--max-model-len", type=int, default=None, help="context limit in tokens (default: the model's)")
     srv.add_argument("--api-key", default=os.environ.get("TREEFLASH_API_KEY"),
                      help="require 'Authorization: Bearer KEY' on /v1/* (default: $TREEFLASH_API_KEY; none = open)")
-    srv.add_argument("--served-model-name", default=None,
-                     help="the model name clients send and /v1/models lists (default: MODEL as given, or the "
-                          "embedded model's name)")
-    srv.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    srv.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bfloat16 on cuda, float32 on cpu)")
-    srv.add_argument("--max-choices", type=int, default=16, help="prompts x n of one request, at most (default 16)")
     srv.add_argument("--max-request-bytes", type=int, default=16 << 20,
                      help="a request body larger than this is refused with 413 before it is read (default 16 MiB)")
-    srv.add_argument("--reasoning-parser", default=None, choices=("qwen3", "deepseek_r1"),  # (reasoning.PARSERS)
-                     help="split a thinking model's <think> block off its chat replies into `reasoning` (and "
-                          "`reasoning_content`); a structured output then holds the answer after the block "
-                          "(default: none, the block stays in `content`)")
-    _add_generation_config_arg(srv, "the fields a request leaves out")
-    _add_chat_template_arg(srv)
-    srv.add_argument("--tool-call-parser", default=None, choices=("hermes", "llama3_json", "mistral"),  # (FORMATS)
-                     help="the format chat replies' tool calls are read in (vLLM's names): hermes "
-                          "(<tool_call> blocks: Qwen2.5, Qwen3), llama3_json (Llama 3.1-3.3's JSON reply) or "
-                          "mistral ([TOOL_CALLS]); default: the one the chat template asks for")
-    srv.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
-                     help="take a prompt's whole 512-token prefill chunks that an earlier prompt prefilled, where a "
-                          "slot's caches still hold them, rather than prefill them again (vLLM's option; default "
-                          "on; the rows are those a prefill would write)")
-    srv.add_argument("--enable-auto-tool-choice", action="store_true",
-                     help="accepted for vLLM's command lines, and changes nothing: where a request gives tools, its "
-                          "replies' calls are always read")
-    srv.add_argument("--structure-compile-timeout", type=float, default=60.0,
-                     help="seconds a request's structured output (JSON schema, regex, choice) may take to compile; "
-                          "past it the request gets a 400 (default 60)")
     srv.add_argument("--shutdown-timeout", type=float, default=30.0,
                      help="seconds the requests in flight get to finish after SIGINT/SIGTERM (default 30)")
-    srv.add_argument("--threads", type=_positive_int, default=None,
-                     help=f"intra-op CPU threads for torch (default here: {default_threads()}; $OMP_NUM_THREADS "
-                          f"if set, else half the usable cores, 1 to 4)")
     srv.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     srv.add_argument("--access-log", action="store_true", help="log every HTTP request")
     srv.add_argument("--no-warmup", action="store_true",
                      help="listen at once and capture CUDA graphs when requests first need them (each capture then "
                           "holds up the running requests)")
     _add_debug_arg(srv, argparse.SUPPRESS)
+
+    batch = sub.add_parser("run-batch", help="answer a file of requests in OpenAI's batch format, offline",
+                           description=BATCH_DESCRIPTION, epilog=BATCH_EPILOG,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    batch.add_argument("-i", "--input-file", required=True, help="the requests, one JSON line each ('-': stdin)")
+    batch.add_argument("-o", "--output-file", required=True, help="where the answers go, one JSON line each ('-': "
+                                                                  "stdout)")
+    _add_serving_args(batch, model_flag=True)
+    _add_debug_arg(batch, argparse.SUPPRESS)
 
     conv = sub.add_parser("convert", help="convert a GGUF file to a cached safetensors directory",
                           description="Dequantise a GGUF checkpoint (weights, config, tokenizer, chat template) into "
@@ -475,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.command == "bench":
                 return _bench(args, argv)
             return {"generate": _generate, "chat": _chat, "convert": _convert, "train-drafter": _train_drafter,
-                    "serve": _serve}[args.command](args)
+                    "serve": _serve, "run-batch": _run_batch}[args.command](args)
     except KeyboardInterrupt:
         print("\ntreeflash: interrupted", file=sys.stderr)
         return 130
@@ -528,18 +566,17 @@ def _convert(args) -> int:
     return 0
 
 
-def _serve(args) -> int:
+def _serving_llm(args):
+    """The LLM of `serve` and `run-batch`, and the model name requests must send."""
     import torch
 
     from treeflash import LLM
     from treeflash.default_model import DEFAULT_MODEL_NAME
-    from treeflash.server import ServerConfig, serve
     from treeflash.generation_config import describe
 
     torch.set_num_threads(args.threads or default_threads())
-    if args.max_choices < 1 or args.shutdown_timeout < 0 or not 0 <= args.port < 65536 or args.max_request_bytes < 1:
-        raise ValueError("--max-choices and --max-request-bytes must be >= 1, --shutdown-timeout >= 0 and --port "
-                         "in [0, 65535]")
+    if args.max_choices < 1:
+        raise ValueError("--max-choices must be >= 1")
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
               draft_model=args.draft_model, spec=args.spec, tree_budget=args.tree_budget,
               max_num_seqs=args.max_num_seqs, ngram_tokens=args.ngram_tokens,
@@ -549,7 +586,17 @@ def _serve(args) -> int:
         print(f"treeflash: the model's default sampling ({describe(llm.default_sampling)}, from its "
               f"generation_config.json; --generation-config vllm leaves it out) applies where a request does not "
               f"say", file=sys.stderr, flush=True)
-    name = args.served_model_name or args.model or DEFAULT_MODEL_NAME
+    return llm, args.served_model_name or args.model or DEFAULT_MODEL_NAME
+
+
+def _serve(args) -> int:
+    import torch
+
+    from treeflash.server import ServerConfig, serve
+
+    if args.shutdown_timeout < 0 or not 0 <= args.port < 65536 or args.max_request_bytes < 1:
+        raise ValueError("--max-request-bytes must be >= 1, --shutdown-timeout >= 0 and --port in [0, 65535]")
+    llm, name = _serving_llm(args)
     if not args.no_warmup and llm.device.type == "cuda":
         start = time.perf_counter()
         print("treeflash: capturing CUDA graphs before serving (--no-warmup skips this)", file=sys.stderr, flush=True)
@@ -568,6 +615,39 @@ def _serve(args) -> int:
                             shutdown_timeout=args.shutdown_timeout, max_request_bytes=args.max_request_bytes,
                             reasoning_parser=args.reasoning_parser, tool_call_parser=args.tool_call_parser),
           host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log)
+    return 0
+
+
+def _run_batch(args) -> int:
+    import asyncio
+
+    from tqdm import tqdm
+
+    from treeflash.server import ServerConfig
+    from treeflash.server.app import build_app
+    from treeflash.server.batch import run_batch
+
+    source = sys.stdin if args.input_file == "-" else open(args.input_file, encoding="utf-8")  # (missing: exit 1)
+    with source:
+        lines = source.read().splitlines()
+    llm, name = _serving_llm(args)
+    app = build_app(llm, ServerConfig(model_name=name, max_choices=args.max_choices,
+                                      reasoning_parser=args.reasoning_parser, tool_call_parser=args.tool_call_parser))
+    sink = sys.stdout if args.output_file == "-" else open(args.output_file, "w", encoding="utf-8")
+
+    def write(line: str) -> None:
+        sink.write(line)
+        sink.flush()
+
+    try:
+        with tqdm(total=sum(1 for line in lines if line.strip()), desc="requests", unit="req", disable=None,
+                  file=sys.stderr) as bar:
+            counts = asyncio.run(run_batch(app, lines, write, 4 * llm.max_num_seqs, bar))
+    finally:
+        if sink is not sys.stdout:
+            sink.close()
+    print(f"treeflash: {counts.lines} lines: {counts.succeeded} answered, {counts.refused} refused (4xx/5xx in "
+          f"their response), {counts.malformed} not requests (in their error)", file=sys.stderr)
     return 0
 
 
