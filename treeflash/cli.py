@@ -620,6 +620,7 @@ def _serve(args) -> int:
 
 def _run_batch(args) -> int:
     import asyncio
+    import threading
 
     from tqdm import tqdm
 
@@ -632,20 +633,37 @@ def _run_batch(args) -> int:
         lines = source.read().splitlines()
     llm, name = _serving_llm(args)
     app = build_app(llm, ServerConfig(model_name=name, max_choices=args.max_choices,
-                                      reasoning_parser=args.reasoning_parser, tool_call_parser=args.tool_call_parser))
+                                      reasoning_parser=args.reasoning_parser, tool_call_parser=args.tool_call_parser),
+                    engine_thread=False)
     sink = sys.stdout if args.output_file == "-" else open(args.output_file, "w", encoding="utf-8")
 
     def write(line: str) -> None:
         sink.write(line)
         sink.flush()
 
+    engine, done = app.state.engine_loop, {}
+
+    def answer_all() -> None:  # (HTTP on this thread, the engine on the one that built the LLM: engine_loop.py)
+        try:
+            with tqdm(total=sum(1 for line in lines if line.strip()), desc="requests", unit="req", disable=None,
+                      file=sys.stderr) as bar:
+                done["counts"] = asyncio.run(run_batch(app, lines, write, 4 * llm.max_num_seqs, bar))
+        except BaseException as e:  # noqa: BLE001 (raised again on the main thread)
+            done["error"] = e
+        finally:
+            engine.stop()
+
     try:
-        with tqdm(total=sum(1 for line in lines if line.strip()), desc="requests", unit="req", disable=None,
-                  file=sys.stderr) as bar:
-            counts = asyncio.run(run_batch(app, lines, write, 4 * llm.max_num_seqs, bar))
+        thread = threading.Thread(target=answer_all, name="treeflash-batch", daemon=True)  # (Ctrl-C: no wait)
+        thread.start()
+        engine.run()
+        thread.join()
     finally:
         if sink is not sys.stdout:
             sink.close()
+    if "error" in done:
+        raise done["error"]
+    counts = done["counts"]
     print(f"treeflash: {counts.lines} lines: {counts.succeeded} answered, {counts.refused} refused (4xx/5xx in "
           f"their response), {counts.malformed} not requests (in their error)", file=sys.stderr)
     return 0

@@ -39,8 +39,10 @@ _FIELDS = {name for model in (p.CompletionRequest, p.ChatCompletionRequest, p.Ch
            for name in model.model_fields}
 
 
-def build_app(llm: LLM, config: ServerConfig) -> FastAPI:
-    """The server's ASGI app; its lifespan starts and stops the engine loop."""
+def build_app(llm: LLM, config: ServerConfig, engine_thread: bool = True) -> FastAPI:
+    """The server's ASGI app; its lifespan starts and stops the engine loop (`app.state.engine_loop`).
+    engine_thread: step the engine on a thread of its own; False: the caller steps it, calling
+    `app.state.engine_loop.run()` on the thread that built the LLM (engine_loop.py says why)."""
     metrics = ServerMetrics(llm.max_num_seqs)
     loop = EngineLoop(llm.engine, metrics)
     frontend = Frontend(llm, config)
@@ -66,7 +68,10 @@ def build_app(llm: LLM, config: ServerConfig) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        loop.start()
+        if engine_thread:
+            loop.start()
+        else:
+            loop.attach(asyncio.get_running_loop())
         yield
         # Reached after uvicorn stopped taking connections and the in-flight ones ended (or timed out).
         await asyncio.to_thread(loop.stop)

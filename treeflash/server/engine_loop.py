@@ -1,5 +1,12 @@
 """The engine loop: ONE thread owns the engine and steps it while there is work.
 
+That thread is the one that built the LLM where the caller can arrange it (`run`: `treeflash serve` and
+`run-batch` step the engine on the main thread and run HTTP on another), else a thread of its own
+(`start`). On the CPU it matters: an OpenMP runtime keeps a pool of worker threads per thread that ran a
+parallel region, and with more of them than cores (the builder's pool idle, the engine thread's busy)
+GNU OpenMP stops spinning between regions, so every small parallel op pays a sleep and a wake-up: the
+default pair's rounds took 1.3-1.5x as long on a second thread with two torch threads on two cores.
+
 HTTP handlers (on the asyncio loop) never touch the engine. They hand it requests and aborts through
 a command queue; the engine thread applies commands between steps, so a request joins or leaves the
 running batch between two rounds. After each step the thread sends every request's new text (what
@@ -108,19 +115,33 @@ class EngineLoop:
         self._tracked: dict[int, _Tracked] = {}  # engine thread only
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._running = False  # run() has begun and not returned
         self.closing = False
 
     # --- the asyncio side ------------------------------------------------------------------------
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The asyncio loop that consumes the events (where `run` steps the engine on another thread)."""
+        self._loop = loop
+
     def start(self) -> None:
-        """Start the engine thread; call from the asyncio loop that will consume the events."""
-        self._loop = asyncio.get_running_loop()
+        """Step the engine on a thread of its own; call from the asyncio loop that will consume the events."""
+        self.attach(asyncio.get_running_loop())
+        self._running = True  # (before the thread runs: a request submitted at once is taken)
         # A daemon: a forced exit (a second Ctrl-C) must not wait for a round to end.
-        self._thread = threading.Thread(target=self._run, name="treeflash-engine", daemon=True)
+        self._thread = threading.Thread(target=self.run, name="treeflash-engine", daemon=True)
         self._thread.start()
+
+    def run(self) -> None:
+        """Step the engine on the calling thread until `stop` (best the thread that built the LLM: see above)."""
+        self._running = True
+        try:
+            self._run()
+        finally:
+            self._running = False
 
     @property
     def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._running
 
     def submit(self, requests: list[Request]) -> RequestGroup:
         if self.closing or not self.alive:
@@ -135,11 +156,13 @@ class EngineLoop:
             self._send("abort", group)
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Take no more requests, abort what is left and end the thread."""
+        """Take no more requests, abort what is left and end `run` (waiting up to `timeout` s for a thread of
+        its own; `run` on another thread returns after its current step)."""
         self.closing = True
         if self.alive:
             self._send("stop", None)
-            self._thread.join(timeout)
+            if self._thread is not None:
+                self._thread.join(timeout)
 
     def _send(self, kind: str, group: RequestGroup | None) -> None:
         self._commands.put((kind, group))
