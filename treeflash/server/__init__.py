@@ -42,8 +42,11 @@ def serve(llm, config: ServerConfig, host: str = "127.0.0.1", port: int = 8000, 
             engine.stop()  # (a no-op after the lifespan's own stop; the engine's thread returns from run)
 
     def on_signal(signum, frame) -> None:
-        # As uvicorn's own handler: the first signal shuts down gracefully, a second Ctrl-C at once.
-        server.force_exit = server.should_exit and signum == signal.SIGINT
+        # As uvicorn's own handler: the first signal shuts down gracefully, a second Ctrl-C at once (the
+        # engine ends after its current step; a third Ctrl-C interrupts that step too).
+        if server.should_exit and signum == signal.SIGINT:
+            server.force_exit = True
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         server.should_exit = True
 
     for sig in (signal.SIGINT, signal.SIGTERM):
