@@ -175,9 +175,8 @@ it, then a summary line on stderr (tokens/s, mean acceptance length). Each turn'
 conversation under the model's chat template; the prompt's whole 512-token chunks that an earlier turn
 prefilled are reused. /reset forgets the conversation, /exit or Ctrl-D (or Ctrl-C at the prompt) ends it,
 Ctrl-C stops a reply (what it said stays in the conversation), a line ending with a backslash goes on to the
-next. Standard input may
-be a pipe: one message a line. Sampling options as for generate (temperature 0.7 and up to 256 new tokens a
-reply unless the model's generation_config.json or an option says otherwise)."""
+next. Standard input may be a pipe: one message a line. Sampling options as for generate (temperature 0.7
+and up to 256 new tokens a reply unless the model's generation_config.json or an option says otherwise)."""
 
 CHAT_EPILOG = """\
 examples:
