@@ -38,8 +38,8 @@ LOGPROBS = "message.output_text.logprobs"  # the `include` value that asks for t
 PASSED = {"top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "presence_penalty", "frequency_penalty",
           "repetition_penalty", "logit_bias", "min_tokens", "allowed_token_ids", "bad_words",
           "include_stop_str_in_output", "skip_special_tokens", "truncate_prompt_tokens", "chat_template_kwargs",
-          "add_generation_prompt", "continue_final_message", "documents", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_whitespace_pattern",
-          *UNSUPPORTED}
+          "add_generation_prompt", "continue_final_message", "documents", "structured_outputs", "guided_json",
+          "guided_regex", "guided_choice", "guided_whitespace_pattern", *UNSUPPORTED}
 # A chat field named in a 400, as the response request names it.
 FIELD_NAMES = {"messages": "input", "max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens",
                "response_format": "text", "logprobs": "include"}
