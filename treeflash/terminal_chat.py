@@ -47,9 +47,9 @@ class Chat:
             return None
         params = dataclasses.replace(self.params, max_tokens=min(self.params.max_tokens, room))
         self._stop, reply, out = False, "", None
-        previous = signal.signal(signal.SIGINT, self._interrupt) if _main_thread() else None
         start = time.perf_counter()
         stream = self.llm.stream(prompt_token_ids=ids, sampling_params=params)
+        previous = signal.signal(signal.SIGINT, self._interrupt) if _main_thread() else None
         try:
             for chunk in stream:
                 self.out.write(chunk.text)
