@@ -38,7 +38,7 @@ async def run_batch(app, lines: list[str], write: Callable[[str], None], concurr
     lines = [line for line in lines if line.strip()]
     counts, done, written = BatchCounts(lines=len(lines)), {}, 0
     gate = asyncio.Semaphore(concurrency)
-    async with app.router.lifespan_context(app):  # (starts the engine thread, as a served app's start does)
+    async with app.router.lifespan_context(app):  # (the app's start and stop, as a server's: the engine loop's)
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://batch", timeout=None) as client:
 

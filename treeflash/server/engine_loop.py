@@ -159,10 +159,9 @@ class EngineLoop:
         """Take no more requests, abort what is left and end `run` (waiting up to `timeout` s for a thread of
         its own; `run` on another thread returns after its current step)."""
         self.closing = True
-        if self.alive:
-            self._send("stop", None)
-            if self._thread is not None:
-                self._thread.join(timeout)
+        self._send("stop", None)  # (sent even before `run` began on another thread: it ends at once then)
+        if self._thread is not None and self._thread.is_alive():
+            self._thread.join(timeout)
 
     def _send(self, kind: str, group: RequestGroup | None) -> None:
         self._commands.put((kind, group))
