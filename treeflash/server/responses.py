@@ -278,7 +278,8 @@ class ResponseWriter:
     Items open as their text arrives (reasoning, then the message) and close when another kind begins or
     the reply ends; a tool call comes whole, as the reader completes it. Text of whitespace alone is held
     until more follows, so that the line breaks between a reply's calls open no message. The message's
-    log-probs are every generated token's (its reasoning's and calls' too, as on /v1/chat/completions)."""
+    log-probs are those of every token generated up to its end, its reasoning's included (a call's after it
+    have no message to go to)."""
 
     def __init__(self, turn: Turn, params: SamplingParams, model: str, reader: Callable[[], ReplyReader] | None):
         self.turn, self.params, self.model = turn, params, model
