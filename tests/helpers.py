@@ -79,6 +79,19 @@ def make_tiny_target(path: str | Path, arch: str = "llama", *, seed: int = 0, lo
     return path
 
 
+# A chat template the character vocabulary can spell: "role content " per message, then "assistant ".
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}"
+                 "{% if add_generation_prompt %}assistant {% endif %}")
+
+
+def make_tiny_chat_target(path: str | Path, template: str = CHAT_TEMPLATE, **config) -> Path:
+    """`make_tiny_target` with the character tokenizer and `template` as its chat template."""
+    path = make_tiny_target(path, tokenizer=True, **config)
+    config_file = path / "tokenizer_config.json"
+    config_file.write_text(json.dumps(json.loads(config_file.read_text()) | {"chat_template": template}))
+    return path
+
+
 def hf_model(path: str | Path):
     """The reference: the checkpoint loaded by transformers (float32, eager attention)."""
     import transformers

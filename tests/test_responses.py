@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from helpers import make_tiny_target
+from helpers import make_tiny_chat_target
 from server_helpers import Server
 from treeflash import LLM, SamplingParams
 
@@ -27,11 +27,8 @@ TEMPLATE = ("{% for m in messages %}{{ m['role'] }} {{ m['content'] }}{% for c i
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    path = make_tiny_target(tmp_path_factory.mktemp("responses") / "chars", tokenizer=True,
-                            max_position_embeddings=CONTEXT)
-    config_file = path / "tokenizer_config.json"
-    config_file.write_text(json.dumps(json.loads(config_file.read_text()) | {"chat_template": TEMPLATE}))
-    return path
+    return make_tiny_chat_target(tmp_path_factory.mktemp("responses") / "chars", TEMPLATE,
+                                 max_position_embeddings=CONTEXT)
 
 
 @pytest.fixture(scope="module")

@@ -12,22 +12,17 @@ from pathlib import Path
 import pytest
 
 import treeflash
-from helpers import make_tiny_target
+from helpers import make_tiny_chat_target
 from treeflash import LLM, SamplingParams
 
 pytest.importorskip("httpx")
-TEMPLATE = ("{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}"
-            "{% if add_generation_prompt %}assistant {% endif %}")
 PROMPTS = ["name a tree", "a b c", "zz top", "the cat sat", "hello there", "one two", "go far", "x y z", "up and up",
            "more of it", "tea time", "last one"]
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
-    path = make_tiny_target(tmp_path_factory.mktemp("batch") / "chars", tokenizer=True, max_position_embeddings=256)
-    config_file = path / "tokenizer_config.json"
-    config_file.write_text(json.dumps(json.loads(config_file.read_text()) | {"chat_template": TEMPLATE}))
-    return path
+    return make_tiny_chat_target(tmp_path_factory.mktemp("batch") / "chars", max_position_embeddings=256)
 
 
 def run_batch(model_dir: Path, lines: list[str], *args: str) -> subprocess.CompletedProcess:

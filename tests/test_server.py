@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import CHARS, make_tiny_target
+from helpers import CHAT_TEMPLATE, CHARS, make_tiny_chat_target
 from server_helpers import Server
 from spec_helpers import make_drafter
 from treeflash import LLM, SamplingParams
@@ -29,8 +29,7 @@ openai = pytest.importorskip("openai")
 KEY = "test-key"
 NAME = "tiny"
 CONTEXT = 4096  # long enough that a request can still be running when its client leaves
-TEMPLATE = ("{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}"
-            "{% if add_generation_prompt %}assistant {% endif %}")
+TEMPLATE = CHAT_TEMPLATE
 CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "name a tree"}]
 TOOL = {"type": "function", "function": {"name": "now", "description": "the time", "parameters": {"type": "object"}}}
 CALL = {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
@@ -40,13 +39,7 @@ CALL = {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type"
 # --- fixtures -------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
-    path = make_tiny_target(tmp_path_factory.mktemp("server") / "chars", tokenizer=True,
-                            max_position_embeddings=CONTEXT)
-    config_file = path / "tokenizer_config.json"
-    config = json.loads(config_file.read_text())
-    config["chat_template"] = TEMPLATE
-    config_file.write_text(json.dumps(config))
-    return path
+    return make_tiny_chat_target(tmp_path_factory.mktemp("server") / "chars", max_position_embeddings=CONTEXT)
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ ready for the next turn."""
 from __future__ import annotations
 
 import io
-import json
 import os
 import subprocess
 import sys
@@ -14,21 +13,16 @@ from pathlib import Path
 import pytest
 
 import treeflash
-from helpers import make_tiny_target
+from helpers import make_tiny_chat_target
 from treeflash import LLM, SamplingParams
 from treeflash.terminal_chat import Chat, read_message
 
 CONTEXT = 256
-TEMPLATE = ("{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}"
-            "{% if add_generation_prompt %}assistant {% endif %}")
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
-    path = make_tiny_target(tmp_path_factory.mktemp("chat") / "chars", tokenizer=True, max_position_embeddings=CONTEXT)
-    config_file = path / "tokenizer_config.json"
-    config_file.write_text(json.dumps(json.loads(config_file.read_text()) | {"chat_template": TEMPLATE}))
-    return path
+    return make_tiny_chat_target(tmp_path_factory.mktemp("chat") / "chars", max_position_embeddings=CONTEXT)
 
 
 @pytest.fixture(scope="module")

@@ -270,14 +270,12 @@ then, from any OpenAI client:
 
 def _add_serving_args(p: argparse.ArgumentParser, model_flag: bool = False) -> None:
     """The options `serve` and `run-batch` share: the model, the engine, and how requests are read."""
+    target = ("target: a Hugging Face directory or a .gguf file (default: the embedded SmolLM2-135M-Instruct, "
+              "with its drafter unless --spec none)")
     if model_flag:
-        p.add_argument("--model", default=None, help="target: a Hugging Face directory or a .gguf file (default: "
-                                                     "the embedded SmolLM2-135M-Instruct, with its drafter unless "
-                                                     "--spec none)")
+        p.add_argument("--model", default=None, help=target)
     else:
-        p.add_argument("model", nargs="?", default=None,
-                       help="target: a Hugging Face directory or a .gguf file (default: the embedded "
-                            "SmolLM2-135M-Instruct, with its drafter unless --spec none)")
+        p.add_argument("model", nargs="?", default=None, help=target)
     _add_spec_args(p)
     p.add_argument("--max-num-seqs", type=int, default=8, help="requests decoded side by side (default 8)")
     p.add_argument("--max-model-len", type=int, default=None, help="context limit in tokens (default: the model's)")

@@ -26,8 +26,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-TEMPLATE = ("{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}"
-            "{% if add_generation_prompt %}assistant {% endif %}")
 PROMPTS = ["name a tree", "a b c", "zz top", "the cat sat", "hello there", "one two", "go far", "x y z"]
 
 
@@ -40,14 +38,12 @@ def main() -> None:
 
     import httpx
 
-    from helpers import make_tiny_target
+    from helpers import make_tiny_chat_target
     from spec_helpers import make_drafter
     from treeflash import LLM, SamplingParams
 
     folder = Path(tempfile.mkdtemp())
-    target = make_tiny_target(folder / "target", tokenizer=True, max_position_embeddings=512, logit_scale=3.0)
-    config_file = target / "tokenizer_config.json"
-    config_file.write_text(json.dumps(json.loads(config_file.read_text()) | {"chat_template": TEMPLATE}))
+    target = make_tiny_chat_target(folder / "target", max_position_embeddings=512, logit_scale=3.0)
     drafter = make_drafter(folder / "drafter", target, block_size=4)
     options = dict(draft_model=str(drafter), spec="ddtree", tree_budget=8, device=args.device, dtype="float32",
                    max_num_seqs=4)
