@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                 "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
 
 # A character-level vocabulary: id 0 is EOS_TOKEN, id i > 0 is the character CHARS[i - 1], so decoded
 # text is exact and deterministic.
@@ -29,7 +30,8 @@ def tiny_hf_config(arch: str, *, vocab_size: int = 64, hidden_size: int = 32, nu
                    num_heads: int = 4, num_kv_heads: int = 2, head_dim: int | None = None,
                    intermediate_size: int = 64, max_position_embeddings: int = 256, tie: bool = False,
                    init_std: float = 0.3, eos_token_id: int | None = None, **overrides):
-    """A transformers config object for a tiny model of `arch` ("llama", "qwen2" or "qwen3").
+    """A transformers config object for a tiny model of `arch` (a key of ARCHITECTURES; the mixtures of experts
+    take their expert fields from `overrides`).
 
     init_std 0.3 (HF's default is 0.02): at that scale a tiny model's next-token distributions are far
     from uniform and greedy runs vary instead of repeating one token. eos_token_id defaults to none, so
@@ -37,8 +39,8 @@ def tiny_hf_config(arch: str, *, vocab_size: int = 64, hidden_size: int = 32, nu
     """
     import transformers
 
-    cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
-           "qwen3": transformers.Qwen3Config}[arch]
+    cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config,
+           "qwen2_moe": transformers.Qwen2MoeConfig, "qwen3_moe": transformers.Qwen3MoeConfig}[arch]
     fields = dict(vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers,
                   num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
                   head_dim=head_dim or hidden_size // num_heads, intermediate_size=intermediate_size,

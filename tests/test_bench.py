@@ -328,9 +328,9 @@ def test_unknown_dataset_is_a_clear_error():
 
 # --- synthetic shapes ----------------------------------------------------------------------------------
 # Published parameter counts: SmolLM2-135M 134,515,008 (tied); Qwen3-8B 8,190,735,360; Llama-3-8B 8,030,261,248;
-# Qwen3-4B 4,022,468,096 (tied).
+# Qwen3-4B 4,022,468,096 (tied); Qwen3-30B-A3B 30,532,122,624 (3.3B activated).
 PUBLISHED = {"smollm2-135m": 134_515_008, "qwen3-8b": 8_190_735_360, "llama3-8b": 8_030_261_248,
-             "qwen3-4b": 4_022_468_096}
+             "qwen3-4b": 4_022_468_096, "qwen3-30b-a3b": 30_532_122_624}
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
@@ -344,6 +344,16 @@ def test_synthetic_shapes_have_the_published_parameter_counts(name):
     d = drafter_config(cfg, 5, 16, shape(name).mask_token_id)
     assert (d.layers.num_layers, d.block_size, d.layers.hidden_size, len(d.target_layer_ids)) == (5, 16, cfg.hidden_size, 5)
     assert sum(p.numel() for p in build_drafter(d, "meta", torch.bfloat16).parameters()) == drafter_params(d)
+
+
+def test_a_mixtures_floor_counts_the_experts_a_token_uses():
+    from treeflash.bench.shapes import decode_read_bytes
+
+    c = target_config(shape("qwen3-30b-a3b"))
+    assert target_params(c, active=True) == 3_353_032_704
+    assert decode_read_bytes(build_target(c, "meta", torch.bfloat16)) == 2 * 3_353_032_704
+    dense = target_config(shape("qwen3-8b"))
+    assert target_params(dense, active=True) == target_params(dense)
 
 
 def test_qwen3_8b_shape_is_the_model_card():

@@ -318,6 +318,17 @@ def test_unsupported_architecture(tmp_path: Path) -> None:
         convert_gguf(tmp_path / "m.gguf", tmp_path / "out")
 
 
+def test_mixture_of_experts_gguf_is_refused_pointing_at_safetensors(tmp_path: Path) -> None:
+    w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "qwen3moe")
+    w.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(UnsupportedModelError, match="mixtures of experts .qwen3moe.*safetensors"):
+        convert_gguf(tmp_path / "m.gguf", tmp_path / "out")
+
+
 def test_unknown_tensor_is_refused(tmp_path: Path) -> None:
     # Llama 3.1 GGUFs carry their rope scaling as rope_freqs.weight; dropping it would change the model.
     src = write_gguf(tmp_path / "t.gguf", tiny_model("llama"), "llama",

@@ -39,6 +39,13 @@ VARIANTS = {
                               "num_heads": 2, "num_kv_heads": 1, "head_dim": 16}),
     "qwen2_bias": ("qwen2", {}),
     "qwen3_qk_norm": ("qwen3", {"tie": True}),
+    # Mixtures of experts: 8 experts, 2 per token, rescaled; layer 1 dense (mlp_only_layers). The prompts'
+    # lengths give forwards of both plans on CUDA (gathered where 3 N k <= 8, dense otherwise).
+    "qwen3_moe": ("qwen3_moe", {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+                                "norm_topk_prob": True, "mlp_only_layers": [1]}),
+    # Qwen2-MoE's shared expert and its sigmoid gate; weights not rescaled; every other layer sparse.
+    "qwen2_moe": ("qwen2_moe", {"num_experts": 8, "num_experts_per_tok": 3, "moe_intermediate_size": 16,
+                                "shared_expert_intermediate_size": 24, "decoder_sparse_step": 2}),
 }
 
 
@@ -201,7 +208,7 @@ def write_config(path: Path, **cfg) -> Path:
     return path
 
 
-@pytest.mark.parametrize("arch", ["MixtralForCausalLM", "MambaForCausalLM", "Qwen3MoeForCausalLM",
+@pytest.mark.parametrize("arch", ["MixtralForCausalLM", "MambaForCausalLM", "GptOssForCausalLM",
                                   "Qwen3NextForCausalLM", "GPT2LMHeadModel"])
 def test_unsupported_architecture_is_refused_naming_it_and_the_supported_ones(tmp_path, arch):
     path = write_config(tmp_path / "m", architectures=[arch])

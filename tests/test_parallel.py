@@ -123,6 +123,10 @@ def test_uneven_splits_are_refused_before_any_weight_or_process(tmp_path, monkey
     for bad in (0, -2, "2", 1.5, True, 1.0):  # (True and 1.0 ran as 1)
         with pytest.raises(ValueError, match="tensor_parallel_size must be a positive integer"):
             LLM(str(path), device="cpu", tensor_parallel_size=bad)
+    moe = make_tiny_target(tmp_path / "moe", "qwen3_moe", num_experts=4, num_experts_per_tok=2,
+                           moe_intermediate_size=16)
+    with pytest.raises(TensorParallelConfigError, match=r"does not split a mixture of experts"):
+        LLM(str(moe), device="cpu", tensor_parallel_size=2)
     assert set(multiprocessing.active_children()) == before
 
 

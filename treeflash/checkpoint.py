@@ -151,7 +151,18 @@ def load_target(model_dir: Path, device: torch.device | str, dtype: torch.dtype,
         model = Transformer(cfg) if shard is None else shard.build(cfg)
     load_weights(model, tensors, model_dir, dtype, device)
     model.rotary.to(device)
+    stack_experts(model)
     return model.eval(), cfg
+
+
+def stack_experts(model: nn.Module) -> None:
+    """Give every mixture-of-experts layer its experts' weights stacked (`SparseMoE.stack_experts`), once, at
+    load: a forward then never allocates them (inside a CUDA graph's capture, say)."""
+    from treeflash.models.layers import SparseMoE
+
+    for module in model.modules():
+        if isinstance(module, SparseMoE):
+            module.stack_experts()
 
 
 def load_drafter(path: str | Path, device: torch.device | str, dtype: torch.dtype):

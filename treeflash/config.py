@@ -20,7 +20,11 @@ SUPPORTED_ARCHITECTURES = {
     "MistralForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Qwen2MoeForCausalLM": "qwen2",
+    "Qwen3MoeForCausalLM": "qwen3",
 }
+# Those whose MLPs are mixtures of experts (`ExpertsConfig`); any other with experts is refused.
+MIXTURE_ARCHITECTURES = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 
 
 class UnsupportedModelError(ValueError):
@@ -70,8 +74,8 @@ def config_int_list(cfg: dict[str, Any], key: str, *, where: str = "config.json"
 def unsupported_architecture(name: str, why: str = "") -> UnsupportedModelError:
     supported = ", ".join(sorted(SUPPORTED_ARCHITECTURES))
     return UnsupportedModelError(
-        f"unsupported architecture {name!r}{why}: treeflash runs dense decoder-only transformers "
-        f"({supported}); MoE, Mamba/hybrid and other architectures are not supported"
+        f"unsupported architecture {name!r}{why}: treeflash runs decoder-only transformers "
+        f"({supported}); other mixtures of experts, Mamba/hybrid and other architectures are not supported"
     )
 
 
@@ -150,6 +154,40 @@ class RopeConfig:
 
 
 @dataclass(frozen=True)
+class ExpertsConfig:
+    """Mixture-of-experts MLPs (Qwen3-MoE, Qwen2-MoE; models/layers.py: `SparseMoE`): a router's softmax picks
+    each token's `per_token` experts of `count`, whose MLP outputs are summed with those weights."""
+
+    count: int
+    per_token: int
+    intermediate_size: int  # each expert's MLP width
+    normalize: bool  # the chosen experts' weights rescaled to sum to 1 (norm_topk_prob)
+    sparse_layers: tuple[int, ...]  # layers whose MLP is the experts; the others are dense (intermediate_size)
+    shared_intermediate_size: int = 0  # Qwen2-MoE: an MLP every token runs, scaled by a sigmoid gate
+
+    @staticmethod
+    def from_hf(cfg: dict[str, Any], num_layers: int) -> "ExpertsConfig":
+        # (transformers 5 writes num_local_experts; the hub's checkpoints num_experts)
+        count = config_value(cfg, "num_experts", int, config_value(cfg, "num_local_experts", int, None, minimum=1),
+                             minimum=1)
+        if count is None:
+            raise ConfigError("config.json: required key 'num_experts' is missing")
+        per_token = config_value(cfg, "num_experts_per_tok", int, minimum=1)
+        if per_token > count:
+            raise ConfigError(f"config.json: num_experts_per_tok {per_token} exceeds the {count} experts")
+        step = config_value(cfg, "decoder_sparse_step", int, 1, minimum=1)
+        dense = config_value(cfg, "mlp_only_layers", list, [])
+        return ExpertsConfig(
+            count=count,
+            per_token=per_token,
+            intermediate_size=config_value(cfg, "moe_intermediate_size", int, minimum=1),
+            normalize=config_value(cfg, "norm_topk_prob", bool, False),
+            sparse_layers=tuple(i for i in range(num_layers) if i not in dense and (i + 1) % step == 0),
+            shared_intermediate_size=config_value(cfg, "shared_expert_intermediate_size", int, 0, minimum=0),
+        )
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     architecture: str
     vocab_size: int
@@ -169,6 +207,7 @@ class ModelConfig:
     max_position_embeddings: int = 2048
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    experts: ExpertsConfig | None = None  # None: every layer's MLP is dense
 
     @staticmethod
     def from_hf(cfg: dict[str, Any]) -> "ModelConfig":
@@ -177,7 +216,8 @@ class ModelConfig:
         recurrent = _recurrent_reason(arch, cfg)
         if family is None or recurrent:
             raise unsupported_architecture(arch, recurrent or "")
-        if cfg.get("num_local_experts") or cfg.get("num_experts"):
+        mixture = arch in MIXTURE_ARCHITECTURES
+        if not mixture and (cfg.get("num_local_experts") or cfg.get("num_experts")):
             raise unsupported_architecture(f"{arch} with experts (MoE)")
         quantization = cfg.get("quantization_config")
         if quantization is not None:  # its weights are codes and scales: read as plain floats, other numbers
@@ -216,18 +256,21 @@ class ModelConfig:
             raise ConfigError(f"config.json: num_attention_heads {heads} is not a multiple of num_key_value_heads "
                               f"{kv_heads} (each key/value head serves a whole group of query heads)")
         attention_bias = config_value(cfg, "attention_bias", bool, False)
+        num_layers = config_value(cfg, "num_hidden_layers", int, minimum=1)
+        # (Qwen2-MoE names its q/k/v bias; Qwen2 always has one)
+        qkv_bias = config_value(cfg, "qkv_bias", bool, True) if arch == "Qwen2MoeForCausalLM" else True
         return ModelConfig(
             architecture=arch,
             vocab_size=config_value(cfg, "vocab_size", int, minimum=1),
             hidden_size=hidden,
             intermediate_size=config_value(cfg, "intermediate_size", int, minimum=1),
-            num_layers=config_value(cfg, "num_hidden_layers", int, minimum=1),
+            num_layers=num_layers,
             num_heads=heads,
             num_kv_heads=kv_heads,
             head_dim=head_dim or hidden // heads,
             rms_norm_eps=config_value(cfg, "rms_norm_eps", float, 1e-6),
             rope=RopeConfig.from_hf(cfg),
-            qkv_bias=True if family == "qwen2" else attention_bias,
+            qkv_bias=qkv_bias if family == "qwen2" else attention_bias,
             o_bias=False if family == "qwen2" else attention_bias,
             mlp_bias=config_value(cfg, "mlp_bias", bool, False),
             qk_norm=family == "qwen3",
@@ -235,6 +278,7 @@ class ModelConfig:
             max_position_embeddings=max_positions,
             bos_token_id=config_value(cfg, "bos_token_id", int, None),
             eos_token_ids=config_int_list(cfg, "eos_token_id"),
+            experts=ExpertsConfig.from_hf(cfg, num_layers) if mixture else None,
         )
 
     @staticmethod
@@ -243,10 +287,10 @@ class ModelConfig:
 
 
 _MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                "mistral": "MistralForCausalLM"}
+                "mistral": "MistralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
 # transformers' defaults where config.json gives no max_position_embeddings.
 _MAX_POSITIONS = {"LlamaForCausalLM": 2048, "MistralForCausalLM": 4096 * 32, "Qwen2ForCausalLM": 32768,
-                  "Qwen3ForCausalLM": 32768}
+                  "Qwen3ForCausalLM": 32768, "Qwen2MoeForCausalLM": 32768, "Qwen3MoeForCausalLM": 32768}
 
 
 def _architecture(cfg: dict[str, Any]) -> str:

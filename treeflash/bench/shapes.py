@@ -11,14 +11,15 @@ drafter is the shape of the one this package ships for it (treeflash/default_dra
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
+from treeflash.checkpoint import stack_experts
 from treeflash.config import ModelConfig
 from treeflash.models.dflash import DFlashDrafter, DrafterConfig
-from treeflash.models.layers import Rotary
+from treeflash.models.layers import Rotary, SparseMoE
 from treeflash.models.transformer import Transformer
 
 
@@ -39,6 +40,12 @@ def _qwen3(layers, hidden, heads, kv_heads, intermediate, tie) -> dict[str, Any]
             "tie_word_embeddings": tie, "max_position_embeddings": 40960, "hidden_act": "silu"}
 
 
+def _qwen3_moe(layers, hidden, heads, kv_heads, intermediate, experts, per_token, expert_width) -> dict[str, Any]:
+    return {**_qwen3(layers, hidden, heads, kv_heads, intermediate, tie=False), "architectures": ["Qwen3MoeForCausalLM"],
+            "num_experts": experts, "num_experts_per_tok": per_token, "moe_intermediate_size": expert_width,
+            "norm_topk_prob": True}
+
+
 def _llama(layers, hidden, heads, kv_heads, intermediate, vocab, tie, theta, max_pos) -> dict[str, Any]:
     return {"architectures": ["LlamaForCausalLM"], "vocab_size": vocab, "hidden_size": hidden,
             "intermediate_size": intermediate, "num_hidden_layers": layers, "num_attention_heads": heads,
@@ -52,6 +59,8 @@ def _llama(layers, hidden, heads, kv_heads, intermediate, vocab, tie, theta, max
 SHAPES: dict[str, Shape] = {
     "qwen3-8b": Shape("qwen3-8b", _qwen3(36, 4096, 32, 8, 12288, tie=False), mask_token_id=151669),
     "qwen3-4b": Shape("qwen3-4b", _qwen3(36, 2560, 32, 8, 9728, tie=True), mask_token_id=151669),
+    # A mixture of experts (Qwen3-30B-A3B, Qwen3-Coder-30B-A3B): 128 experts of width 768, 8 per token.
+    "qwen3-30b-a3b": Shape("qwen3-30b-a3b", _qwen3_moe(48, 2048, 32, 4, 6144, 128, 8, 768), mask_token_id=151669),
     "llama3-8b": Shape("llama3-8b", _llama(32, 4096, 32, 8, 14336, 128256, tie=False, theta=500000.0,
                                            max_pos=8192), mask_token_id=128002),
     # The shipped drafter's shape (treeflash/default_drafter/config.json), not z-lab's five layers: rounds at this
@@ -110,10 +119,23 @@ def _layer_params(c: ModelConfig) -> int:
     return attention + mlp + 2 * c.hidden_size  # + the two RMSNorms
 
 
-def target_params(c: ModelConfig) -> int:
-    """Parameters of the target decoder (embedding, layers, final norm, output head unless tied)."""
+def _experts_params(c: ModelConfig, experts: int) -> int:
+    """What a mixture-of-experts layer holds beyond the attention and norms, counting `experts` experts."""
+    e = c.experts
+    shared = 3 * c.hidden_size * e.shared_intermediate_size + c.hidden_size if e.shared_intermediate_size else 0
+    return c.hidden_size * e.count + experts * 3 * c.hidden_size * e.intermediate_size + shared
+
+
+def target_params(c: ModelConfig, active: bool = False) -> int:
+    """Parameters of the target decoder (embedding, layers, final norm, output head unless tied); `active`: of a
+    mixture of experts, only the experts one token uses (its per_token of each sparse layer's)."""
     embedding = c.vocab_size * c.hidden_size
-    return embedding * (1 if c.tie_word_embeddings else 2) + c.num_layers * _layer_params(c) + c.hidden_size
+    layers = c.num_layers * _layer_params(c)
+    if c.experts is not None:
+        dense_mlp = _layer_params(c) - _layer_params(replace(c, intermediate_size=0))
+        used = c.experts.per_token if active else c.experts.count
+        layers += len(c.experts.sparse_layers) * (_experts_params(c, used) - dense_mlp)
+    return embedding * (1 if c.tie_word_embeddings else 2) + layers + c.hidden_size
 
 
 def drafter_params(d: DrafterConfig) -> int:
@@ -141,6 +163,7 @@ def _materialize(module, rope, head_dim, device, dtype, std, seed):
     module = module.to_empty(device=device)
     module.rotary = Rotary(rope, head_dim).to(device)  # to_empty leaves the frequency buffer unset
     _randomize(module, std, seed)
+    stack_experts(module)
     return module.eval()
 
 
@@ -165,3 +188,13 @@ def build_drafter(d: DrafterConfig, device: str | torch.device, dtype: torch.dty
 
 def weight_bytes(module: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def decode_read_bytes(module: torch.nn.Module) -> int:
+    """The weight bytes one token's decode step reads at least: every weight, except the experts a token does
+    not use (all but per_token of each mixture-of-experts layer's)."""
+    unused = 0
+    for m in module.modules():
+        if isinstance(m, SparseMoE):
+            unused += (m.config.count - m.config.per_token) * weight_bytes(m.experts[0])
+    return weight_bytes(module) - unused

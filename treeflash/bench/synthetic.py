@@ -47,8 +47,8 @@ import torch
 from tqdm import tqdm
 
 from treeflash.bench.methods import NGRAM_TOKENS, parse_methods
-from treeflash.bench.shapes import (build_drafter, build_target, drafter_config, shape, target_config,
-                                    weight_bytes)
+from treeflash.bench.shapes import (build_drafter, build_target, decode_read_bytes, drafter_config, shape,
+                                    target_config, weight_bytes)
 from treeflash.bench.report import environment
 from treeflash.bench.timing import copy_bandwidth, time_engine_rounds
 from treeflash.attention import BACKENDS, FLEX_DECODE_TOKENS
@@ -284,10 +284,13 @@ def _run_rows(cfg, s, tcfg, dcfg, methods, target, drafter, make_engine, group, 
               dtype, command, log, progress, debug=False) -> dict:
     bandwidth = copy_bandwidth(device)
     target_bytes = weight_bytes(target)
+    read_bytes = decode_read_bytes(target)  # (a mixture of experts: a token's experts only)
     drafter_bytes = weight_bytes(drafter) if drafter is not None else 0
-    floor_ms = 1e3 * target_bytes / bandwidth  # with tensor parallelism: rank 0's shard
-    log(f"  target {target_bytes / 1e9:.2f} GB, drafter {drafter_bytes / 1e9:.2f} GB, copy bandwidth "
-        f"{bandwidth / 1e9:.1f} GB/s -> weight-read floor {floor_ms:.3f} ms per step")
+    floor_ms = 1e3 * read_bytes / bandwidth  # with tensor parallelism: rank 0's shard
+    log(f"  target {target_bytes / 1e9:.2f} GB" + (f" ({read_bytes / 1e9:.2f} GB read per token)"
+                                                   if read_bytes != target_bytes else "")
+        + f", drafter {drafter_bytes / 1e9:.2f} GB, copy bandwidth {bandwidth / 1e9:.1f} GB/s -> weight-read floor "
+        f"{floor_ms:.3f} ms per step")
 
     env = environment(device, dtype, command)
 
@@ -303,7 +306,10 @@ def _run_rows(cfg, s, tcfg, dcfg, methods, target, drafter, make_engine, group, 
                                                      "weight_bytes": drafter_bytes},
             "copy_bandwidth_bytes_per_s": bandwidth,
             "floor_ms": floor_ms,
+            "decode_read_bytes": read_bytes,
             "floor_note": "target weight bytes / measured device-to-device copy bandwidth (read + write counted)"
+                          + ("; a mixture of experts: only the experts one token uses (decode_read_bytes)"
+                             if read_bytes != target_bytes else "")
                           + ("; tensor parallel: rank 0's shard, the replicated embedding and head counted whole"
                              if group is not None else ""),
             "tensor_parallel": None if group is None else {

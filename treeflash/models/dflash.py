@@ -61,7 +61,10 @@ class DrafterConfig:
                 f"not a DFlash drafter: architectures={cfg.get('architectures')} (expected ['DFlashDraftModel'])")
         # The z-lab format allows these at top level or in dflash_config (which wins).
         merged = {**cfg, **config_value(cfg, "dflash_config", dict, {})}
-        layers = ModelConfig.from_hf({**cfg, "architectures": ["Qwen3ForCausalLM"], "layer_types": None})
+        # The drafter's layers are dense Qwen3 ones whatever its target is (a copy of a mixture-of-experts
+        # target's expert counts in its config.json means nothing to them).
+        layers = ModelConfig.from_hf({**cfg, "architectures": ["Qwen3ForCausalLM"], "layer_types": None,
+                                      "num_experts": None, "num_local_experts": None})
         if cfg.get("num_target_layers") is None:
             raise DrafterMismatchError("drafter config lacks num_target_layers")
         num_target_layers = config_value(cfg, "num_target_layers", int, minimum=1)

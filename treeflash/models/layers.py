@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from treeflash.config import RopeConfig
+from treeflash.config import ExpertsConfig, RopeConfig
 from treeflash.models.kernels import (EAGER, Kernels, Linear, apply_rotary,  # noqa: F401  (apply_rotary: re-exported)
                                       linear)
 
@@ -47,6 +48,102 @@ class MLP(nn.Module):
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
         return self.down_proj(self.kernels.silu_mul(gate, up))
+
+
+class Expert(nn.Module):
+    """One expert's projections, by the checkpoints' names. Plain `nn.Linear`s: their weights become views of
+    the layer's stacked ones (`SparseMoE.stack_experts`), and are neither fused nor prepacked one by one."""
+
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+
+class SparseMoE(nn.Module):
+    """A mixture-of-experts MLP (Qwen3-MoE, Qwen2-MoE): the router's softmax over the experts picks each token's
+    top k, and the token's output is their MLP outputs weighted by those probabilities (rescaled to sum to 1
+    where the config says), plus, for Qwen2-MoE, a shared MLP scaled by a sigmoid gate.
+
+    The experts' weights are stacked, [E, 2I, H] (gate then up) and [E, H, I], and a forward computes with fixed
+    shapes, no host synchronisation (CUDA graphs capture it), by one of two plans:
+    - gathered: each (token, chosen expert) pair's weights gathered and multiplied as a batch of matrix-vector
+      products, in groups of at most E pairs (the memory of one layer's experts). Each token's result then has
+      the same bits whatever tokens share the forward, which the CPU's other products guarantee
+      (docs/exactness.md), so the CPU always takes it; on CUDA where 3 N k <= E (reading k experts' weights per
+      token three times, gathered and read again, costs no more than reading every expert once);
+    - dense: every expert over every token as two batched products, and the weighted sum over experts, the
+      unchosen ones weighing zero: every expert's weights read once (CUDA, more tokens: a verify, a prefill).
+    """
+
+    def __init__(self, hidden: int, experts: ExpertsConfig):
+        super().__init__()
+        self.config = experts
+        self.gate = Linear(hidden, experts.count, bias=False)
+        self.experts = nn.ModuleList(Expert(hidden, experts.intermediate_size) for _ in range(experts.count))
+        if experts.shared_intermediate_size:
+            self.shared_expert = MLP(hidden, experts.shared_intermediate_size)
+            self.shared_expert_gate = Linear(hidden, 1, bias=False)
+        else:
+            self.shared_expert = self.shared_expert_gate = None
+        self.stacked: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def stack_experts(self) -> None:
+        """Lay the experts' weights out as two stacked tensors and make each expert's parameters views of them
+        (names, shapes and values stay the checkpoint's; nothing is held twice). Idempotent."""
+        if self.stacked is not None:
+            return
+        width = self.config.intermediate_size
+        with torch.no_grad():
+            gate_up = torch.stack([torch.cat([e.gate_proj.weight, e.up_proj.weight]) for e in self.experts])
+            down = torch.stack([e.down_proj.weight for e in self.experts])
+        for i, e in enumerate(self.experts):
+            for lin, weight in ((e.gate_proj, gate_up[i, :width]), (e.up_proj, gate_up[i, width:]),
+                                (e.down_proj, down[i])):
+                lin.weight = nn.Parameter(weight, requires_grad=lin.weight.requires_grad)
+        self.stacked = (gate_up, down)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [N, H] -> each token's expert weights and experts, [N, k] each (softmax in float32, as HF's)."""
+        probs = torch.softmax(self.gate(x).float(), dim=-1)
+        weights, chosen = probs.topk(self.config.per_token, dim=-1)
+        if self.config.normalize:
+            weights = weights / weights.sum(-1, keepdim=True)
+        return weights.to(x.dtype), chosen
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.stack_experts()
+        rows = x.reshape(-1, x.shape[-1])
+        weights, chosen = self.route(rows)
+        out = (self._gathered if self.gathers(chosen) else self._dense)(rows, weights, chosen)
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(rows)) * self.shared_expert(rows)
+        return out.view(x.shape)
+
+    def gathers(self, chosen: torch.Tensor) -> bool:
+        """Which plan a forward takes (a shape's, never a value's): gathered or dense (the class docstring)."""
+        return chosen.device.type == "cpu" or 3 * chosen.numel() <= self.config.count
+
+    def _gathered(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        gate_up, down = self.stacked
+        n, k = chosen.shape
+        experts, inputs = chosen.reshape(-1), x.repeat_interleave(k, dim=0)  # one row per (token, expert) pair
+        parts = []
+        for start in range(0, n * k, self.config.count):
+            pick, rows = experts[start:start + self.config.count], inputs[start:start + self.config.count]
+            gate, up = torch.bmm(gate_up[pick], rows[:, :, None]).squeeze(-1).chunk(2, dim=-1)
+            parts.append(torch.bmm(down[pick], (F.silu(gate) * up)[:, :, None]).squeeze(-1))
+        out = torch.cat(parts) if len(parts) > 1 else parts[0]
+        return (out.view(n, k, -1) * weights[:, :, None]).sum(1)
+
+    def _dense(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        gate_up, down = self.stacked
+        every = torch.zeros(x.shape[0], self.config.count, dtype=x.dtype, device=x.device)
+        every.scatter_(1, chosen, weights)  # [N, E]: zero for the experts a token did not choose
+        gate, up = torch.matmul(gate_up, x.t()).chunk(2, dim=1)  # [E, I, N] each
+        out = torch.bmm(down, F.silu(gate) * up)  # [E, H, N]
+        return torch.einsum("ehn,ne->nh", out, every)
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:

@@ -39,6 +39,9 @@ def check_shardable(cfg: ModelConfig, size: int) -> None:
     """Refuse, before any weight is read, a split that does not come out even."""
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise TensorParallelConfigError(f"tensor_parallel_size must be a positive integer, got {size!r}")
+    if cfg.experts is not None and size > 1:
+        raise TensorParallelConfigError(f"tensor parallelism does not split a mixture of experts ({cfg.architecture}) "
+                                        f"yet: run it on one device (tensor_parallel_size=1)")
     problems = []  # (each as _uneven checks it)
     if cfg.num_heads % size:
         problems.append(f"{cfg.num_heads} attention heads")

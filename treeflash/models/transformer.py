@@ -1,4 +1,4 @@
-"""The target decoder: Llama / Qwen2 / Qwen3 in one implementation.
+"""The target decoder: Llama / Qwen2 / Qwen3 (and their mixtures of experts) in one implementation.
 
 One forward takes new tokens with arbitrary positions, writes their K/V at given cache rows and lets
 each attend to the cache through an arbitrary visibility mask. A prompt (causal mask), one decode
@@ -14,7 +14,7 @@ from treeflash.attention import attend_new
 from treeflash.config import ModelConfig
 from treeflash.kv_cache import KVCache, PrefixKV
 from treeflash.models.kernels import EAGER, Kernels, Linear, linear
-from treeflash.models.layers import MLP, RMSNorm, Rotary
+from treeflash.models.layers import MLP, RMSNorm, Rotary, SparseMoE
 
 
 class Attention(nn.Module):
@@ -77,10 +77,12 @@ class Attention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, index: int = 0):
         super().__init__()
         self.self_attn = Attention(cfg)
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
+        experts = cfg.experts
+        self.mlp = (SparseMoE(cfg.hidden_size, experts) if experts is not None and index in experts.sparse_layers
+                    else MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias))
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -119,7 +121,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary = Rotary(cfg.rope, cfg.head_dim)
