@@ -43,6 +43,15 @@ def target_dir(tmp_path_factory) -> Path:
                        heads=4, kv_heads=2, init_std=0.15, seed=7)
 
 
+@pytest.fixture(scope="module", params=["qwen3", "qwen3_moe"])
+def dense_or_moe_target_dir(request, target_dir, tmp_path_factory) -> Path:
+    """target_dir, and a mixture of experts of its size: training reads a target's features as inference does."""
+    if request.param == "qwen3":
+        return target_dir
+    return make_target(tmp_path_factory.mktemp("train_moe") / "target", arch="qwen3_moe", vocab=VOCAB, hidden=32,
+                       layers=4, heads=4, kv_heads=2, init_std=0.15, seed=7)
+
+
 @pytest.fixture(scope="module")
 def chat_target(tmp_path_factory) -> Path:
     """A tiny Llama with a character tokenizer and a chat template (what data generation needs)."""
@@ -98,11 +107,12 @@ def test_anchors_lie_in_the_response_with_a_token_after_them():
 
 
 @pytest.mark.parametrize("distill", [0.0, 0.5, 1.0])
-def test_loss_equals_per_block_inference_through_the_speculator(target_dir, distill):
+def test_loss_equals_per_block_inference_through_the_speculator(dense_or_moe_target_dir, distill):
     """The one-pass loss over many blocks equals, block by block, what inference computes for that
     block: prefill the context before the anchor, bonus = the anchor token, one draft pass; with
     distill, the soft labels are the target's distribution after the tokens before each label (a
     prefill of them, as decoding would compute it)."""
+    target_dir = dense_or_moe_target_dir
     target, target_cfg = load_target(target_dir, "cpu", torch.float32)
     drafter = tiny_drafter(target_dir)
     drafter.config.check_target(target_cfg)
