@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from treeflash.checkpoint import load_drafter, load_target
-from treeflash.config import ConfigError
+from treeflash.config import ConfigError, UnsupportedModelError
 from treeflash.llm import LLM
 from treeflash.models.dflash import DFlashDrafter, DrafterConfig, DrafterMismatchError, save_drafter
 from treeflash.round import SpecConfig, Speculator
@@ -241,6 +241,26 @@ def test_matching_drafter_is_accepted(target_dir, tmp_path):
     assert out.token_ids == hf_greedy(load_hf(target_dir), CONTEXT, 6)
     assert out.metrics.rounds >= 1 and sum(out.metrics.acceptance_lengths) >= 5
     assert "(3 draft nodes," in out.last_tree  # the drafter's chain: block_size - 1 nodes per round
+
+
+@pytest.mark.parametrize("edit, message", [
+    # the reference's newer drafters (z-lab/dflash: Qwen3DFlashAttention) ...
+    (dict(layer_types=["sliding_attention"], sliding_window=2048, use_sliding_window=True),
+     "drafter layers of types ['sliding_attention'] (sliding_window 2048)"),
+    (dict(layer_types=["sliding_attention"], sliding_window=2048), "only full attention"),  # (the flag unset)
+    (dict(use_sliding_window=True, sliding_window=512), "sliding_window 512"),
+    (dict(is_causal=True), "causal inside its block"),
+])
+def test_drafters_that_attend_otherwise_are_refused(target_dir, tmp_path, edit, message):
+    """Drafted as the whole-block, whole-context attention this engine runs, their output would stay exact but
+    the drafts would not be the drafter's: refused by name instead."""
+    path = make_drafter(tmp_path / "drafter", target_dir, block_size=4, target_layer_ids=[2])
+    edit_config(path, lambda c: c.update(edit))
+    with pytest.raises(UnsupportedModelError, match=re.escape(message)):
+        LLM(str(target_dir), device="cpu", dtype="float32", draft_model=str(path), spec="ddtree")
+    full = make_drafter(tmp_path / "full", target_dir, block_size=4, target_layer_ids=[2])
+    edit_config(full, lambda c: c.update(layer_types=["full_attention"], is_causal=False))
+    LLM(str(target_dir), device="cpu", dtype="float32", draft_model=str(full), spec="ddtree")
 
 
 @pytest.mark.parametrize("key,value,message", [

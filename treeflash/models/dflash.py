@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from treeflash.config import ConfigError, ModelConfig, config_value
+from treeflash.config import ConfigError, ModelConfig, UnsupportedModelError, config_value
 from treeflash.kv_cache import KVCache, PrefixKV
 from treeflash.models.kernels import Linear, linear
 from treeflash.models.layers import RMSNorm, Rotary
@@ -61,6 +61,19 @@ class DrafterConfig:
                 f"not a DFlash drafter: architectures={cfg.get('architectures')} (expected ['DFlashDraftModel'])")
         # The z-lab format allows these at top level or in dflash_config (which wins).
         merged = {**cfg, **config_value(cfg, "dflash_config", dict, {})}
+        # The reference's newer drafters may make a layer causal inside the block, or attend to a window of the
+        # context ("sliding_attention", causal unless is_causal says otherwise): drafts this engine, which
+        # attends to the whole context and the whole block, would not make. Refused rather than drafted
+        # otherwise (the output would stay exact; the acceptance would not be the drafter's).
+        layer_types = [str(t) for t in config_value(cfg, "layer_types", list, [])]
+        if any(t != "full_attention" for t in layer_types) or cfg.get("use_sliding_window"):
+            kinds = sorted(set(layer_types)) or ["sliding_attention"]
+            raise UnsupportedModelError(
+                f"drafter layers of types {kinds} (sliding_window {cfg.get('sliding_window')}): only full attention "
+                f"over the whole context and block is supported")
+        if config_value(cfg, "is_causal", bool, False):
+            raise UnsupportedModelError("a drafter causal inside its block (is_causal: true) is not supported: "
+                                        "its layers attend to the whole block")
         # The drafter's layers are dense Qwen3 ones whatever its target is (a copy of a mixture-of-experts
         # target's expert counts in its config.json means nothing to them).
         layers = ModelConfig.from_hf({**cfg, "architectures": ["Qwen3ForCausalLM"], "layer_types": None,
