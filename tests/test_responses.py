@@ -142,6 +142,38 @@ def test_previous_response_id_continues_without_the_instructions(client, offline
     assert client.responses.retrieve(final.id).output_text == final.output_text  # (a stream is stored too)
 
 
+def test_a_stored_responses_input_items_are_listed_as_openai_pages_them(server, client):
+    items = [{"role": "developer", "content": "be brief"},
+             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "what time"}]},
+             {"type": "function_call", "call_id": "c1", "name": "now", "arguments": "{}", "id": "fc_given"},
+             {"type": "function_call_output", "call_id": "c1", "output": "noon"},
+             {"role": "assistant", "content": "noon"}, {"role": "user", "content": "thanks"}]
+    made = client.responses.create(model=NAME, input=items, max_output_tokens=4, temperature=0)
+    listed = list(client.responses.input_items.list(made.id, order="asc", limit=2))  # (the SDK pages through)
+    assert [i.type for i in listed] == ["message", "message", "function_call", "function_call_output", "message",
+                                        "message"]
+    assert listed[2].id == "fc_given" and len({i.id for i in listed}) == 6  # ids kept, or made where none was
+    assert [i.role for i in listed if i.type == "message"] == ["developer", "user", "assistant", "user"]
+    assert listed[0].content[0].type == "input_text" and listed[0].content[0].text == "be brief"
+    assert listed[4].content[0].type == "output_text"
+    newest = client.responses.input_items.list(made.id, limit=4)  # desc by default
+    assert [i.id for i in newest.data] == [i.id for i in listed[::-1][:4]] and newest.has_more
+    after = client.responses.input_items.list(made.id, limit=4, after=newest.last_id)
+    assert [i.id for i in after.data] == [i.id for i in listed[:2][::-1]] and not after.has_more
+    rest = client.responses.input_items.list(made.id, order="asc", after=listed[3].id)
+    assert [i.id for i in rest.data] == [i.id for i in listed[4:]] and not rest.has_more
+    text = client.responses.create(model=NAME, input="hi", max_output_tokens=2)
+    only = client.responses.input_items.list(text.id).data
+    assert [(i.type, i.role, i.content[0].text) for i in only] == [("message", "user", "hi")]
+    auth = {"Authorization": f"Bearer {KEY}"}
+    for query, status, param in (("?limit=0", 400, "limit"), ("?order=up", 400, "order"),
+                                 ("?after=msg_none", 404, "after")):
+        answer = httpx.get(f"{server.url}/v1/responses/{made.id}/input_items{query}", headers=auth)
+        assert (answer.status_code, answer.json()["error"]["param"]) == (status, param)
+    assert httpx.get(f"{server.url}/v1/responses/resp_none/input_items", headers=auth).status_code == 404
+    assert httpx.get(f"{server.url}/v1/responses/{made.id}/input_items").status_code == 401
+
+
 def test_text_format_and_sampling_extensions_give_the_chat_endpoints_reply(client):
     schema = {"type": "integer"}  # (the character vocabulary has no braces or quotes)
     got = client.responses.create(model=NAME, input="a number", max_output_tokens=40, temperature=0,

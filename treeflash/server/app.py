@@ -30,7 +30,8 @@ from treeflash.server.errors import APIError, bad_request, from_validation
 from treeflash.server.frontend import Frontend, ServerConfig
 from treeflash.server.metrics import CONTENT_TYPE, ServerMetrics
 from treeflash.server.replies import ReplyReader
-from treeflash.server.responses import ResponsesRequest, ResponseStore, ResponseWriter, responses_param, to_chat
+from treeflash.server.responses import (ResponsesRequest, ResponseStore, ResponseWriter, input_items,
+                                        list_input_items, responses_param, to_chat)
 from treeflash.tool_calls import ToolCall
 
 _FIELDS = {name for model in (p.CompletionRequest, p.ChatCompletionRequest, p.ChatMessage, p.TextPart, p.StreamOptions,
@@ -150,9 +151,11 @@ def build_app(llm: LLM, config: ServerConfig, engine_thread: bool = True) -> Fas
             raise responses_param(e) from None
         writer = ResponseWriter(turn, requests[0].params, config.model_name, reader)
 
+        inputs = input_items(body)
+
         def keep() -> None:
             if body.store and writer.status in ("completed", "incomplete"):
-                stored.put(writer.response(), writer.conversation())
+                stored.put(writer.response(), writer.conversation(), inputs)
 
         if body.stream:
             return StreamingResponse(_stream_response(loop, requests, writer, keep), media_type="text/event-stream",
@@ -164,6 +167,11 @@ def build_app(llm: LLM, config: ServerConfig, engine_thread: bool = True) -> Fas
     @app.get("/v1/responses/{response_id}", **v1)
     async def get_response(response_id: str) -> dict:
         return stored.get(response_id)[0]
+
+    @app.get("/v1/responses/{response_id}/input_items", **v1)
+    async def get_input_items(response_id: str, limit: int = 20, order: str = "desc", after: str | None = None
+                              ) -> dict:
+        return list_input_items(stored.get(response_id)[2], limit, order, after)
 
     @app.delete("/v1/responses/{response_id}", **v1)
     async def delete_response(response_id: str) -> dict:

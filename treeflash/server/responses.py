@@ -88,18 +88,19 @@ class Turn:
 
 
 class ResponseStore:
-    """Finished responses kept for `previous_response_id` and GET /v1/responses/{id}: the newest `capacity`."""
+    """Finished responses kept for `previous_response_id`, GET /v1/responses/{id} and its input items: the
+    newest `capacity`, each as (response, conversation after it as chat messages, its input items)."""
 
     def __init__(self, capacity: int = 1024):
         self.capacity = capacity
-        self._items: OrderedDict[str, tuple[dict, list[dict]]] = OrderedDict()
+        self._items: OrderedDict[str, tuple[dict, list[dict], list[dict]]] = OrderedDict()
 
-    def put(self, response: dict, conversation: list[dict]) -> None:
-        self._items[response["id"]] = (response, conversation)
+    def put(self, response: dict, conversation: list[dict], inputs: list[dict]) -> None:
+        self._items[response["id"]] = (response, conversation, inputs)
         while len(self._items) > self.capacity:
             self._items.popitem(last=False)
 
-    def get(self, response_id: str, param: str | None = None) -> tuple[dict, list[dict]]:
+    def get(self, response_id: str, param: str | None = None) -> tuple[dict, list[dict], list[dict]]:
         found = self._items.get(response_id)
         if found is None:
             raise APIError(404, f"no stored response has the id {response_id!r} (responses are kept in the server's "
@@ -110,6 +111,46 @@ class ResponseStore:
     def delete(self, response_id: str) -> None:
         self.get(response_id)
         del self._items[response_id]
+
+
+_ITEM_ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+
+
+def input_items(body: ResponsesRequest) -> list[dict]:
+    """A request's input as the items GET /v1/responses/{id}/input_items lists: a string input as one user
+    message; each item as given, with its type where implied (a role: a message), text content as parts
+    (input_text; output_text for the assistant's), and an id where it had none."""
+    given = [{"role": "user", "content": body.input}] if isinstance(body.input, str) else body.input
+    items = []
+    for item in given:
+        item = _copy(item)
+        kind = item.setdefault("type", "message")
+        if kind == "message":
+            if isinstance(item.get("content"), str):
+                part = "output_text" if item.get("role") == "assistant" else "input_text"
+                item["content"] = [{"type": part, "text": item["content"]}]
+            item.setdefault("status", "completed")
+        item.setdefault("id", _new_id(_ITEM_ID_PREFIXES.get(kind, "item")))
+        items.append(item)
+    return items
+
+
+def list_input_items(items: list[dict], limit: int = 20, order: str = "desc", after: str | None = None) -> dict:
+    """One page of a stored response's input items, as OpenAI lists them: `order` "desc" (the default) newest
+    first; `after` the id of the item the page starts after, in that order."""
+    if not 1 <= limit <= 100:
+        raise bad_request(f"limit must be between 1 and 100, got {limit}", param="limit")
+    if order not in ("asc", "desc"):
+        raise bad_request(f"order must be 'asc' or 'desc', got {order!r}", param="order")
+    ordered = items[::-1] if order == "desc" else list(items)
+    ids = [item["id"] for item in ordered]
+    if after is not None and after not in ids:
+        raise APIError(404, f"this response has no input item with the id {after!r}", param="after",
+                       code="not_found")
+    start = 0 if after is None else ids.index(after) + 1
+    page = ordered[start:start + limit]
+    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": start + len(page) < len(ordered)}
 
 
 def to_chat(body: ResponsesRequest, store: ResponseStore) -> Turn:
