@@ -79,3 +79,33 @@ def test_a_missing_input_file_is_one_error_line(model_dir, tmp_path):
                           capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": root})
     assert done.returncode == 1 and done.stderr.startswith("treeflash: error:") and "absent.jsonl" in done.stderr
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_the_input_is_read_as_the_answers_go_out(model_dir):
+    """A long input is not read whole: when the first answer is written, at most twice the concurrency of lines
+    have been read (the rest are read as answers leave), and every line is still answered, in order."""
+    import asyncio
+
+    from treeflash.server import ServerConfig
+    from treeflash.server.app import build_app
+    from treeflash.server.batch import run_batch as answer_lines
+
+    llm = LLM(str(model_dir), device="cpu", max_num_seqs=2)
+    app = build_app(llm, ServerConfig(model_name="tiny"))
+    read, written = [], []
+
+    def lines():
+        for i in range(40):
+            read.append(i)
+            yield line(f"r{i}", "/v1/completions", {"model": "tiny", "prompt": PROMPTS[i % len(PROMPTS)],
+                                                    "max_tokens": 3, "temperature": 0})
+            if i % 7 == 0:
+                yield "\n"  # blank lines are skipped
+
+    def write(text: str) -> None:
+        written.append((len(read), json.loads(text)["custom_id"]))
+
+    counts = asyncio.run(answer_lines(app, lines(), write, concurrency=3))
+    assert counts.lines == counts.succeeded == 40
+    assert [custom_id for _, custom_id in written] == [f"r{i}" for i in range(40)]
+    assert written[0][0] <= 2 * 3 + 1 and written[20][0] <= 20 + 2 * 3 + 1

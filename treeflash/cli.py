@@ -626,8 +626,10 @@ def _run_batch(args) -> int:
     from treeflash.server.batch import run_batch
 
     source = sys.stdin if args.input_file == "-" else open(args.input_file, encoding="utf-8")  # (missing: exit 1)
-    with source:
-        lines = source.read().splitlines()
+    total = None
+    if source.seekable():  # a file: its requests counted for the progress bar, then read as they are answered
+        total = sum(1 for line in source if line.strip())
+        source.seek(0)
     llm, name = _serving_llm(args)
     app = build_app(llm, ServerConfig(model_name=name, max_choices=args.max_choices,
                                       reasoning_parser=args.reasoning_parser, tool_call_parser=args.tool_call_parser),
@@ -642,9 +644,8 @@ def _run_batch(args) -> int:
 
     def answer_all() -> None:  # (HTTP on this thread, the engine on the one that built the LLM: engine_loop.py)
         try:
-            with tqdm(total=sum(1 for line in lines if line.strip()), desc="requests", unit="req", disable=None,
-                      file=sys.stderr) as bar:
-                done["counts"] = asyncio.run(run_batch(app, lines, write, 4 * llm.max_num_seqs, bar))
+            with tqdm(total=total, desc="requests", unit="req", disable=None, file=sys.stderr) as bar:
+                done["counts"] = asyncio.run(run_batch(app, source, write, 4 * llm.max_num_seqs, bar))
         except BaseException as e:  # noqa: BLE001 (raised again on the main thread)
             done["error"] = e
         finally:
@@ -658,6 +659,8 @@ def _run_batch(args) -> int:
     finally:
         if sink is not sys.stdout:
             sink.close()
+        if source is not sys.stdin:
+            source.close()
     if "error" in done:
         raise done["error"]
     counts = done["counts"]

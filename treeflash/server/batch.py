@@ -5,7 +5,9 @@ Each input line is `{"custom_id", "method": "POST", "url", "body"}` for /v1/comp
 ASGI transport: no port, no network), many at once, so the engine batches them as it batches a server's
 clients; each answer is exactly what `treeflash serve` would have sent. An output line is written for
 every input line, in the input's order, as soon as it and those before it are done (a run stopped half-way
-keeps what it finished): `{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}`,
+keeps what it finished); the input is read as it goes, at most twice `concurrency` lines ahead of the output,
+so a file of any length runs in bounded memory:
+`{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}`,
 a refused request's 4xx and error body in `response` as OpenAI's batch output has them, and a line that
 is no request at all (not JSON, no custom_id, another method or URL) as `error` with `response` null.
 """
@@ -15,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 URLS = ("/v1/completions", "/v1/chat/completions", "/v1/responses")
@@ -29,31 +32,42 @@ class BatchCounts:
     malformed: int = 0  # no request (in `error`)
 
 
-async def run_batch(app, lines: list[str], write: Callable[[str], None], concurrency: int,
+async def run_batch(app, lines: Iterable[str], write: Callable[[str], None], concurrency: int,
                     progress=None) -> BatchCounts:
     """Answer every non-empty line of `lines` through `app`, at most `concurrency` at a time, calling
-    `write` with each output line (newline included) in the input's order."""
+    `write` with each output line (newline included) in the input's order. `lines` is read on a worker
+    thread as the answers go out (a pipe that is slow to give its next line holds up no answer)."""
     import httpx
 
-    lines = [line for line in lines if line.strip()]
-    counts, done, written = BatchCounts(lines=len(lines)), {}, 0
+    counts = BatchCounts()
     gate = asyncio.Semaphore(concurrency)
+    source = iter(lines)
+    ahead: deque[asyncio.Task] = deque()  # the lines read and not yet written, in the input's order
     async with app.router.lifespan_context(app):  # (the app's start and stop, as a server's: the engine loop's)
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://batch", timeout=None) as client:
 
-            async def answer(index: int, line: str) -> None:
-                nonlocal written
+            async def answer(line: str) -> dict:
                 async with gate:
-                    out = await _answer_line(client, line, counts)
-                done[index] = json.dumps(out, ensure_ascii=False) + "\n"
-                while written in done:
-                    write(done.pop(written))
-                    written += 1
+                    return await _answer_line(client, line, counts)
+
+            async def write_oldest() -> None:
+                write(json.dumps(await ahead.popleft(), ensure_ascii=False) + "\n")
                 if progress is not None:
                     progress.update(1)
 
-            await asyncio.gather(*(answer(i, line) for i, line in enumerate(lines)))
+            try:
+                while (line := await asyncio.to_thread(next, source, None)) is not None:
+                    if line.strip():
+                        counts.lines += 1
+                        ahead.append(asyncio.create_task(answer(line)))
+                        if len(ahead) >= 2 * concurrency:
+                            await write_oldest()
+                while ahead:
+                    await write_oldest()
+            finally:
+                for task in ahead:
+                    task.cancel()
     return counts
 
 
