@@ -32,13 +32,21 @@ def layer(moe_dir) -> SparseMoE:
     return model.layers[0].mlp
 
 
+def grouped_runs_here(layer) -> bool:
+    from treeflash.models.layers import _grouped_product_runs
+
+    return _grouped_product_runs(layer.stacked[0])
+
+
 @torch.no_grad()
 @pytest.mark.parametrize("tokens", [1, 3, 4, 5, 17])  # pairs: 2 .. 34, one group of 8 to five
-def test_gathered_and_dense_plans_agree(layer, tokens):
+def test_the_three_plans_agree(layer, tokens):
     x = torch.randn(tokens, 32, generator=torch.Generator().manual_seed(tokens))
     weights, chosen = layer.route(x)
-    torch.testing.assert_close(layer._gathered(x, weights, chosen), layer._dense(x, weights, chosen),
-                               atol=1e-6, rtol=1e-5)
+    gathered = layer._gathered(x, weights, chosen)
+    torch.testing.assert_close(layer._dense(x, weights, chosen), gathered, atol=1e-6, rtol=1e-5)
+    if grouped_runs_here(layer):  # (this PyTorch's grouped product on the CPU)
+        torch.testing.assert_close(layer._grouped(x, weights, chosen), gathered, atol=1e-6, rtol=1e-5)
 
 
 @torch.no_grad()
@@ -72,17 +80,21 @@ def test_experts_keep_the_checkpoints_names_as_views_of_the_stacked_weights(moe_
     assert layer.stacked[0] is gate_up
 
 
-def test_the_dense_plan_decodes_as_transformers_does(moe_dir, monkeypatch):
-    """The CPU always gathers; CUDA takes the dense plan for larger forwards. Forced here, greedy decoding
-    still gives transformers' tokens (the plans differ by rounding only)."""
+@pytest.mark.parametrize("plan", ["dense", "grouped"])
+def test_the_cuda_plans_decode_as_transformers_does(moe_dir, monkeypatch, plan):
+    """The CPU always gathers; CUDA groups, or without the grouped product takes the dense plan for larger
+    forwards. Forced here, greedy decoding still gives transformers' tokens (the plans differ by rounding)."""
     from helpers import hf_model
 
+    model, _ = load_target(moe_dir, "cpu", torch.float32)
+    if plan == "grouped" and not grouped_runs_here(model.layers[0].mlp):
+        pytest.skip("this PyTorch has no grouped product on the CPU")
     prompt = [3, 17, 9, 40, 2, 33, 8]
     hf = hf_model(moe_dir)
     x = torch.tensor([prompt])
     expected = hf.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=12,
                            eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
-    monkeypatch.setattr(SparseMoE, "gathers", lambda self, chosen: False)
+    monkeypatch.setattr(SparseMoE, "plan", lambda self, chosen: plan)
     out = LLM(str(moe_dir), device="cpu").generate(prompt_token_ids=[prompt], sampling_params=SamplingParams(
         temperature=0, max_tokens=12, ignore_eos=True))
     assert out[0].token_ids == expected

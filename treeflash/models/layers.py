@@ -67,14 +67,19 @@ class SparseMoE(nn.Module):
     where the config says), plus, for Qwen2-MoE, a shared MLP scaled by a sigmoid gate.
 
     The experts' weights are stacked, [E, 2I, H] (gate then up) and [E, H, I], and a forward computes with fixed
-    shapes, no host synchronisation (CUDA graphs capture it), by one of two plans:
-    - gathered: each (token, chosen expert) pair's weights gathered and multiplied as a batch of matrix-vector
-      products, in groups of at most E pairs (the memory of one layer's experts). Each token's result then has
-      the same bits whatever tokens share the forward, which the CPU's other products guarantee
-      (docs/exactness.md), so the CPU always takes it; on CUDA where 3 N k <= E (reading k experts' weights per
-      token three times, gathered and read again, costs no more than reading every expert once);
+    shapes, no host synchronisation (CUDA graphs capture it), by one of three plans (`plan`):
+    - grouped: the (token, chosen expert) pairs sorted by expert and multiplied by PyTorch's grouped product
+      (`torch._grouped_mm`), which reads each chosen expert's weights once however many tokens chose it: a
+      one-token step reads only its k experts. CUDA, where that product runs for the weights' dtype (probed
+      at `stack_experts`; bfloat16 on Hopper);
+    - gathered: each pair's weights gathered and multiplied as a batch of matrix-vector products, in groups of
+      at most E pairs (the memory of one layer's experts). Each token's result has the same bits whatever
+      tokens share the forward, which the CPU's other products guarantee (docs/exactness.md), so the CPU
+      always takes it; CUDA without the grouped product where 3 N k <= E (k experts' weights per token read
+      three times, gathered and read again, cost no more than every expert once);
     - dense: every expert over every token as two batched products, and the weighted sum over experts, the
-      unchosen ones weighing zero: every expert's weights read once (CUDA, more tokens: a verify, a prefill).
+      unchosen ones weighing zero: every expert's weights read once (CUDA without the grouped product, more
+      tokens).
     """
 
     def __init__(self, hidden: int, experts: ExpertsConfig):
@@ -88,10 +93,12 @@ class SparseMoE(nn.Module):
         else:
             self.shared_expert = self.shared_expert_gate = None
         self.stacked: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.grouped = False  # whether the grouped product runs here (`stack_experts` probes it)
 
     def stack_experts(self) -> None:
         """Lay the experts' weights out as two stacked tensors and make each expert's parameters views of them
-        (names, shapes and values stay the checkpoint's; nothing is held twice). Idempotent."""
+        (names, shapes and values stay the checkpoint's; nothing is held twice); probe the grouped product.
+        Idempotent."""
         if self.stacked is not None:
             return
         width = self.config.intermediate_size
@@ -103,6 +110,7 @@ class SparseMoE(nn.Module):
                                 (e.down_proj, down[i])):
                 lin.weight = nn.Parameter(weight, requires_grad=lin.weight.requires_grad)
         self.stacked = (gate_up, down)
+        self.grouped = gate_up.device.type == "cuda" and _grouped_product_runs(gate_up)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [N, H] -> each token's expert weights and experts, [N, k] each (softmax in float32, as HF's)."""
@@ -116,14 +124,31 @@ class SparseMoE(nn.Module):
         self.stack_experts()
         rows = x.reshape(-1, x.shape[-1])
         weights, chosen = self.route(rows)
-        out = (self._gathered if self.gathers(chosen) else self._dense)(rows, weights, chosen)
+        plan = {"grouped": self._grouped, "gathered": self._gathered, "dense": self._dense}[self.plan(chosen)]
+        out = plan(rows, weights, chosen)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(rows)) * self.shared_expert(rows)
         return out.view(x.shape)
 
-    def gathers(self, chosen: torch.Tensor) -> bool:
-        """Which plan a forward takes (a shape's, never a value's): gathered or dense (the class docstring)."""
-        return chosen.device.type == "cpu" or 3 * chosen.numel() <= self.config.count
+    def plan(self, chosen: torch.Tensor) -> str:
+        """Which plan a forward takes (a shape's, never a value's: the class docstring)."""
+        if chosen.device.type == "cpu":
+            return "gathered"
+        if self.grouped:
+            return "grouped"
+        return "gathered" if 3 * chosen.numel() <= self.config.count else "dense"
+
+    def _grouped(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        gate_up, down = self.stacked
+        n, k = chosen.shape
+        experts = chosen.reshape(-1)
+        order = experts.argsort(stable=True)  # the pairs, grouped by expert
+        ends = torch.bincount(experts, minlength=self.config.count).cumsum(0).to(torch.int32)
+        rows = x.repeat_interleave(k, dim=0)[order]
+        gate, up = torch._grouped_mm(rows, gate_up.transpose(1, 2), offs=ends).chunk(2, dim=-1)
+        out = torch._grouped_mm(F.silu(gate) * up, down.transpose(1, 2), offs=ends)
+        pairs = torch.empty_like(out).index_copy_(0, order, out)  # back in (token, expert) order
+        return (pairs.view(n, k, -1) * weights[:, :, None]).sum(1)
 
     def _gathered(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         gate_up, down = self.stacked
@@ -144,6 +169,21 @@ class SparseMoE(nn.Module):
         gate, up = torch.matmul(gate_up, x.t()).chunk(2, dim=1)  # [E, I, N] each
         out = torch.bmm(down, F.silu(gate) * up)  # [E, H, N]
         return torch.einsum("ehn,ne->nh", out, every)
+
+
+def _grouped_product_runs(weight: torch.Tensor) -> bool:
+    """Whether torch._grouped_mm multiplies rows by these stacked weights [E, out, in] here (its dtype, device
+    and the weights' layout), tried once on a few rows; two groups, one empty."""
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    try:
+        rows = torch.zeros(16, weight.shape[2], dtype=weight.dtype, device=weight.device)
+        ends = torch.full((weight.shape[0],), 16, dtype=torch.int32, device=weight.device)
+        ends[0] = 8
+        torch._grouped_mm(rows, weight.transpose(1, 2), offs=ends)
+        return True
+    except (RuntimeError, NotImplementedError, TypeError):
+        return False
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
