@@ -307,26 +307,25 @@ def test_truncated(tmp_path: Path, keep: float) -> None:
     assert not (tmp_path / "cache").exists()
 
 
-def test_unsupported_architecture(tmp_path: Path) -> None:
-    w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "mamba")
+def stub_gguf(path: Path, arch: str) -> Path:
+    """A GGUF file of `arch` holding nothing but a token embedding."""
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return path
+
+
+def test_unsupported_architecture(tmp_path: Path) -> None:
     with pytest.raises(UnsupportedModelError, match="'mamba"):
-        convert_gguf(tmp_path / "m.gguf", tmp_path / "out")
+        convert_gguf(stub_gguf(tmp_path / "m.gguf", "mamba"), tmp_path / "out")
 
 
 def test_mixture_of_experts_gguf_is_refused_pointing_at_safetensors(tmp_path: Path) -> None:
-    w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "qwen3moe")
-    w.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
     with pytest.raises(UnsupportedModelError, match="mixtures of experts .qwen3moe.*safetensors"):
-        convert_gguf(tmp_path / "m.gguf", tmp_path / "out")
+        convert_gguf(stub_gguf(tmp_path / "m.gguf", "qwen3moe"), tmp_path / "out")
 
 
 def test_unknown_tensor_is_refused(tmp_path: Path) -> None:
