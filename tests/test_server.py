@@ -635,9 +635,18 @@ def test_tools_need_a_template_that_asks_for_calls_in_a_format_read_here(offline
     with pytest.raises(APIError, match="--tool-call-parser") as refused:  # shown, but calls in which format?
         frontend.chat_requests(body)
     assert (refused.value.status, refused.value.param) == (400, "tools")
-    frontend.tokenizer.chat_template = shown + " reply <tool_call>\n<function=name>\n<parameter=p>"
-    with pytest.raises(APIError, match="XML format"):  # (Qwen3-Coder's: not read here, so not taken)
+    frontend.tokenizer.chat_template = shown + " reply <tool_call><arg_key>p</arg_key></tool_call>"
+    with pytest.raises(APIError, match="XML format"):  # (GLM's: not read here, so not taken)
         frontend.chat_requests(body)
+    # Qwen3-Coder's XML: read with the request's tools' parameter types; a call cannot be forced in it
+    frontend.tokenizer.chat_template = shown + " reply <tool_call>\n<function=name>\n<parameter=p>"
+    (request,), reader = frontend.chat_requests(body)
+    assert reader().tools.format.name == "qwen3_coder"
+    assert reader().tools.format.schemas == {"now": {}}  # (its parameters name no properties)
+    forced = ChatCompletionRequest.model_validate({"messages": CHAT, "tools": [TOOL], "tool_choice": "required"})
+    with pytest.raises(APIError, match="Qwen3-Coder") as refused:
+        frontend.chat_requests(forced)
+    assert (refused.value.status, refused.value.param) == (400, "tool_choice")
     frontend.tokenizer.chat_template = shown + " reply with <tool_call>{json}</tool_call>"
     (request,), reader = frontend.chat_requests(body)
     assert "assistant functions" in offline.tokenizer.decode(request.prompt_ids) and reader().tools.parallel
@@ -649,7 +658,7 @@ def test_tools_need_a_template_that_asks_for_calls_in_a_format_read_here(offline
     named.tokenizer.chat_template = shown
     (request,), reader = named.chat_requests(body)
     assert reader().tools.format.name == "llama3_json"
-    with pytest.raises(ValueError, match="tool_call_parser must be one of hermes, llama3_json, mistral"):
+    with pytest.raises(ValueError, match="tool_call_parser must be one of hermes, qwen3_coder, llama3_json, mistral"):
         Frontend(offline, ServerConfig(model_name=NAME, tool_call_parser="pythonic"))
 
 

@@ -11,7 +11,8 @@ import re
 
 import pytest
 
-from treeflash.tool_calls import FORMATS, ToolCallStream, call_structure, parse_tool_calls, tool_call_format
+from treeflash.tool_calls import (FORMATS, CannotForce, ToolCallStream, call_structure, parse_tool_calls,
+                                  tool_call_format)
 
 PARIS = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 ROME = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "unit": "°C"}}\n</tool_call>'
@@ -91,8 +92,33 @@ MISTRAL_CASES = [
     ("a [TOOL_ that is not", "a [TOOL_ that is not", []),
     ("ends with [TOOL_", "ends with [TOOL_", []),
 ]
+XML_PARIS = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"
+XML_ROME = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n<parameter=unit>\n°C\n"
+            "</parameter>\n</function>\n</tool_call>")
+XML_CASES = [  # (read without a request's tools: every value text)
+    ("Hello there.", "Hello there.", []),
+    ("", None, []),
+    (XML_PARIS, None, [("get_weather", {"city": "Paris"})]),
+    ("Let me look.\n" + XML_PARIS + "\n" + XML_ROME, "Let me look.",
+     [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome", "unit": "°C"})]),
+    ("<tool_call>\n<function=now>\n</function>\n</tool_call>", None, [("now", {})]),
+    # a value keeps its inner lines and spaces; one newline at each end is the markup's
+    ("<tool_call>\n<function=write>\n<parameter=text>\n\n  two\nlines \n\n</parameter>\n</function>\n</tool_call>",
+     None, [("write", {"text": "\n  two\nlines \n"})]),
+    ("<tool_call><function=f><parameter=x>1</parameter></function></tool_call>", None, [("f", {"x": "1"})]),
+    # not calls: kept in the content as written
+    ("<tool_call>\n<function=f>\n<parameter=x>\n1\n</parameter>\n</tool_call>",
+     "<tool_call>\n<function=f>\n<parameter=x>\n1\n</parameter>\n</tool_call>", []),  # no </function>
+    ("<tool_call>\n<function=f>\nstray<parameter=x>\n1\n</parameter>\n</function>\n</tool_call>",
+     "<tool_call>\n<function=f>\nstray<parameter=x>\n1\n</parameter>\n</function>\n</tool_call>", []),
+    ('<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>', '<tool_call>\n{"name": "f", "arguments": {}}\n'
+     '</tool_call>', []),  # (Hermes' JSON is not this format)
+    ("Sure. <tool_call>\n<function=get_weather>\n<parameter=ci", "Sure. <tool_call>\n<function=get_weather>\n"
+     "<parameter=ci", []),  # a length cut
+    ("ends with <tool_", "ends with <tool_", []),
+]
 ALL_CASES = [("hermes", *c) for c in CASES] + [("llama3_json", *c) for c in LLAMA_CASES] + \
-    [("mistral", *c) for c in MISTRAL_CASES]
+    [("mistral", *c) for c in MISTRAL_CASES] + [("qwen3_coder", *c) for c in XML_CASES]
 
 
 def _calls(calls) -> list[tuple[str, dict]]:
@@ -182,11 +208,36 @@ def test_tool_call_format_from_the_template():
                             ).name == "llama3_json"
     assert tool_call_format("{{- '<|python_tag|>' + tool_call.name }}").name == "llama3_json"
     assert tool_call_format("[AVAILABLE_TOOLS]{{ tools }}[/AVAILABLE_TOOLS] {{ '[TOOL_CALLS][' }}").name == "mistral"
-    with pytest.raises(ValueError, match="XML format"):  # (Qwen3-Coder's: <tool_call> and then XML)
-        tool_call_format("<tool_call>\n<function={{ name }}>\n<parameter=x>")
+    # (Qwen3-Coder's: <tool_call> and then XML)
+    assert tool_call_format("<tool_call>\n<function={{ name }}>\n<parameter=x>").name == "qwen3_coder"
+    with pytest.raises(ValueError, match="XML format"):  # (GLM's)
+        tool_call_format("<tool_call>{{ name }}<arg_key>x</arg_key><arg_value>1</arg_value></tool_call>")
     for template in ("{% for m in messages %}{{ m.content }}{% endfor %}", None, "{{ tools | tojson }}"):
         with pytest.raises(ValueError, match="--tool-call-parser"):
             tool_call_format(template)
+
+
+def test_qwen3_coder_values_take_their_parameters_types():
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "n": {"type": "integer"}, "x": {"type": "number"}, "ok": {"type": "boolean"}, "tags": {"type": "array"},
+        "opts": {"type": "object"}, "name": {"type": "string"}, "maybe": {"type": ["integer", "null"]},
+        "any": {}}}}}]
+    values = {"n": "42", "x": "2.5", "ok": "true", "tags": '["a", 1]', "opts": '{"k": null}', "name": "42",
+              "maybe": "null", "any": "[1]", "extra": "7"}
+    text = "<tool_call>\n<function=f>\n" + "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in values.items()) \
+        + "</function>\n</tool_call>"
+    fmt = FORMATS["qwen3_coder"].for_tools(tools)
+    _, calls = parse_tool_calls(text, fmt)
+    assert json.loads(calls[0].arguments) == {"n": 42, "x": 2.5, "ok": True, "tags": ["a", 1], "opts": {"k": None},
+                                              "name": "42", "maybe": None, "any": "[1]", "extra": "7"}
+    # a value that is not of its type stays text; another function's schema is not this one's
+    wrong = text.replace("\n42\n", "\nforty-two\n", 1).replace("\ntrue\n", "\nyes\n")
+    assert json.loads(parse_tool_calls(wrong, fmt)[1][0].arguments)["n"] == "forty-two"
+    assert json.loads(parse_tool_calls(wrong, fmt)[1][0].arguments)["ok"] == "yes"
+    assert json.loads(parse_tool_calls(text.replace("=f>", "=g>"), fmt)[1][0].arguments)["n"] == "42"
+    assert FORMATS["hermes"].for_tools(tools) is FORMATS["hermes"]
+    with pytest.raises(CannotForce, match="Qwen3-Coder"):
+        call_structure(tools, fmt=fmt)
 
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -212,7 +263,7 @@ def test_forced_calls_pattern_matches_what_the_format_reads(fmt, replies, not_re
     assert not one.fullmatch(replies[1]) and not one.fullmatch(replies[0])
     with pytest.raises(ValueError, match="TOOL_CALLS"):
         call_structure(TOOLS, fmt="mistral")
-    assert set(FORMATS) == {"hermes", "llama3_json", "mistral"}
+    assert set(FORMATS) == {"hermes", "qwen3_coder", "llama3_json", "mistral"}
 
 
 # --- through `treeflash serve` and the openai client, with a real model that calls tools -------------------

@@ -455,8 +455,8 @@ class LLM:
         renders them. A bad message is a ValueError naming it before anything runs.
         tools: OpenAI's function definitions ({"type": "function", "function": {...}}), shown to the model by
         its chat template; `treeflash.tool_calls.parse_tool_calls(output.text, fmt)` reads the calls of a reply
-        in the template's format (`tool_call_format(llm.tokenizer.chat_template)`; Mistral's needs
-        skip_special_tokens=False, its calls beginning with a special token).
+        in the template's format (`tool_call_format(llm.tokenizer.chat_template).for_tools(tools)`; Mistral's
+        needs skip_special_tokens=False, its calls beginning with a special token).
         documents, add_generation_prompt, continue_final_message, chat_template_kwargs, chat_template: as
         vLLM's (`chat_token_ids`).
         """

@@ -1,8 +1,13 @@
 """Tool calls in a model's reply, read from the text it generated, in the format its chat template teaches.
 
-Three formats, by vLLM's parser names:
+Four formats, by vLLM's parser names:
 - `hermes`: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, one block per call (Qwen2.5,
   Qwen3, Hermes and their kin). Text outside the blocks is content.
+- `qwen3_coder`: one `<tool_call>` block per call as well, holding XML, `<function=NAME>` and in it one
+  `<parameter=KEY>` element per argument, its value raw text between newlines (Qwen3-Coder). A value is
+  read as its parameter's type in the request's tool schema says (integer, number, boolean, object, array;
+  text where the schema says string or nothing, or the text is no such value), so a reader of this format
+  is made for a request's tools (`for_tools`).
 - `llama3_json`: the whole reply is `{"name": ..., "parameters": {...}}`, calls joined by `;` where there
   are several (Llama 3.1, 3.2 and 3.3; `<|python_tag|>` first, where special tokens are kept). A reply that
   is anything else is content, as a whole.
@@ -77,6 +82,11 @@ class ToolCallFormat:
     def new_call(self, name: str, arguments: dict) -> ToolCall:
         return ToolCall(name, json.dumps(arguments, ensure_ascii=False))
 
+    def for_tools(self, tools: list[dict] | None) -> "ToolCallFormat":
+        """This format's reader for a request offering `tools` (OpenAI's, {"type": "function", "function":
+        {...}}); the same one where the format reads calls without them."""
+        return self
+
     def __repr__(self) -> str:
         return self.name
 
@@ -93,7 +103,7 @@ class Hermes(ToolCallFormat):
                 content.append(tail if final else tail[:len(tail) - _tag_prefix(tail, OPEN)])
                 return "".join(content), calls
             content.append(text[pos:start])
-            end = _block_end(text, start + len(OPEN))
+            end = self._end(text, start + len(OPEN))
             if end < 0:  # the reply stops inside a block: not a call
                 if final:
                     content.append(text[start:])
@@ -105,6 +115,10 @@ class Hermes(ToolCallFormat):
                 calls.append(call)
             pos = end + len(CLOSE)
 
+    @staticmethod
+    def _end(text: str, pos: int) -> int:
+        return _block_end(text, pos)
+
     def _call(self, body: str) -> ToolCall | None:
         try:
             obj = json.loads(body)
@@ -115,6 +129,72 @@ class Hermes(ToolCallFormat):
     def calls_pattern(self, call: str, several: bool) -> str:
         block = f"{OPEN}\n{call}\n{CLOSE}"
         return block + (f"(\n{block})*" if several else "")
+
+
+class QwenXml(Hermes):
+    """Qwen3-Coder's: `<tool_call>`, `<function=NAME>`, `<parameter=KEY>` value `</parameter>` per argument,
+    `</function>`, `</tool_call>`, newlines between them (the template writes one after each opening tag and
+    before each closing one: a value loses one at each end, no more)."""
+
+    name = "qwen3_coder"
+
+    def __init__(self, schemas: dict[str, dict] | None = None):
+        self.schemas = schemas or {}  # function name -> its parameters' properties (JSON schema per parameter)
+
+    def for_tools(self, tools: list[dict] | None) -> "QwenXml":
+        functions = [t.get("function", t) for t in tools or []]
+        return QwenXml({f["name"]: (f.get("parameters") or {}).get("properties") or {} for f in functions
+                        if isinstance(f, dict) and isinstance(f.get("name"), str)})
+
+    @staticmethod
+    def _end(text: str, pos: int) -> int:
+        return text.find(CLOSE, pos)  # (values are raw text: no string to skip)
+
+    def _call(self, body: str) -> ToolCall | None:
+        function = _XML_FUNCTION.fullmatch(body)
+        if function is None:
+            return None
+        name, inner, properties = function.group(1), function.group(2), self.schemas.get(function.group(1), {})
+        arguments, pos = {}, 0
+        for parameter in _XML_PARAMETER.finditer(inner):
+            if inner[pos:parameter.start()].strip():
+                return None  # text between parameters: not this format
+            key, value = parameter.group(1), parameter.group(2)
+            value = value[1:] if value.startswith("\n") else value
+            value = value[:-1] if value.endswith("\n") else value
+            arguments[key] = _typed(value, properties.get(key))
+            pos = parameter.end()
+        if inner[pos:].strip():
+            return None
+        return self.new_call(name, arguments)
+
+    def calls_pattern(self, call: str, several: bool) -> str:
+        raise CannotForce("a call cannot be forced in Qwen3-Coder's XML format yet (its values are raw text, which "
+                          "a structured output of the tools' JSON schemas does not describe)")
+
+
+_XML_FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*?)</function>\s*", re.S)
+_XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
+
+
+def _typed(value: str, schema) -> object:
+    """A raw parameter value as the JSON value its schema's type names; the text itself where the schema
+    names a string or nothing, or the text is not a value of that type."""
+    kinds = schema.get("type") if isinstance(schema, dict) else None
+    kinds = [kinds] if isinstance(kinds, str) else kinds if isinstance(kinds, list) else []
+    if "string" in kinds or not kinds:
+        return value
+    if value.strip() == "null" and "null" in kinds:
+        return None
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        return value
+    accepts = {"integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+               "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+               "boolean": lambda v: isinstance(v, bool), "object": lambda v: isinstance(v, dict),
+               "array": lambda v: isinstance(v, list), "null": lambda v: v is None}
+    return parsed if any(accepts.get(k, lambda v: False)(parsed) for k in kinds) else value
 
 
 class Llama3Json(ToolCallFormat):
@@ -207,7 +287,7 @@ class Mistral(ToolCallFormat):
                         id="".join(random.SystemRandom().choices(alphabet, k=9)))
 
 
-FORMATS: dict[str, ToolCallFormat] = {f.name: f for f in (Hermes(), Llama3Json(), Mistral())}
+FORMATS: dict[str, ToolCallFormat] = {f.name: f for f in (Hermes(), QwenXml(), Llama3Json(), Mistral())}
 HERMES = FORMATS["hermes"]
 _LLAMA3_SIGNS = ('{"name": function name, "parameters"', PYTHON_TAG)  # (in Llama 3.1-3.3's templates)
 
@@ -217,9 +297,11 @@ def tool_call_format(template: str | None) -> ToolCallFormat:
     t = str(template or "")
     if MISTRAL_CALLS in t:
         return FORMATS["mistral"]
-    if "<function=" in t or "<arg_key>" in t:  # (Qwen3-Coder's and Qwen3.5's; GLM's)
-        raise ValueError("this model's chat template asks for calls in an XML format (<function=...> or "
-                         "<arg_key>), which this server does not read")
+    if "<function=" in t and "<parameter=" in t:  # (Qwen3-Coder's)
+        return FORMATS["qwen3_coder"]
+    if "<function=" in t or "<arg_key>" in t:  # (GLM's, and other XML formats)
+        raise ValueError("this model's chat template asks for calls in an XML format this server does not read "
+                         "(<arg_key>, or <function=...> without <parameter=...>)")
     if OPEN in t:
         return HERMES
     if any(sign in t for sign in _LLAMA3_SIGNS):

@@ -38,7 +38,7 @@ class ServerConfig:
     shutdown_timeout: float = 30.0  # seconds in-flight requests get to finish on SIGINT/SIGTERM
     max_request_bytes: int = 16 << 20  # a larger body is refused (413) before it is read or parsed
     reasoning_parser: str | None = None  # "qwen3" / "deepseek_r1": chat replies' <think> block as `reasoning`
-    tool_call_parser: str | None = None  # "hermes" / "llama3_json" / "mistral"; None: the chat template's
+    tool_call_parser: str | None = None  # a name of tool_calls.FORMATS ("hermes", ...); None: the chat template's
     stored_responses: int = 1024  # /v1/responses kept in memory for previous_response_id (the newest)
 
 
@@ -87,7 +87,7 @@ class Frontend:
         ids = self._chat_ids(body, tools, tok)
         fmt = forced = None
         if tools is not None:
-            fmt = self._tool_format(tok)
+            fmt = self._tool_format(tok).for_tools(tools)
             forced = self._forced_call(body, tools, fmt)
         inside = None  # (no reasoning parser)
         if self.config.reasoning_parser is not None:
