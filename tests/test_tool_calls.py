@@ -11,8 +11,7 @@ import re
 
 import pytest
 
-from treeflash.tool_calls import (FORMATS, CannotForce, ToolCallStream, call_structure, parse_tool_calls,
-                                  tool_call_format)
+from treeflash.tool_calls import FORMATS, ToolCallStream, call_structure, parse_tool_calls, tool_call_format
 
 PARIS = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 ROME = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "unit": "°C"}}\n</tool_call>'
@@ -236,8 +235,37 @@ def test_qwen3_coder_values_take_their_parameters_types():
     assert json.loads(parse_tool_calls(wrong, fmt)[1][0].arguments)["ok"] == "yes"
     assert json.loads(parse_tool_calls(text.replace("=f>", "=g>"), fmt)[1][0].arguments)["n"] == "42"
     assert FORMATS["hermes"].for_tools(tools) is FORMATS["hermes"]
-    with pytest.raises(CannotForce, match="Qwen3-Coder"):
-        call_structure(tools, fmt=fmt)
+
+
+def test_qwen3_coder_forced_calls_are_laid_out_as_the_template_writes_them():
+    from outlines_core import Index, Vocabulary
+
+    tools = TOOLS + [{"type": "function", "function": {"name": "plan", "parameters": {"type": "object", "properties": {
+        "days": {"type": "integer"}, "note": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}}},
+        "required": ["days"]}}}]
+    fmt = FORMATS["qwen3_coder"].for_tools(tools)
+    pattern = re.compile(call_structure(tools, several=True, fmt=fmt).regex)
+    plan = ("<tool_call>\n<function=plan>\n<parameter=days>\n3\n</parameter>\n<parameter=note>\nsee </param and"
+            " <b>\nthis</b>\n</parameter>\n</function>\n</tool_call>")
+    replies = [XML_PARIS, XML_PARIS + "\n" + plan, "<tool_call>\n<function=now>\n</function>\n</tool_call>",
+               plan.replace("<parameter=note>", '<parameter=tags>\n["a","b"]\n</parameter>\n<parameter=note>')
+               .replace("<parameter=note>\nsee </param and <b>\nthis</b>\n</parameter>\n", "")]
+    for reply in replies:
+        assert pattern.fullmatch(reply), reply
+        content, calls = parse_tool_calls(reply, fmt)
+        assert content is None and calls
+    assert json.loads(parse_tool_calls(plan, fmt)[1][0].arguments) == {"days": 3, "note": "see </param and <b>\nthis</b>"}
+    for reply in (XML_PARIS.replace("get_weather", "get_time"),  # no such function
+                  "<tool_call>\n<function=get_weather>\n</function>\n</tool_call>",  # city is required
+                  plan.replace("\n3\n", "\nthree\n"),  # days is an integer
+                  plan.replace("see </param", "see </parameter>"),  # (the value would end there)
+                  "Sure. " + XML_PARIS, PARIS):
+        assert not pattern.fullmatch(reply), reply
+    one = re.compile(call_structure(tools, "now", fmt=fmt).regex)
+    assert one.fullmatch(replies[2]) and not one.fullmatch(XML_PARIS)
+    # outlines-core builds the automaton of it (a vocabulary of single characters and the markup's words)
+    words = {c: [i] for i, c in enumerate("abcdefghijklmnopqrstuvwxyz_=<>/\n 0123456789[]\",")}
+    Index(call_structure(tools, "plan", fmt=fmt).regex, Vocabulary(99, words))
 
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {

@@ -7,7 +7,8 @@ Four formats, by vLLM's parser names:
   `<parameter=KEY>` element per argument, its value raw text between newlines (Qwen3-Coder). A value is
   read as its parameter's type in the request's tool schema says (integer, number, boolean, object, array;
   text where the schema says string or nothing, or the text is no such value), so a reader of this format
-  is made for a request's tools (`for_tools`).
+  is made for a request's tools (`for_tools`). A forced call follows the template's layout (parameters in
+  the schema's order, the required ones present, each value JSON of its schema or any text).
 - `llama3_json`: the whole reply is `{"name": ..., "parameters": {...}}`, calls joined by `;` where there
   are several (Llama 3.1, 3.2 and 3.3; `<|python_tag|>` first, where special tokens are kept). A reply that
   is anything else is content, as a whole.
@@ -74,6 +75,21 @@ class ToolCallFormat:
         """The text that is content (markup of malformed calls kept) and the calls; unless `final`, only what
         is certain whatever text comes next."""
         raise NotImplementedError
+
+    def forced_pattern(self, functions: list[dict], several: bool) -> str:
+        """The regex of a reply of one call (or with `several`, one or more) of one of `functions` (OpenAI's
+        function definitions), its arguments held to the function's parameters schema."""
+        from outlines_core.json_schema import build_regex_from_schema
+
+        key = self.arguments_key
+        calls = [{"type": "object", "required": ["name", key],
+                  "properties": {"name": {"const": f["name"]}, key: f.get("parameters") or {"type": "object"}}}
+                 for f in functions]
+        try:
+            call = build_regex_from_schema(json.dumps({"anyOf": calls}))
+        except Exception as e:  # noqa: BLE001 (a parameters schema outlines-core cannot translate)
+            raise ValueError(f"the tools' parameters cannot be held to: {e}") from None
+        return self.calls_pattern(call, several)
 
     def calls_pattern(self, call: str, several: bool) -> str:
         """The regex of a reply of one call (or with `several`, one or more) whose JSON object matches `call`."""
@@ -168,9 +184,47 @@ class QwenXml(Hermes):
             return None
         return self.new_call(name, arguments)
 
-    def calls_pattern(self, call: str, several: bool) -> str:
-        raise CannotForce("a call cannot be forced in Qwen3-Coder's XML format yet (its values are raw text, which "
-                          "a structured output of the tools' JSON schemas does not describe)")
+    def forced_pattern(self, functions: list[dict], several: bool) -> str:
+        """Calls as the template writes them: each function's parameters in its schema's order, the required
+        ones present; a value JSON of its parameter's schema, or where that names a string or nothing, any
+        text without `</parameter>`."""
+        from outlines_core.json_schema import build_regex_from_schema
+
+        blocks = []
+        for f in functions:
+            parameters = f.get("parameters") or {}
+            required = set(parameters.get("required") or [])
+            elements = []
+            for key, schema in (parameters.get("properties") or {}).items():
+                kinds = schema.get("type") if isinstance(schema, dict) else None
+                kinds = [kinds] if isinstance(kinds, str) else kinds if isinstance(kinds, list) else []
+                try:
+                    value = (_avoiding("</parameter>") if "string" in kinds or not kinds
+                             else build_regex_from_schema(json.dumps(schema)))
+                except Exception as e:  # noqa: BLE001 (a parameter schema outlines-core cannot translate)
+                    raise ValueError(f"the tools' parameters cannot be held to: {e}") from None
+                element = f"(<parameter={re.escape(key)}>\n{value}\n</parameter>\n)"
+                elements.append(element if key in required else element + "?")
+            blocks.append(f"{OPEN}\n<function={re.escape(f['name'])}>\n{''.join(elements)}</function>\n{CLOSE}")
+        block = "(" + "|".join(blocks) + ")"
+        return block + (f"(\n{block})*" if several else "")
+
+
+def _avoiding(word: str) -> str:
+    """The regex of every text without `word` in it (no lookahead: outlines-core builds automata of regexes).
+    `word`'s first character must not recur in it: a text is then one without that character, or where each
+    of its runs is followed by a proper prefix of the rest of `word` and a character that breaks it."""
+    first, rest = word[0], word[1:]
+    esc = re.escape
+
+    def cls(*chars: str) -> str:
+        return "[^" + "".join("\\" + c if c in "]\\^-" else c for c in chars) + "]"
+
+    back = "|".join(esc(rest[:i] + first) for i in range(len(rest)))  # a prefix, then the first again
+    out = "|".join(esc(rest[:i]) + cls(first, rest[i]) for i in range(len(rest)))  # a prefix, then a break
+    partial = "|".join(esc(rest[:i]) for i in range(1, len(rest)))
+    loop = f"(?:{cls(first)}|{esc(first)}(?:{back})*(?:{out}))*"
+    return f"{loop}(?:{esc(first)}(?:{back})*(?:{partial})?)?"
 
 
 _XML_FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*?)</function>\s*", re.S)
@@ -361,18 +415,8 @@ def call_structure(tools: list[dict], name: str | None = None, several: bool = F
     """The structure of a reply that is a call (OpenAI's tool_choice "required", or naming `name`) in the
     format `fmt`: one calling one of the tools with arguments to its parameters' schema; `several`: one or
     more calls. CannotForce where the format cannot be forced; a ValueError where a schema cannot be held to."""
-    from outlines_core.json_schema import build_regex_from_schema
-
-    fmt = _format(fmt)
-    key = fmt.arguments_key
-    calls = [{"type": "object", "required": ["name", key],
-              "properties": {"name": {"const": f["name"]}, key: f.get("parameters") or {"type": "object"}}}
-             for f in (t["function"] for t in tools) if name is None or f["name"] == name]
-    try:
-        call = build_regex_from_schema(json.dumps({"anyOf": calls}))
-    except Exception as e:  # noqa: BLE001 (a parameters schema outlines-core cannot translate)
-        raise ValueError(f"the tools' parameters cannot be held to: {e}") from None
-    return StructuredOutputsParams(regex=fmt.calls_pattern(call, several))
+    functions = [f for f in (t["function"] for t in tools) if name is None or f["name"] == name]
+    return StructuredOutputsParams(regex=_format(fmt).forced_pattern(functions, several))
 
 
 def _call_of(fmt: ToolCallFormat, obj) -> ToolCall | None:
