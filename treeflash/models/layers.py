@@ -173,7 +173,7 @@ class SparseMoE(nn.Module):
 
 def _grouped_product_runs(weight: torch.Tensor) -> bool:
     """Whether torch._grouped_mm multiplies rows by these stacked weights [E, out, in] here (its dtype, device
-    and the weights' layout), tried once on a few rows; two groups, one empty."""
+    and the weights' layout), tried once on a few rows: eight for each of the first two experts, none for the rest."""
     if not hasattr(torch, "_grouped_mm"):
         return False
     try:
