@@ -105,6 +105,11 @@ XML_CASES = [  # (read without a request's tools: every value text)
     ("<tool_call>\n<function=write>\n<parameter=text>\n\n  two\nlines \n\n</parameter>\n</function>\n</tool_call>",
      None, [("write", {"text": "\n  two\nlines \n"})]),
     ("<tool_call><function=f><parameter=x>1</parameter></function></tool_call>", None, [("f", {"x": "1"})]),
+    # a value may hold the block's closing tags (code that writes calls): the parameter ends the value
+    ("<tool_call>\n<function=emit>\n<parameter=code>\nprint('</function></tool_call>')\n</parameter>\n</function>\n"
+     "</tool_call> done", "done", [("emit", {"code": "print('</function></tool_call>')"})]),
+    ("<tool_call>\n<function=f>\n<parameter=x>\n1\n</parameter>\nstray</tool_call> after",
+     "<tool_call>\n<function=f>\n<parameter=x>\n1\n</parameter>\nstray</tool_call> after", []),
     # not calls: kept in the content as written
     ("<tool_call>\n<function=f>\n<parameter=x>\n1\n</parameter>\n</tool_call>",
      "<tool_call>\n<function=f>\n<parameter=x>\n1\n</parameter>\n</tool_call>", []),  # no </function>
@@ -248,6 +253,7 @@ def test_qwen3_coder_forced_calls_are_laid_out_as_the_template_writes_them():
     plan = ("<tool_call>\n<function=plan>\n<parameter=days>\n3\n</parameter>\n<parameter=note>\nsee </param and"
             " <b>\nthis</b>\n</parameter>\n</function>\n</tool_call>")
     replies = [XML_PARIS, XML_PARIS + "\n" + plan, "<tool_call>\n<function=now>\n</function>\n</tool_call>",
+               XML_PARIS.replace("\nParis\n", "\nParis</function></tool_call>\n"),  # (read whole, as written)
                plan.replace("<parameter=note>", '<parameter=tags>\n["a","b"]\n</parameter>\n<parameter=note>')
                .replace("<parameter=note>\nsee </param and <b>\nthis</b>\n</parameter>\n", "")]
     for reply in replies:

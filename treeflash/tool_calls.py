@@ -164,7 +164,25 @@ class QwenXml(Hermes):
 
     @staticmethod
     def _end(text: str, pos: int) -> int:
-        return text.find(CLOSE, pos)  # (values are raw text: no string to skip)
+        """Where the block's CLOSE lies: after its parameters, each ending at its first `</parameter>` (so a
+        value may hold `</tool_call>`, as a forced call's may); -1 where the reply has not got there yet.
+        A block laid out otherwise ends at its first CLOSE (and is no call)."""
+        head = _XML_HEAD.match(text, pos)
+        if head is None:
+            return text.find(CLOSE, pos)
+        pos = head.end()
+        while True:
+            pos = _SPACE.match(text, pos).end()
+            if text.startswith("<parameter=", pos):
+                pos = text.find("</parameter>", pos)
+                if pos < 0:
+                    return -1
+                pos += len("</parameter>")
+                continue
+            tail = _XML_TAIL.match(text, pos)
+            if tail is not None:
+                return tail.start(1)
+            return text.find(CLOSE, pos) if len(text) - pos >= len("</function>") else -1
 
     def _call(self, body: str) -> ToolCall | None:
         function = _XML_FUNCTION.fullmatch(body)
@@ -227,6 +245,8 @@ def _avoiding(word: str) -> str:
     return f"{loop}(?:{esc(first)}(?:{back})*(?:{partial})?)?"
 
 
+_XML_HEAD = re.compile(r"\s*<function=[^>\n]+>")
+_XML_TAIL = re.compile(r"</function>\s*(</tool_call>)")
 _XML_FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*?)</function>\s*", re.S)
 _XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
 
