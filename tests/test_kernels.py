@@ -249,6 +249,11 @@ def test_default_backend_follows_the_measured_rule():
     assert default_backend("cpu", 128) == "sdpa"
     assert default_backend("cuda", 128) == default_backend("cuda", 64) == "splitkv"  # Qwen3-8B, SmolLM2
     assert default_backend("cuda", 80) == "flex"  # splitkv tiles power-of-two head dimensions only
+    assert default_backend("cuda", 8) == "sdpa"  # below FlexAttention's 16 too (a tiny test model's)
+    from treeflash.attention import check_backend
+
+    with pytest.raises(ValueError, match="flex attention backend needs a head dimension of at least 16"):
+        check_backend("flex", "cuda", head_dim=8)
 
 
 def test_hybrid_takes_splitkv_for_few_folded_rows_and_flex_past_them():

@@ -129,10 +129,14 @@ def default_backend(device: torch.device | str, head_dim: int) -> str:
     CUDA "splitkv" where its kernels fit the head dimension (SmolLM2's 9/3 heads: rounds 0.52-0.71x flex's,
     benchmarks/h200-splitkv; Qwen3-8B's 32/8: every call measured from the AR step to 32 slots x 257-node
     trees faster than FlexAttention's, whole rounds 0.97-1.00x hybrid's, benchmarks/h200-splitkv-tree),
-    "flex" where they do not fit."""
-    if torch.device(device).type != "cuda":
+    "flex" where they do not fit, "sdpa" below FlexAttention's smallest head dimension (16: a tiny test
+    model's 8 failed to compile on an H100, benchmarks/gpu-moe/)."""
+    if torch.device(device).type != "cuda" or head_dim < FLEX_MIN_HEAD_DIM:
         return "sdpa"
     return "splitkv" if splitkv_fits(head_dim) else "flex"
+
+
+FLEX_MIN_HEAD_DIM = 16  # (Inductor's FlexAttention kernels: "embedding dimension ... must be at least 16")
 
 
 def splitkv_fits(head_dim: int) -> bool:
@@ -146,6 +150,9 @@ def check_backend(backend: str, device: torch.device | str, head_dim: int | None
     if backend in ("splitkv", "hybrid") and head_dim is not None and not splitkv_fits(head_dim):
         raise ValueError(f"the {backend} attention backend needs a power-of-two head dimension of at least 16; "
                          f"this model's is {head_dim} (use 'flex' or 'sdpa')")
+    if backend == "flex" and head_dim is not None and head_dim < FLEX_MIN_HEAD_DIM:
+        raise ValueError(f"the flex attention backend needs a head dimension of at least {FLEX_MIN_HEAD_DIM}; "
+                         f"this model's is {head_dim} (use 'sdpa')")
     # Triton's interpreter runs the splitkv kernels on CPU tensors (the tests' way to run them here; a
     # hybrid round there must keep to calls that pick splitkv).
     interpreted = backend in ("splitkv", "hybrid") and os.environ.get("TRITON_INTERPRET") == "1"

@@ -110,7 +110,10 @@ class SparseMoE(nn.Module):
                                 (e.down_proj, down[i])):
                 lin.weight = nn.Parameter(weight, requires_grad=lin.weight.requires_grad)
         self.stacked = (gate_up, down)
-        self.grouped = gate_up.device.type == "cuda" and _grouped_product_runs(gate_up)
+        # (bfloat16 only: in float32 PyTorch 2.11's grouped product reads the group ends on the host, which a
+        # CUDA graph's capture refuses; benchmarks/gpu-moe/)
+        self.grouped = (gate_up.device.type == "cuda" and gate_up.dtype == torch.bfloat16
+                        and _grouped_product_runs(gate_up))
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [N, H] -> each token's expert weights and experts, [N, k] each (softmax in float32, as HF's)."""
@@ -143,7 +146,9 @@ class SparseMoE(nn.Module):
         n, k = chosen.shape
         experts = chosen.reshape(-1)
         order = experts.argsort(stable=True)  # the pairs, grouped by expert
-        ends = torch.bincount(experts, minlength=self.config.count).cumsum(0).to(torch.int32)
+        every = torch.arange(self.config.count, device=experts.device, dtype=experts.dtype)
+        # each expert's group's end (bincount would synchronise: it sizes its output by the largest value)
+        ends = torch.searchsorted(experts[order], every, right=True).to(torch.int32)
         rows = x.repeat_interleave(k, dim=0)[order]
         gate, up = torch._grouped_mm(rows, gate_up.transpose(1, 2), offs=ends).chunk(2, dim=-1)
         out = torch._grouped_mm(F.silu(gate) * up, down.transpose(1, 2), offs=ends)
