@@ -70,8 +70,9 @@ class SparseMoE(nn.Module):
     shapes, no host synchronisation (CUDA graphs capture it), by one of three plans (`plan`):
     - grouped: the (token, chosen expert) pairs sorted by expert and multiplied by PyTorch's grouped product
       (`torch._grouped_mm`), which reads each chosen expert's weights once however many tokens chose it: a
-      one-token step reads only its k experts. CUDA, where that product runs for the weights' dtype (probed
-      at `stack_experts`; bfloat16 on Hopper);
+      one-token step reads only its k experts. CUDA in bfloat16, where that product runs (probed at
+      `stack_experts`: Hopper GPUs; in float32 PyTorch 2.11's reads its group ends on the host, which a
+      graph's capture refuses);
     - gathered: each pair's weights gathered and multiplied as a batch of matrix-vector products, in groups of
       at most E pairs (the memory of one layer's experts). Each token's result has the same bits whatever
       tokens share the forward, which the CPU's other products guarantee (docs/exactness.md), so the CPU
