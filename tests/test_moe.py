@@ -1,4 +1,4 @@
-"""Mixtures of experts (Qwen3-MoE, Qwen2-MoE): the layer's two plans, its weights' layout, its config.
+"""Mixtures of experts (Qwen3-MoE, Qwen2-MoE): the layer's three plans, its weights' layout, its config.
 
 Parity with transformers (logits, cached decoding, hidden states, greedy generation) is in
 tests/test_models.py, and greedy identity of speculative decoding on a mixture in tests/test_speculative.py.
