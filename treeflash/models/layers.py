@@ -111,9 +111,11 @@ class SparseMoE(nn.Module):
                                 (e.down_proj, down[i])):
                 lin.weight = nn.Parameter(weight, requires_grad=lin.weight.requires_grad)
         self.stacked = (gate_up, down)
-        # (bfloat16 only: in float32 PyTorch 2.11's grouped product reads the group ends on the host, which a
-        # CUDA graph's capture refuses; benchmarks/gpu-moe/)
+        # (bfloat16 on Hopper only, where it was measured capturable: in float32 PyTorch 2.11's grouped product
+        # reads the group ends on the host, which a CUDA graph's capture refuses, and an eager probe cannot
+        # tell whether another GPU's path does the same; benchmarks/gpu-moe/)
         self.grouped = (gate_up.device.type == "cuda" and gate_up.dtype == torch.bfloat16
+                        and torch.cuda.get_device_capability(gate_up.device)[0] == 9
                         and _grouped_product_runs(gate_up))
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
