@@ -214,8 +214,7 @@ class QwenXml(Hermes):
             required = set(parameters.get("required") or [])
             elements = []
             for key, schema in (parameters.get("properties") or {}).items():
-                kinds = schema.get("type") if isinstance(schema, dict) else None
-                kinds = [kinds] if isinstance(kinds, str) else kinds if isinstance(kinds, list) else []
+                kinds = _schema_types(schema)
                 try:
                     value = (_avoiding("</parameter>") if "string" in kinds or not kinds
                              else build_regex_from_schema(json.dumps(schema)))
@@ -251,11 +250,16 @@ _XML_FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*?)</function>\s*", re.S)
 _XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
 
 
+def _schema_types(schema) -> list:
+    """The JSON types a parameter's schema names (its "type", one or a list), none where it names none."""
+    kinds = schema.get("type") if isinstance(schema, dict) else None
+    return [kinds] if isinstance(kinds, str) else kinds if isinstance(kinds, list) else []
+
+
 def _typed(value: str, schema) -> object:
     """A raw parameter value as the JSON value its schema's type names; the text itself where the schema
     names a string or nothing, or the text is not a value of that type."""
-    kinds = schema.get("type") if isinstance(schema, dict) else None
-    kinds = [kinds] if isinstance(kinds, str) else kinds if isinstance(kinds, list) else []
+    kinds = _schema_types(schema)
     if "string" in kinds or not kinds:
         return value
     if value.strip() == "null" and "null" in kinds:

@@ -130,8 +130,7 @@ class SparseMoE(nn.Module):
         self.stack_experts()
         rows = x.reshape(-1, x.shape[-1])
         weights, chosen = self.route(rows)
-        plan = {"grouped": self._grouped, "gathered": self._gathered, "dense": self._dense}[self.plan(chosen)]
-        out = plan(rows, weights, chosen)
+        out = getattr(self, "_" + self.plan(chosen))(rows, weights, chosen)  # _grouped, _gathered or _dense
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(rows)) * self.shared_expert(rows)
         return out.view(x.shape)

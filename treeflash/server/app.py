@@ -151,11 +151,9 @@ def build_app(llm: LLM, config: ServerConfig, engine_thread: bool = True) -> Fas
             raise responses_param(e) from None
         writer = ResponseWriter(turn, requests[0].params, config.model_name, reader)
 
-        inputs = input_items(body)
-
         def keep() -> None:
             if body.store and writer.status in ("completed", "incomplete"):
-                stored.put(writer.response(), writer.conversation(), inputs)
+                stored.put(writer.response(), writer.conversation(), input_items(body))
 
         if body.stream:
             return StreamingResponse(_stream_response(loop, requests, writer, keep), media_type="text/event-stream",
