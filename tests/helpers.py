@@ -1,6 +1,6 @@
 """Tiny random checkpoints (and a character tokenizer) written the way Hugging Face writes real ones.
 
-`make_tiny_target(path, "llama" | "qwen2" | "qwen3", ...)` saves a float32 `save_pretrained` directory
+`make_tiny_target(path, "llama" | "qwen2" | "qwen3" | a mixture's name, ...)` saves a float32 `save_pretrained` directory
 (config.json + model.safetensors) and returns it; `hf_model(path)` loads it back with transformers as the
 reference. Norm weights and biases are perturbed away from their trivial initial values (ones / zeros) so
 that a model that ignores them cannot pass a parity test.
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                 "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+                 "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM"}
 
 # A character-level vocabulary: id 0 is EOS_TOKEN, id i > 0 is the character CHARS[i - 1], so decoded
 # text is exact and deterministic.
@@ -40,7 +40,8 @@ def tiny_hf_config(arch: str, *, vocab_size: int = 64, hidden_size: int = 32, nu
     import transformers
 
     cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config,
-           "qwen2_moe": transformers.Qwen2MoeConfig, "qwen3_moe": transformers.Qwen3MoeConfig}[arch]
+           "qwen2_moe": transformers.Qwen2MoeConfig, "qwen3_moe": transformers.Qwen3MoeConfig,
+           "mixtral": transformers.MixtralConfig}[arch]
     fields = dict(vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers,
                   num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
                   head_dim=head_dim or hidden_size // num_heads, intermediate_size=intermediate_size,

@@ -17,14 +17,14 @@ from treeflash.round import Speculator
 def make_target(path: Path, arch: str = "qwen3", vocab: int = 64, hidden: int = 32, layers: int = 2,
                 heads: int = 4, kv_heads: int = 2, intermediate: int = 64, seed: int = 0,
                 init_std: float = 0.02, head_scale: float = 1.0, tie: bool = False, experts: int = 8) -> Path:
-    """A random float32 HF checkpoint (Qwen3ForCausalLM, LlamaForCausalLM, or Qwen3MoeForCausalLM with
-    `experts` experts of width intermediate / 2, two per token) saved at `path`.
+    """A random float32 HF checkpoint (Qwen3ForCausalLM, LlamaForCausalLM, or the mixtures Qwen3MoeForCausalLM
+    and MixtralForCausalLM with `experts` experts of width intermediate / 2, two per token) saved at `path`.
 
     init_std: the normal init of every linear and embedding weight; head_scale multiplies the output
     head (peakier next-token distributions). No eos/bos, so generation never stops early.
     """
-    from transformers import (LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
-                              Qwen3MoeForCausalLM)
+    from transformers import (LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen3Config,
+                              Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
     common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
                   num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hidden // heads,
@@ -38,6 +38,9 @@ def make_target(path: Path, arch: str = "qwen3", vocab: int = 64, hidden: int = 
     elif arch == "qwen3_moe":
         model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**common, num_experts=experts, num_experts_per_tok=2,
                                                    moe_intermediate_size=intermediate // 2, norm_topk_prob=True))
+    elif arch == "mixtral":
+        model = MixtralForCausalLM(MixtralConfig(**common | dict(intermediate_size=intermediate // 2),
+                                                 num_local_experts=experts, num_experts_per_tok=2))
     else:
         raise ValueError(arch)
     model = model.float().eval()

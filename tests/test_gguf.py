@@ -328,6 +328,19 @@ def test_mixture_of_experts_gguf_is_refused_pointing_at_safetensors(tmp_path: Pa
         convert_gguf(stub_gguf(tmp_path / "m.gguf", "qwen3moe"), tmp_path / "out")
 
 
+def test_a_llama_gguf_with_experts_is_refused_as_a_mixture(tmp_path: Path) -> None:
+    path = tmp_path / "m.gguf"  # llama.cpp's Mixtral: general.architecture llama, llama.expert_count 8
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_expert_count(8)
+    w.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(UnsupportedModelError, match=r"mixtures of experts \(llama with 8 experts.*safetensors"):
+        convert_gguf(path, tmp_path / "out")
+
+
 def test_unknown_tensor_is_refused(tmp_path: Path) -> None:
     # Llama 3.1 GGUFs carry their rope scaling as rope_freqs.weight; dropping it would change the model.
     src = write_gguf(tmp_path / "t.gguf", tiny_model("llama"), "llama",

@@ -46,6 +46,9 @@ VARIANTS = {
     # Qwen2-MoE's shared expert and its sigmoid gate; weights not rescaled; every other layer sparse.
     "qwen2_moe": ("qwen2_moe", {"num_experts": 8, "num_experts_per_tok": 3, "moe_intermediate_size": 16,
                                 "shared_expert_intermediate_size": 24, "decoder_sparse_step": 2}),
+    # Mixtral: every layer sparse, experts intermediate_size wide, always rescaled; its checkpoint's own names
+    # (block_sparse_moe, w1 / w3 / w2).
+    "mixtral": ("mixtral", {"num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 16}),
 }
 
 
@@ -208,7 +211,7 @@ def write_config(path: Path, **cfg) -> Path:
     return path
 
 
-@pytest.mark.parametrize("arch", ["MixtralForCausalLM", "MambaForCausalLM", "GptOssForCausalLM",
+@pytest.mark.parametrize("arch", ["DeepseekV3ForCausalLM", "MambaForCausalLM", "GptOssForCausalLM",
                                   "Qwen3NextForCausalLM", "GPT2LMHeadModel"])
 def test_unsupported_architecture_is_refused_naming_it_and_the_supported_ones(tmp_path, arch):
     path = write_config(tmp_path / "m", architectures=[arch])

@@ -1,4 +1,4 @@
-"""Mixtures of experts (Qwen3-MoE, Qwen2-MoE): the layer's three plans, its weights' layout, its config.
+"""Mixtures of experts (Qwen3-MoE, Qwen2-MoE, Mixtral): the layer's three plans, its weights' layout, its config.
 
 Parity with transformers (logits, cached decoding, hidden states, greedy generation) is in
 tests/test_models.py, and greedy identity of speculative decoding on a mixture in tests/test_speculative.py.
@@ -14,7 +14,7 @@ import torch
 from helpers import make_tiny_target
 from treeflash import LLM, SamplingParams
 from treeflash.checkpoint import load_target
-from treeflash.config import ConfigError, ModelConfig
+from treeflash.config import ConfigError, ModelConfig, UnsupportedModelError
 from treeflash.models.dflash import DrafterConfig
 from treeflash.models.layers import SparseMoE
 
@@ -126,6 +126,48 @@ def test_which_layers_are_sparse_follows_transformers():
 def test_bad_expert_fields_are_refused_naming_them(fields, message):
     with pytest.raises(ConfigError, match=message):
         ModelConfig.from_hf(_config(**fields))
+
+
+def _mixtral(**fields) -> dict:
+    base = dict(architectures=["MixtralForCausalLM"], model_type="mixtral", vocab_size=32, hidden_size=16,
+                intermediate_size=24, num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1,
+                num_local_experts=8, num_experts_per_tok=2, sliding_window=None)
+    return {k: v for k, v in {**base, **fields}.items() if v is not None or k == "sliding_window"}
+
+
+def test_mixtral_reads_as_transformers_does():
+    """Every layer sparse, experts intermediate_size wide, the chosen weights always rescaled; the window
+    refused only where it is shorter than the context (as for Mistral), absent meaning none (transformers'
+    Mixtral default, unlike Mistral's 4096)."""
+    experts = ModelConfig.from_hf(_mixtral()).experts
+    assert (experts.count, experts.per_token, experts.intermediate_size, experts.normalize,
+            experts.sparse_layers, experts.shared_intermediate_size) == (8, 2, 24, True, (0, 1, 2), 0)
+    no_window = _mixtral()
+    del no_window["sliding_window"]
+    ModelConfig.from_hf(no_window)
+    ModelConfig.from_hf(_mixtral(sliding_window=4096, max_position_embeddings=4096))
+    with pytest.raises(UnsupportedModelError, match="sliding-window"):
+        ModelConfig.from_hf(_mixtral(sliding_window=4096, max_position_embeddings=32768))
+    with pytest.raises(ConfigError, match="'num_local_experts' is missing"):
+        ModelConfig.from_hf(_mixtral(num_local_experts=None))
+    with pytest.raises(ConfigError, match="num_experts_per_tok 9 exceeds the 8 experts"):
+        ModelConfig.from_hf(_mixtral(num_experts_per_tok=9))
+
+
+def test_mixtral_checkpoint_names_load_into_the_experts(tmp_path):
+    """Mixtral's block_sparse_moe / w1 / w3 / w2 are the decoder's mlp / gate / up / down projections."""
+    from safetensors.torch import load_file
+
+    path = make_tiny_target(tmp_path / "m", "mixtral", num_layers=1, num_local_experts=4, num_experts_per_tok=2,
+                            intermediate_size=16)
+    saved = load_file(str(path / "model.safetensors"))
+    layer = load_target(path, "cpu", torch.float32)[0].layers[0].mlp
+    assert isinstance(layer, SparseMoE)
+    torch.testing.assert_close(layer.gate.weight, saved["model.layers.0.block_sparse_moe.gate.weight"], rtol=0, atol=0)
+    for e, expert in enumerate(layer.experts):
+        for ours, theirs in (("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2")):
+            assert torch.equal(getattr(expert, ours).weight,
+                               saved[f"model.layers.0.block_sparse_moe.experts.{e}.{theirs}.weight"])
 
 
 def test_a_drafter_config_copying_its_targets_expert_counts_still_loads(tmp_path):

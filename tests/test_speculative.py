@@ -41,6 +41,8 @@ TARGETS = {  # name -> make_target kwargs
     # A mixture of experts (8, two per token): routing is part of what the verify pass must get right.
     "qwen3moe-80": dict(arch="qwen3_moe", vocab=80, hidden=32, layers=2, heads=4, kv_heads=2, init_std=0.1,
                         seed=4, experts=8),
+    "mixtral-72": dict(arch="mixtral", vocab=72, hidden=32, layers=2, heads=4, kv_heads=2, init_std=0.1,
+                       seed=5, experts=6),
 }
 PROMPTS = [[5, 9, 2], [11], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8], [7, 7, 8, 20, 13, 6, 1], [30, 2, 17, 4, 44]]
 MAX_TOKENS = [24, 9, 30, 17, 1]
@@ -109,6 +111,7 @@ GREEDY_CASES = [  # target, spec, budget, block size, drafter layers, max_num_se
     ("qwen3-300-tied", "dflash", 0, 8, 1, 5),
     ("qwen3moe-80", "ddtree", 16, 8, 1, 3),
     ("qwen3moe-80", "dflash", 0, 4, 2, 2),
+    ("mixtral-72", "ddtree", 32, 8, 1, 3),
 ]
 
 
@@ -152,6 +155,7 @@ ORACLE_CASES = [  # target, spec, budget, block size, max_num_seqs, decoy rate
     ("llama-97", "dflash", 0, 8, 3, 0.1),
     ("qwen3-300-tied", "ddtree", 8, 8, 2, 0.5),
     ("qwen3moe-80", "ddtree", 16, 8, 3, 0.3),
+    ("mixtral-72", "ddtree", 16, 8, 2, 0.3),
 ]
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import warnings
 from pathlib import Path
 
@@ -128,6 +129,14 @@ def load_weights(module: nn.Module, tensors: dict[str, torch.Tensor], where: Pat
         setattr(module.get_submodule(owner), leaf, nn.Parameter(t.to(device=device, dtype=dtype), requires_grad=False))
 
 
+# Checkpoint names the decoder (models/transformer.py, which keeps Llama's and Qwen's) calls otherwise, by
+# architecture: (pattern, replacement) for each tensor's name, applied in order as the checkpoint is read.
+_RENAMES = {
+    "MixtralForCausalLM": ((r"\.block_sparse_moe\.", ".mlp."), (r"(\.experts\.\d+)\.w1\.", r"\1.gate_proj."),
+                           (r"(\.experts\.\d+)\.w3\.", r"\1.up_proj."), (r"(\.experts\.\d+)\.w2\.", r"\1.down_proj.")),
+}
+
+
 def load_target(model_dir: Path, device: torch.device | str, dtype: torch.dtype, shard=None):
     """Build the target decoder from an HF directory. Returns (Transformer, ModelConfig).
 
@@ -139,6 +148,9 @@ def load_target(model_dir: Path, device: torch.device | str, dtype: torch.dtype,
     cfg = ModelConfig.from_dir(model_dir)
     read = None if shard is None else (lambda key, part: shard.read(key, cfg, part))
     tensors = read_safetensors(model_dir, strip_prefix="model.", read=read)
+    renames = _RENAMES.get(cfg.architecture, ())
+    for pattern, replacement in renames:
+        tensors = {re.sub(pattern, replacement, name): t for name, t in tensors.items()}
     if cfg.tie_word_embeddings and "lm_head.weight" in tensors:
         head, embed = tensors.pop("lm_head.weight"), tensors.get("embed_tokens.weight")
         if embed is None or head.shape != embed.shape or not torch.equal(head, embed):

@@ -22,9 +22,10 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
     "Qwen2MoeForCausalLM": "qwen2",
     "Qwen3MoeForCausalLM": "qwen3",
+    "MixtralForCausalLM": "llama",
 }
 # Those whose MLPs are mixtures of experts (`ExpertsConfig`); any other with experts is refused.
-MIXTURE_ARCHITECTURES = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+MIXTURE_ARCHITECTURES = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM")
 
 
 class UnsupportedModelError(ValueError):
@@ -155,8 +156,8 @@ class RopeConfig:
 
 @dataclass(frozen=True)
 class ExpertsConfig:
-    """Mixture-of-experts MLPs (Qwen3-MoE, Qwen2-MoE; models/layers.py: `SparseMoE`): a router's softmax picks
-    each token's `per_token` experts of `count`, whose MLP outputs are summed with those weights."""
+    """Mixture-of-experts MLPs (Qwen3-MoE, Qwen2-MoE, Mixtral; models/layers.py: `SparseMoE`): a router's softmax
+    picks each token's `per_token` experts of `count`, whose MLP outputs are summed with those weights."""
 
     count: int
     per_token: int
@@ -166,7 +167,17 @@ class ExpertsConfig:
     shared_intermediate_size: int = 0  # Qwen2-MoE: an MLP every token runs, scaled by a sigmoid gate
 
     @staticmethod
-    def from_hf(cfg: dict[str, Any], num_layers: int) -> "ExpertsConfig":
+    def from_hf(cfg: dict[str, Any], num_layers: int, arch: str = "Qwen3MoeForCausalLM") -> "ExpertsConfig":
+        if arch == "MixtralForCausalLM":
+            # Every layer sparse, experts as wide as intermediate_size, the chosen weights always rescaled
+            # (transformers' MixtralTopKRouter); no shared expert.
+            count = config_value(cfg, "num_local_experts", int, minimum=1)
+            per_token = config_value(cfg, "num_experts_per_tok", int, minimum=1)
+            if per_token > count:
+                raise ConfigError(f"config.json: num_experts_per_tok {per_token} exceeds the {count} experts")
+            return ExpertsConfig(count=count, per_token=per_token,
+                                 intermediate_size=config_value(cfg, "intermediate_size", int, minimum=1),
+                                 normalize=True, sparse_layers=tuple(range(num_layers)))
         # (transformers 5 writes num_local_experts; the hub's checkpoints num_experts)
         count = config_value(cfg, "num_experts", int, config_value(cfg, "num_local_experts", int, None, minimum=1),
                              minimum=1)
@@ -225,10 +236,11 @@ class ModelConfig:
             raise UnsupportedModelError(f"quantised checkpoints are not supported (quantization_config: {method}); "
                                         f"use an unquantised one (float32, float16 or bfloat16) or a GGUF file")
         max_positions = config_value(cfg, "max_position_embeddings", int, _MAX_POSITIONS[arch], minimum=2)
-        # transformers' Mistral config gives a missing window 4096 and applies it; one that covers every
-        # position changes nothing, and only null turns it off (0 is no window of any use: transformers fails).
-        mistral = arch == "MistralForCausalLM"
-        window = cfg.get("sliding_window", 4096 if mistral else None)
+        # transformers' Mistral config gives a missing window 4096 and applies it (Mixtral's none); one that
+        # covers every position changes nothing, and only null turns it off (0 is no window of any use:
+        # transformers fails).
+        mistral = arch in ("MistralForCausalLM", "MixtralForCausalLM")
+        window = cfg.get("sliding_window", 4096 if arch == "MistralForCausalLM" else None)
         if cfg.get("use_sliding_window") or (family == "llama" and (window is not None if mistral else window) and (
                 not mistral or isinstance(window, bool) or not isinstance(window, int) or window < max_positions)):
             raise UnsupportedModelError(f"{arch} with sliding-window attention is not supported"
@@ -278,7 +290,7 @@ class ModelConfig:
             max_position_embeddings=max_positions,
             bos_token_id=config_value(cfg, "bos_token_id", int, None),
             eos_token_ids=config_int_list(cfg, "eos_token_id"),
-            experts=ExpertsConfig.from_hf(cfg, num_layers) if mixture else None,
+            experts=ExpertsConfig.from_hf(cfg, num_layers, arch) if mixture else None,
         )
 
     @staticmethod
@@ -287,10 +299,12 @@ class ModelConfig:
 
 
 _MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                "mistral": "MistralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+                "mistral": "MistralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+                "mixtral": "MixtralForCausalLM"}
 # transformers' defaults where config.json gives no max_position_embeddings.
 _MAX_POSITIONS = {"LlamaForCausalLM": 2048, "MistralForCausalLM": 4096 * 32, "Qwen2ForCausalLM": 32768,
-                  "Qwen3ForCausalLM": 32768, "Qwen2MoeForCausalLM": 32768, "Qwen3MoeForCausalLM": 32768}
+                  "Qwen3ForCausalLM": 32768, "Qwen2MoeForCausalLM": 32768, "Qwen3MoeForCausalLM": 32768,
+                  "MixtralForCausalLM": 4096 * 32}
 
 
 def _architecture(cfg: dict[str, Any]) -> str:

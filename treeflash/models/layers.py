@@ -62,9 +62,9 @@ class Expert(nn.Module):
 
 
 class SparseMoE(nn.Module):
-    """A mixture-of-experts MLP (Qwen3-MoE, Qwen2-MoE): the router's softmax over the experts picks each token's
-    top k, and the token's output is their MLP outputs weighted by those probabilities (rescaled to sum to 1
-    where the config says), plus, for Qwen2-MoE, a shared MLP scaled by a sigmoid gate.
+    """A mixture-of-experts MLP (Qwen3-MoE, Qwen2-MoE, Mixtral): the router's softmax over the experts picks each
+    token's top k, and the token's output is their MLP outputs weighted by those probabilities (rescaled to sum
+    to 1 where the config says), plus, for Qwen2-MoE, a shared MLP scaled by a sigmoid gate.
 
     The experts' weights are stacked, [E, 2I, H] (gate then up) and [E, H, I], and a forward computes with fixed
     shapes, no host synchronisation (CUDA graphs capture it), by one of three plans (`plan`):
