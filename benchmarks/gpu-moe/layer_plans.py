@@ -1,6 +1,8 @@
 """One mixture-of-experts layer at Qwen3-30B-A3B's shape (hidden 2,048, 128 experts of width 768, 8 per token,
-random bfloat16 weights): each expert plan of `SparseMoE` (grouped, gathered, dense; treeflash/models/layers.py)
-timed as a CUDA graph replay at N tokens, against the bytes of the experts those tokens chose.
+random bfloat16 weights): each expert plan of `SparseMoE` (gemv, grouped, gathered, dense;
+treeflash/models/layers.py) timed as a CUDA graph replay at N tokens, against the bytes of the experts those
+tokens chose. `--gemv-launches` times the gemv plan's Triton kernels (treeflash/moe_kernel.py) at other block
+sizes too, as columns gemv/BJ,BH,BI,BK,WARPS.
 
 N = 1 is a one-token step, 17 and 65 a DDTree round's verify at budgets 16 and 64 (batch 1), 520 and 2,080
 the same at batch 8 and 32. A plan's replay is timed over `--replays` replays (median of `--repeats`); its
@@ -28,6 +30,8 @@ def main() -> None:
     parser.add_argument("--tokens", default="1,2,4,8,17,33,65,130,520,2080")
     parser.add_argument("--replays", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--gemv-launches", default="",
+                        help="';'-separated block_j,block_h,block_i,block_k,num_warps of moe_kernel.Launch to time")
     args = parser.parse_args()
 
     import torch
@@ -49,14 +53,18 @@ def main() -> None:
     layer.stack_experts()
     expert_bytes = 3 * hidden * cfg.intermediate_size * 2
     bandwidth = copy_bandwidth(device)
-    plans = (["grouped"] if layer.grouped else []) + ["gathered", "dense"]
+    from treeflash.moe_kernel import Launch, expert_mlp
+
+    launches = {f"gemv/{spec}": Launch(*map(int, spec.split(","))) for spec in args.gemv_launches.split(";") if spec}
+    plans = (["gemv"] if layer.gemv else []) + list(launches) + (["grouped"] if layer.grouped else []) + [
+        "gathered", "dense"]
     result = {"command": " ".join(["python", "benchmarks/gpu-moe/layer_plans.py", *sys.argv[1:]]),
               "date": time.strftime("%Y-%m-%d %H:%M"), "gpu": torch.cuda.get_device_name(),
               "torch": torch.__version__, "grouped_product_runs": layer.grouped,
               "copy_bandwidth_bytes_per_s": bandwidth, "expert_bytes": expert_bytes, "rows": []}
     print(f"{result['gpu']}, torch {torch.__version__}, grouped product: {layer.grouped}, copy bandwidth "
           f"{bandwidth / 1e9:.0f} GB/s")
-    print(f"{'tokens':>6} {'experts':>7} {'floor us':>9} " + " ".join(f"{p + ' us':>12}" for p in plans))
+    print(f"{'tokens':>6} {'experts':>7} {'floor us':>9} " + " ".join(f"{p + ' us':>{max(12, len(p) + 3)}}" for p in plans))
     for n in map(int, args.tokens.split(",")):
         x = torch.randn(1, n, hidden, device=device, dtype=dtype, generator=gen)
         with torch.no_grad():
@@ -65,7 +73,9 @@ def main() -> None:
         row = {"tokens": n, "experts_chosen": used, "floor_us": 1e6 * used * expert_bytes / bandwidth}
         outputs = {}
         for plan in plans:
-            layer.plan = lambda chosen, plan=plan: plan
+            if plan in launches:  # the gemv plan at another launch
+                layer._gemv = lambda x, w, c, launch=launches[plan]: expert_mlp(x, *layer.stacked, w, c, launch)
+            layer.plan = lambda chosen, plan=plan: "gemv" if plan in launches else plan
             try:
                 with torch.no_grad():
                     layer(x)  # warm-up, eagerly
@@ -92,11 +102,13 @@ def main() -> None:
                 row[f"{plan}_error"] = f"{type(e).__name__}: {e}"[:300]
             finally:
                 del layer.plan
+                layer.__dict__.pop("_gemv", None)
         if "gathered" in outputs:
             row["max_abs_diff_vs_gathered"] = {p: float((o - outputs["gathered"]).abs().max())
                                                for p, o in outputs.items() if p != "gathered"}
         result["rows"].append(row)
-        cells = " ".join(f"{row[p + '_us']:>12.1f}" if p + "_us" in row else f"{'error':>12}" for p in plans)
+        cells = " ".join(f"{row[p + '_us']:>{max(12, len(p) + 3)}.1f}" if p + "_us" in row
+                         else f"{'error':>{max(12, len(p) + 3)}}" for p in plans)
         print(f"{n:>6} {used:>7} {row['floor_us']:>9.1f} {cells}")
         Path(args.out).write_text(json.dumps(result, indent=2))
     for row in result["rows"]:

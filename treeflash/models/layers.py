@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 
 import torch
@@ -67,20 +68,21 @@ class SparseMoE(nn.Module):
     to 1 where the config says), plus, for Qwen2-MoE, a shared MLP scaled by a sigmoid gate.
 
     The experts' weights are stacked, [E, 2I, H] (gate then up) and [E, H, I], and a forward computes with fixed
-    shapes, no host synchronisation (CUDA graphs capture it), by one of three plans (`plan`):
-    - grouped: the (token, chosen expert) pairs sorted by expert and multiplied by PyTorch's grouped product
-      (`torch._grouped_mm`), which reads each chosen expert's weights once however many tokens chose it: a
-      one-token step reads only its k experts. CUDA in bfloat16, where that product runs (probed at
-      `stack_experts`: Hopper GPUs; in float32 PyTorch 2.11's reads its group ends on the host, which a
-      graph's capture refuses);
+    shapes, no host synchronisation (CUDA graphs capture it), by one of four plans (`plan`):
+    - gemv: on CUDA for few (token, chosen expert) pairs (N k <= 2 E): Triton kernels multiply each pair's
+      row by its expert's weights read in place (treeflash/moe_kernel.py), a one-token step reading only its
+      k experts, once; each token's result independent of the others';
+    - grouped: the pairs sorted by expert and multiplied by PyTorch's grouped product (`torch._grouped_mm`),
+      which reads each chosen expert's weights once however many tokens chose it. CUDA in bfloat16, where
+      that product runs (probed at `stack_experts`: Hopper GPUs; in float32 PyTorch 2.11's reads its group
+      ends on the host, which a graph's capture refuses);
     - gathered: each pair's weights gathered and multiplied as a batch of matrix-vector products, in groups of
       at most E pairs (the memory of one layer's experts). Each token's result has the same bits whatever
       tokens share the forward, which the CPU's other products guarantee (docs/exactness.md), so the CPU
-      always takes it; CUDA without the grouped product where 3 N k <= E (k experts' weights per token read
-      three times, gathered and read again, cost no more than every expert once);
+      always takes it (and CUDA for few pairs where Triton is missing);
     - dense: every expert over every token as two batched products, and the weighted sum over experts, the
       unchosen ones weighing zero: every expert's weights read once (CUDA without the grouped product, more
-      tokens).
+      pairs).
     """
 
     def __init__(self, hidden: int, experts: ExpertsConfig):
@@ -95,6 +97,7 @@ class SparseMoE(nn.Module):
             self.shared_expert = self.shared_expert_gate = None
         self.stacked: tuple[torch.Tensor, torch.Tensor] | None = None
         self.grouped = False  # whether the grouped product runs here (`stack_experts` probes it)
+        self.gemv = False  # whether the Triton kernels run here (CUDA)
 
     def stack_experts(self) -> None:
         """Lay the experts' weights out as two stacked tensors and make each expert's parameters views of them
@@ -114,6 +117,7 @@ class SparseMoE(nn.Module):
         # (bfloat16 on Hopper only, where it was measured capturable: in float32 PyTorch 2.11's grouped product
         # reads the group ends on the host, which a CUDA graph's capture refuses, and an eager probe cannot
         # tell whether another GPU's path does the same; benchmarks/gpu-moe/)
+        self.gemv = gate_up.device.type == "cuda" and importlib.util.find_spec("triton") is not None
         self.grouped = (gate_up.device.type == "cuda" and gate_up.dtype == torch.bfloat16
                         and torch.cuda.get_device_capability(gate_up.device)[0] == 9
                         and _grouped_product_runs(gate_up))
@@ -130,7 +134,7 @@ class SparseMoE(nn.Module):
         self.stack_experts()
         rows = x.reshape(-1, x.shape[-1])
         weights, chosen = self.route(rows)
-        out = getattr(self, "_" + self.plan(chosen))(rows, weights, chosen)  # _grouped, _gathered or _dense
+        out = getattr(self, "_" + self.plan(chosen))(rows, weights, chosen)  # _gemv, _grouped, _gathered, _dense
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(rows)) * self.shared_expert(rows)
         return out.view(x.shape)
@@ -140,7 +144,9 @@ class SparseMoE(nn.Module):
         if chosen.device.type == "cpu":
             return "gathered"
         if self.grouped:
-            return "grouped"
+            return "gemv" if self.gemv and 4 * chosen.numel() <= self.config.count else "grouped"
+        if self.gemv and chosen.numel() <= 2 * self.config.count:
+            return "gemv"
         return "gathered" if 3 * chosen.numel() <= self.config.count else "dense"
 
     def _grouped(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
@@ -156,6 +162,11 @@ class SparseMoE(nn.Module):
         out = torch._grouped_mm(F.silu(gate) * up, down.transpose(1, 2), offs=ends)
         pairs = torch.empty_like(out).index_copy_(0, order, out)  # back in (token, expert) order
         return (pairs.view(n, k, -1) * weights[:, :, None]).sum(1)
+
+    def _gemv(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        from treeflash.moe_kernel import expert_mlp  # Triton: imported on CUDA only (and in tests)
+
+        return expert_mlp(x, *self.stacked, weights, chosen)
 
     def _gathered(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         gate_up, down = self.stacked
