@@ -1,0 +1,1 @@
+(cd .stage/old && python3 -m treeflash.cli bench --synthetic qwen3-30b-a3b --context 1024 --rounds 20 --stage-rounds 2 --no-plots --batch-sizes 1,8 --methods none,dflash,ddtree:16,ddtree:64 --out old.json)
