@@ -661,8 +661,7 @@ def test_tools_need_a_template_that_asks_for_calls_in_a_format_read_here(offline
         Frontend(offline, ServerConfig(model_name=NAME, tool_call_parser="pythonic"))
 
 
-def test_mistral_format_keeps_special_tokens_and_cannot_be_forced(offline):
-    from treeflash.server.errors import APIError
+def test_mistral_format_keeps_special_tokens_and_forces_a_bare_list(offline):
     from treeflash.server.frontend import Frontend, ServerConfig
     from treeflash.server.protocol import ChatCompletionRequest
 
@@ -675,10 +674,13 @@ def test_mistral_format_keeps_special_tokens_and_cannot_be_forced(offline):
     assert reader().tools.format.name == "mistral" and not request.params.skip_special_tokens
     (request,), _ = frontend.chat_requests(ChatCompletionRequest.model_validate({"messages": CHAT}))
     assert request.params.skip_special_tokens  # (no tools: as asked)
-    with pytest.raises(APIError, match="cannot be forced") as refused:
-        frontend.chat_requests(ChatCompletionRequest.model_validate({"messages": CHAT, "tools": [TOOL],
-                                                                     "tool_choice": "required"}))
-    assert (refused.value.status, refused.value.param, refused.value.code) == (400, "tool_choice", "unsupported")
+    # forced: the JSON list alone (no structure writes [TOOL_CALLS]), read back by the forced reader
+    (request,), reader = frontend.chat_requests(ChatCompletionRequest.model_validate(
+        {"messages": CHAT, "tools": [TOOL], "tool_choice": "required"}))
+    assert request.params.structured_outputs.regex.startswith(r"\[")
+    stream = reader().tools
+    assert stream.feed('[{"name": "now", "arguments": {}}]') == ("", [])
+    assert [c.name for c in stream.finish()[1]] == ["now"]
 
 
 def test_a_chat_template_given_replaces_the_models(model_dir, tmp_path):

@@ -274,6 +274,30 @@ def test_qwen3_coder_forced_calls_are_laid_out_as_the_template_writes_them():
     Index(call_structure(tools, "plan", fmt=fmt).regex, Vocabulary(99, words))
 
 
+def test_a_forced_mistral_call_is_its_json_list_alone_and_read_back():
+    """[TOOL_CALLS] is a control token no structure writes: a forced reply is the list after it, and the forced
+    reader reads it as if the token came first (streamed, at the end, as Mistral's calls are)."""
+    fmt = FORMATS["mistral"]
+    reader = fmt.forced()
+    pattern = re.compile(call_structure(TOOLS, several=True, fmt=fmt).regex)
+    two = '[{"name":"now","arguments":{}}, {"name":"get_weather","arguments":{"city":"Rome"}}]'
+    for reply in (MISTRAL_PARIS[len("[TOOL_CALLS]"):], two):
+        assert pattern.fullmatch(reply), reply
+        content, calls = parse_tool_calls(reply, reader)
+        assert content is None and calls
+        stream = ToolCallStream(fmt=reader)
+        assert stream.feed(reply) == ("", [])
+        assert [c.name for c in stream.finish()[1]] == [c.name for c in calls]
+    assert [(c.name, json.loads(c.arguments)) for c in parse_tool_calls(two, reader)[1]] == [
+        ("now", {}), ("get_weather", {"city": "Rome"})]
+    for reply in (MISTRAL_PARIS, '[{"name":"get_weather","arguments":{}}]', '{"name":"now","arguments":{}}'):
+        assert not pattern.fullmatch(reply), reply
+    one = re.compile(call_structure(TOOLS, "now", fmt=fmt).regex)
+    assert one.fullmatch('[{"name":"now","arguments":{}}]') and not one.fullmatch(two)
+    assert parse_tool_calls("not a list", reader) == ("not a list", [])  # (kept as content, as any malformed call)
+    assert fmt.forced().name == "mistral" and FORMATS["hermes"].forced() is FORMATS["hermes"]
+
+
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
          {"type": "function", "function": {"name": "now"}}]
@@ -295,8 +319,6 @@ def test_forced_calls_pattern_matches_what_the_format_reads(fmt, replies, not_re
         assert not pattern.fullmatch(reply), reply
     one = re.compile(call_structure(TOOLS, "now", fmt=fmt).regex)
     assert not one.fullmatch(replies[1]) and not one.fullmatch(replies[0])
-    with pytest.raises(ValueError, match="TOOL_CALLS"):
-        call_structure(TOOLS, fmt="mistral")
     assert set(FORMATS) == {"hermes", "qwen3_coder", "llama3_json", "mistral"}
 
 

@@ -15,7 +15,8 @@ Four formats, by vLLM's parser names:
 - `mistral`: `[TOOL_CALLS]` and then a JSON list of calls (`[{"name": ..., "arguments": {...}}]`, Mistral
   7B v0.3, Nemo) or one `name[ARGS]{...}` per `[TOOL_CALLS]` (newer Mistral templates); text before the
   first `[TOOL_CALLS]` is content. `[TOOL_CALLS]` is a special token, so a request with tools keeps
-  special tokens in its text, and ids are 9 letters and digits, as Mistral's templates require of them.
+  special tokens in its text, and ids are 9 letters and digits, as Mistral's templates require of them. A
+  forced call is the JSON list alone: a structure's text never holds a special token (vLLM does the same).
 
 Reading changes nothing that is generated: the tokens are the model's, as with any other request, and the
 reply's text is split afterwards into the content (stripped) and the calls. Where a call is forced
@@ -50,10 +51,6 @@ _STRING_END = re.compile(r'\\.|"', re.S)  # an escape (skipped whole) or the clo
 _MISTRAL_NAMED = re.compile(r"([^\s\[\]{}]+)(?:\[CALL_ID\][A-Za-z0-9]*)?\[ARGS\]")  # name[ARGS]{...}
 _SPACE = re.compile(r"\s*")
 _JSON = json.JSONDecoder()
-
-
-class CannotForce(ValueError):
-    """A format whose calls a structured output cannot hold a reply to."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +98,11 @@ class ToolCallFormat:
     def for_tools(self, tools: list[dict] | None) -> "ToolCallFormat":
         """This format's reader for a request offering `tools` (OpenAI's, {"type": "function", "function":
         {...}}); the same one where the format reads calls without them."""
+        return self
+
+    def forced(self) -> "ToolCallFormat":
+        """The reader of a reply held to `forced_pattern`: the same one where that pattern writes the format's
+        own markup."""
         return self
 
     def __repr__(self) -> str:
@@ -356,13 +358,27 @@ class Mistral(ToolCallFormat):
         return calls
 
     def calls_pattern(self, call: str, several: bool) -> str:
-        raise CannotForce("a call cannot be forced in Mistral's format: its calls begin with the special token "
-                          "[TOOL_CALLS], which a structured output does not write")
+        # The JSON list alone: [TOOL_CALLS] is a control token, which a structure's text never holds (vLLM
+        # forces Mistral's calls the same way); `forced` reads it back.
+        return r"\[" + call + (f"(, {call})*" if several else "") + r"\]"
+
+    def forced(self) -> "Mistral":
+        return _ForcedMistral()
 
     def new_call(self, name: str, arguments: dict) -> ToolCall:
         alphabet = string.ascii_letters + string.digits  # (Mistral's templates refuse any other id)
         return ToolCall(name, json.dumps(arguments, ensure_ascii=False),
                         id="".join(random.SystemRandom().choices(alphabet, k=9)))
+
+
+class _ForcedMistral(Mistral):
+    """A reply held to Mistral's forced pattern: its JSON list of calls without the [TOOL_CALLS] before it."""
+
+    def split(self, text: str, final: bool) -> tuple[str, list[ToolCall]]:
+        if not final:  # (the calls come at the end, as Mistral's do)
+            return "", []
+        content, calls = super().split(MISTRAL_CALLS + text, final=True)
+        return (content if calls else text), calls
 
 
 FORMATS: dict[str, ToolCallFormat] = {f.name: f for f in (Hermes(), QwenXml(), Llama3Json(), Mistral())}
@@ -438,7 +454,7 @@ def call_structure(tools: list[dict], name: str | None = None, several: bool = F
                    fmt: ToolCallFormat | str = HERMES) -> StructuredOutputsParams:
     """The structure of a reply that is a call (OpenAI's tool_choice "required", or naming `name`) in the
     format `fmt`: one calling one of the tools with arguments to its parameters' schema; `several`: one or
-    more calls. CannotForce where the format cannot be forced; a ValueError where a schema cannot be held to."""
+    more calls; `fmt.forced()` reads the reply. A ValueError where a schema cannot be held to."""
     functions = [f for f in (t["function"] for t in tools) if name is None or f["name"] == name]
     return StructuredOutputsParams(regex=_format(fmt).forced_pattern(functions, several))
 

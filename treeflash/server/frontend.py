@@ -24,7 +24,7 @@ from treeflash.server.protocol import (CHAT_UNSUPPORTED, COMPLETION_UNSUPPORTED,
                                        SamplingFields, TokenizeRequest)
 from treeflash.server.replies import ReplyReader
 from treeflash.structured import StructuredOutputsParams
-from treeflash.tool_calls import FORMATS, CannotForce, ToolCallFormat, ToolCallStream, call_structure, \
+from treeflash.tool_calls import FORMATS, ToolCallFormat, ToolCallStream, call_structure, \
     tool_call_format
 
 CONTEXT = "context_length_exceeded"
@@ -89,6 +89,8 @@ class Frontend:
         if tools is not None:
             fmt = self._tool_format(tok).for_tools(tools)
             forced = self._forced_call(body, tools, fmt)
+            if forced is not None:
+                fmt = fmt.forced()
         inside = None  # (no reasoning parser)
         if self.config.reasoning_parser is not None:
             inside = starts_in_reasoning(tok.decode(ids[-32:]))  # (the generation prompt is in the last tokens)
@@ -163,8 +165,6 @@ class Frontend:
         name = choice.function.get("name") if isinstance(choice, NamedToolChoice) else None
         try:
             return call_structure(tools, name, several=name is None and body.parallel_tool_calls, fmt=fmt)
-        except CannotForce as e:
-            raise bad_request(str(e), param="tool_choice", code="unsupported") from None
         except ValueError as e:  # (a parameters schema outlines-core cannot translate)
             raise bad_request(str(e), param="tools") from None
 
