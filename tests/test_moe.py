@@ -40,23 +40,27 @@ def grouped_runs_here(layer) -> bool:
 
 @torch.no_grad()
 @pytest.mark.parametrize("tokens", [1, 3, 4, 5, 17])  # pairs: 2 .. 34, one group of 8 to five
-def test_the_three_plans_agree(layer, tokens):
+def test_the_plans_agree(layer, tokens):
+    """(The gemv plan's Triton kernels: tests/test_moe_kernel.py.)"""
     x = torch.randn(tokens, 32, generator=torch.Generator().manual_seed(tokens))
     weights, chosen = layer.route(x)
     gathered = layer._gathered(x, weights, chosen)
     torch.testing.assert_close(layer._dense(x, weights, chosen), gathered, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(layer._looped(x, weights, chosen), gathered, atol=5e-6, rtol=1e-5)
     if grouped_runs_here(layer):  # (this PyTorch's grouped product on the CPU)
         torch.testing.assert_close(layer._grouped(x, weights, chosen), gathered, atol=1e-6, rtol=1e-5)
 
 
 @torch.no_grad()
-def test_a_tokens_output_has_the_same_bits_whatever_shares_the_forward_on_the_cpu(layer):
+@pytest.mark.parametrize("plan", ["gathered", "looped"])  # the CPU's two, by the experts' size
+def test_a_tokens_output_has_the_same_bits_whatever_shares_the_forward_on_the_cpu(layer, monkeypatch, plan):
     """What keeps plain decoding batched equal to alone, bit for bit, on the CPU (docs/exactness.md), with the
     router's weight prepacked as the engine prepacks every projection (models/kernels.py: prepack_cpu)."""
     from treeflash.models.kernels import prepack_cpu
 
     if not prepack_cpu([layer.gate.weight]):
         pytest.skip("this PyTorch has no oneDNN linear")
+    monkeypatch.setattr(layer, "plan", lambda chosen: plan)
     x = torch.randn(13, 32, generator=torch.Generator().manual_seed(0))
     together = layer(x[None])[0]
     for i in range(13):
@@ -80,10 +84,11 @@ def test_experts_keep_the_checkpoints_names_as_views_of_the_stacked_weights(moe_
     assert layer.stacked[0] is gate_up
 
 
-@pytest.mark.parametrize("plan", ["dense", "grouped"])
-def test_the_cuda_plans_decode_as_transformers_does(moe_dir, monkeypatch, plan):
-    """The CPU always gathers; CUDA groups, or without the grouped product takes the dense plan for larger
-    forwards. Forced here, greedy decoding still gives transformers' tokens (the plans differ by rounding)."""
+@pytest.mark.parametrize("plan", ["dense", "grouped", "looped"])
+def test_the_other_plans_decode_as_transformers_does(moe_dir, monkeypatch, plan):
+    """This tiny model's experts take the gathered plan on the CPU; larger ones the looped plan, and CUDA groups,
+    or without the grouped product takes the dense plan for larger forwards. Forced here, greedy decoding still
+    gives transformers' tokens (the plans differ by rounding)."""
     from helpers import hf_model
 
     model, _ = load_target(moe_dir, "cpu", torch.float32)

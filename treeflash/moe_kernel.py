@@ -1,10 +1,10 @@
-"""A few tokens' mixture-of-experts MLP as two Triton kernels (CUDA): matrix-vector products that read each
+"""A few tokens' mixture-of-experts MLP as three Triton kernels (CUDA): matrix-vector products that read each
 (token, chosen expert) pair's weights straight from the layer's stacked ones.
 
 `SparseMoE`'s "gemv" plan (treeflash/models/layers.py). A one-token step of Qwen3-30B-A3B's shape reads 8
-experts' 75 MB a layer, 16 us at an H100's bandwidth, where the grouped product took 115 us and the gathered
-plan (each pair's weights copied, then multiplied) 119 (benchmarks/gpu-moe/): a dozen small launches and a
-copy of the weights it reads. Here:
+experts' 75 MB a layer, 25 us at an H100's measured copy bandwidth, where the grouped product took 115 us and
+the gathered plan (each pair's weights copied, then multiplied) 119 (benchmarks/gpu-moe/): a dozen small
+launches and a copy of the weights it reads. Here (61 us, benchmarks/gpu-moe-gemv/):
 
 1. `_gate_up`: one program per (pair, block of BLOCK_J expert-MLP columns) multiplies the token's row by its
    expert's gate and up rows, in float32, and writes silu(gate) * up in the activations' dtype;

@@ -62,24 +62,34 @@ class Expert(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
 
+# On the CPU, experts of at least this many weights per projection (width x hidden) take the looped plan, smaller
+# ones the gathered plan (`SparseMoE.plan`): measured in benchmarks/cpu-moe-looped.
+LOOPED_MIN_WEIGHTS = 1 << 17
+
+
 class SparseMoE(nn.Module):
     """A mixture-of-experts MLP (Qwen3-MoE, Qwen2-MoE, Mixtral): the router's softmax over the experts picks each
     token's top k, and the token's output is their MLP outputs weighted by those probabilities (rescaled to sum
     to 1 where the config says), plus, for Qwen2-MoE, a shared MLP scaled by a sigmoid gate.
 
     The experts' weights are stacked, [E, 2I, H] (gate then up) and [E, H, I], and a forward computes with fixed
-    shapes, no host synchronisation (CUDA graphs capture it), by one of four plans (`plan`):
-    - gemv: on CUDA for few (token, chosen expert) pairs (N k <= 2 E): Triton kernels multiply each pair's
-      row by its expert's weights read in place (treeflash/moe_kernel.py), a one-token step reading only its
-      k experts, once; each token's result independent of the others';
+    shapes, no host synchronisation (CUDA graphs capture it; the CPU's looped plan excepted), by one of five
+    plans (`plan`):
+    - gemv: on CUDA for few (token, chosen expert) pairs (N k <= E / 4 where the grouped product runs, else
+      N k <= 2 E: measured, benchmarks/gpu-moe-gemv): Triton kernels multiply each pair's row by its expert's
+      weights read in place (treeflash/moe_kernel.py), a one-token step reading only its k experts, once;
+      each token's result independent of the others';
     - grouped: the pairs sorted by expert and multiplied by PyTorch's grouped product (`torch._grouped_mm`),
       which reads each chosen expert's weights once however many tokens chose it. CUDA in bfloat16, where
       that product runs (probed at `stack_experts`: Hopper GPUs; in float32 PyTorch 2.11's reads its group
       ends on the host, which a graph's capture refuses);
+    - looped: the CPU's for experts of at least LOOPED_MIN_WEIGHTS weights a projection: a host loop over the
+      pairs, each pair's products reading its expert's weights in place (`torch.mv`), no copy;
     - gathered: each pair's weights gathered and multiplied as a batch of matrix-vector products, in groups of
-      at most E pairs (the memory of one layer's experts). Each token's result has the same bits whatever
-      tokens share the forward, which the CPU's other products guarantee (docs/exactness.md), so the CPU
-      always takes it (and CUDA for few pairs where Triton is missing);
+      at most E pairs (the memory of one layer's experts): the CPU's for smaller experts, whose copies cost
+      less than a loop's steps (and CUDA's for few pairs where Triton is missing).
+      On the CPU either plan gives each token's result the same bits whatever tokens share the forward, as
+      the CPU's other products do (docs/exactness.md);
     - dense: every expert over every token as two batched products, and the weighted sum over experts, the
       unchosen ones weighing zero: every expert's weights read once (CUDA without the grouped product, more
       pairs).
@@ -142,7 +152,8 @@ class SparseMoE(nn.Module):
     def plan(self, chosen: torch.Tensor) -> str:
         """Which plan a forward takes (a shape's, never a value's: the class docstring)."""
         if chosen.device.type == "cpu":
-            return "gathered"
+            return "looped" if self.config.intermediate_size * self.gate.weight.shape[1] >= LOOPED_MIN_WEIGHTS \
+                else "gathered"
         if self.grouped:
             return "gemv" if self.gemv and 4 * chosen.numel() <= self.config.count else "grouped"
         if self.gemv and chosen.numel() <= 2 * self.config.count:
@@ -167,6 +178,15 @@ class SparseMoE(nn.Module):
         from treeflash.moe_kernel import expert_mlp  # Triton: imported on CUDA only (and in tests)
 
         return expert_mlp(x, *self.stacked, weights, chosen)
+
+    def _looped(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        gate_up, down = self.stacked
+        n, k = chosen.shape
+        out = torch.empty(n * k, x.shape[1], dtype=x.dtype, device=x.device)
+        for pair, expert in enumerate(chosen.reshape(-1).tolist()):  # (the CPU: a host loop costs no graph)
+            gate, up = torch.mv(gate_up[expert], x[pair // k]).chunk(2)
+            torch.mv(down[expert], F.silu(gate) * up, out=out[pair])
+        return (out.view(n, k, -1) * weights[:, :, None]).sum(1)
 
     def _gathered(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         gate_up, down = self.stacked
