@@ -182,11 +182,11 @@ class SparseMoE(nn.Module):
     def _looped(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         gate_up, down = self.stacked
         n, k = chosen.shape
-        out = torch.empty(n * k, x.shape[1], dtype=x.dtype, device=x.device)
+        out = []
         for pair, expert in enumerate(chosen.reshape(-1).tolist()):  # (the CPU: a host loop costs no graph)
             gate, up = torch.mv(gate_up[expert], x[pair // k]).chunk(2)
-            torch.mv(down[expert], F.silu(gate) * up, out=out[pair])
-        return (out.view(n, k, -1) * weights[:, :, None]).sum(1)
+            out.append(torch.mv(down[expert], F.silu(gate) * up))
+        return (torch.stack(out).view(n, k, -1) * weights[:, :, None]).sum(1)
 
     def _gathered(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         gate_up, down = self.stacked
