@@ -328,9 +328,9 @@ def test_unknown_dataset_is_a_clear_error():
 
 # --- synthetic shapes ----------------------------------------------------------------------------------
 # Published parameter counts: SmolLM2-135M 134,515,008 (tied); Qwen3-8B 8,190,735,360; Llama-3-8B 8,030,261,248;
-# Qwen3-4B 4,022,468,096 (tied); Qwen3-30B-A3B 30,532,122,624 (3.3B activated).
+# Qwen3-4B 4,022,468,096 (tied); Qwen3-30B-A3B 30,532,122,624 (3.3B activated); Mixtral-8x7B 46,702,792,704 (12.9B).
 PUBLISHED = {"smollm2-135m": 134_515_008, "qwen3-8b": 8_190_735_360, "llama3-8b": 8_030_261_248,
-             "qwen3-4b": 4_022_468_096, "qwen3-30b-a3b": 30_532_122_624}
+             "qwen3-4b": 4_022_468_096, "qwen3-30b-a3b": 30_532_122_624, "mixtral-8x7b": 46_702_792_704}
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))

@@ -46,6 +46,12 @@ def _qwen3_moe(layers, hidden, heads, kv_heads, intermediate, experts, per_token
             "norm_topk_prob": True}
 
 
+def _mixtral(layers, hidden, heads, kv_heads, intermediate, experts, per_token) -> dict[str, Any]:
+    return {**_llama(layers, hidden, heads, kv_heads, intermediate, 32000, tie=False, theta=1000000.0,
+                     max_pos=32768), "architectures": ["MixtralForCausalLM"], "num_local_experts": experts,
+            "num_experts_per_tok": per_token, "sliding_window": None}
+
+
 def _llama(layers, hidden, heads, kv_heads, intermediate, vocab, tie, theta, max_pos) -> dict[str, Any]:
     return {"architectures": ["LlamaForCausalLM"], "vocab_size": vocab, "hidden_size": hidden,
             "intermediate_size": intermediate, "num_hidden_layers": layers, "num_attention_heads": heads,
@@ -61,6 +67,8 @@ SHAPES: dict[str, Shape] = {
     "qwen3-4b": Shape("qwen3-4b", _qwen3(36, 2560, 32, 8, 9728, tie=True), mask_token_id=151669),
     # A mixture of experts (Qwen3-30B-A3B, Qwen3-Coder-30B-A3B): 128 experts of width 768, 8 per token.
     "qwen3-30b-a3b": Shape("qwen3-30b-a3b", _qwen3_moe(48, 2048, 32, 4, 6144, 128, 8, 768), mask_token_id=151669),
+    # Mixtral-8x7B: 8 experts of width 14,336, 2 per token; its vocabulary has no unused id, so MASK is <unk> (0).
+    "mixtral-8x7b": Shape("mixtral-8x7b", _mixtral(32, 4096, 32, 8, 14336, 8, 2), mask_token_id=0),
     "llama3-8b": Shape("llama3-8b", _llama(32, 4096, 32, 8, 14336, 128256, tie=False, theta=500000.0,
                                            max_pos=8192), mask_token_id=128002),
     # The shipped drafter's shape (treeflash/default_drafter/config.json), not z-lab's five layers: rounds at this
