@@ -504,6 +504,17 @@ def test_synthetic_skips_what_would_not_fit(tmp_path, monkeypatch):
     assert result["skipped"][0]["method"] == "ddtree:64" and "GiB" in result["skipped"][0]["reason"]
 
 
+def test_a_synthetic_shape_the_device_cannot_hold_is_refused_before_it_is_built(monkeypatch, capsys):
+    import treeflash.bench.synthetic as synthetic
+
+    monkeypatch.setattr(synthetic, "free_memory", lambda device: 10 ** 9)
+    monkeypatch.setattr(synthetic, "build_target", lambda *a, **k: pytest.fail("built"))
+    assert bench("--synthetic", "mixtral-8x7b", "--methods", "none", "--no-plots") == 1
+    err = capsys.readouterr().err
+    assert "--synthetic mixtral-8x7b: its random float32 weights take 186.8 GB, and cpu has 1.0 GB free" in err
+    assert synthetic.free_memory(torch.device("cpu")) is None or synthetic.free_memory(torch.device("cpu")) > 0
+
+
 # --- baselines -------------------------------------------------------------------------------------------
 @pytest.mark.reference
 def test_baselines_run_side_by_side_with_the_same_tokens(pair, prompts_file, tmp_path):

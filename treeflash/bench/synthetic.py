@@ -47,8 +47,8 @@ import torch
 from tqdm import tqdm
 
 from treeflash.bench.methods import NGRAM_TOKENS, parse_methods
-from treeflash.bench.shapes import (build_drafter, build_target, decode_read_bytes, drafter_config, shape,
-                                    target_config, weight_bytes)
+from treeflash.bench.shapes import (build_drafter, build_target, decode_read_bytes, drafter_config, drafter_params,
+                                    shape, target_config, target_params, weight_bytes)
 from treeflash.bench.report import environment
 from treeflash.bench.timing import copy_bandwidth, time_engine_rounds
 from treeflash.attention import BACKENDS, FLEX_DECODE_TOKENS
@@ -257,6 +257,8 @@ def run_synthetic(cfg: SyntheticConfig, command: str | None = None, log=print, p
     needs_drafter = any(m.spec != "none" for m in methods)
     group, make_engine = None, Engine
     if tp == 1:
+        check_weights_fit(cfg.shape, target_params(tcfg) + (drafter_params(dcfg) if needs_drafter else 0), device,
+                          dtype)
         log(f"building {cfg.shape} (random {str(dtype).removeprefix('torch.')} weights) on {device} ...")
         target = build_target(tcfg, device, dtype, seed=cfg.seed)
         drafter = build_drafter(dcfg, device, dtype, seed=cfg.seed + 1) if needs_drafter else None
@@ -278,6 +280,30 @@ def run_synthetic(cfg: SyntheticConfig, command: str | None = None, log=print, p
     finally:
         if group is not None:
             group.close()
+
+
+def check_weights_fit(name: str, params: int, device: torch.device, dtype: torch.dtype) -> None:
+    """A clear error before building weights the device cannot hold (the CPU's way of running out is the
+    process killed without a word): their bytes against the device's free memory, where it can be read."""
+    need = params * torch.empty((), dtype=dtype).element_size()
+    free = free_memory(device)
+    if free is not None and need > free:
+        raise ValueError(f"--synthetic {name}: its random {str(dtype).removeprefix('torch.')} weights take "
+                         f"{need / 1e9:.1f} GB, and {device} has {free / 1e9:.1f} GB free (a smaller shape, "
+                         f"--dtype bfloat16, or a larger device)")
+
+
+def free_memory(device: torch.device) -> int | None:
+    """Bytes free on `device`: CUDA's free memory, the CPU's MemAvailable (Linux); None where unknown."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def _run_rows(cfg, s, tcfg, dcfg, methods, target, drafter, make_engine, group, one_device_ar, prompt, device,

@@ -3,7 +3,7 @@
 # against the floor of the bytes a token reads (2 of 8 experts), the chain and DDTree rounds; then, time left,
 # the Qwen3-30B-A3B shape's on the same GPU.
 export PYTHONUNBUFFERED=1 TQDM_DISABLE=1 PYTHONPATH=$PWD
-END=$((SECONDS + ${LIMIT:-400}))
+END=$((SECONDS + ${LIMIT:-300}))
 nvidia-smi -L; date; mkdir -p $HOME/x
 for s in mixtral-8x7b qwen3-30b-a3b; do
   left=$((END - SECONDS - 10)); [ $left -lt 60 ] && break
