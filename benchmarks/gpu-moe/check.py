@@ -1,9 +1,9 @@
 """Mixtures of experts on CUDA: a tiny random float32 Qwen3-MoE target, its logits against transformers' on the
 same GPU, and greedy decoding through the engine (CUDA graphs) with and without a random DFlash drafter.
 
-16 experts, 2 per token, layer 1 dense: in float32 (no grouped product there) a forward of up to 16 tokens takes
-the gemv plan's Triton kernels (N k <= 2 E; the gathered plan before them, for 3 N k <= 16) and a larger verify or
-batch the dense one (treeflash/models/layers.py: SparseMoE), so both run under graphs. For every prompt the
+16 experts, 2 per token, layer 1 dense: in float32 (no grouped product there) a forward of one or two tokens
+takes the gemv plan's Triton kernels (N k <= E / 4; the gathered plan before them) and a verify or a larger batch
+the dense one (treeflash/models/layers.py: SparseMoE), so both run under graphs. For every prompt the
 tokens of plain decoding alone (batch 1) are the reference; plain decoding in a batch of 4, the DFlash chain
 and DDTree-16 (batch 4) are compared with it, and plain decoding with transformers' generate.
 

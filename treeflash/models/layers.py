@@ -75,10 +75,10 @@ class SparseMoE(nn.Module):
     The experts' weights are stacked, [E, 2I, H] (gate then up) and [E, H, I], and a forward computes with fixed
     shapes, no host synchronisation (CUDA graphs capture it; the CPU's looped plan excepted), by one of five
     plans (`plan`):
-    - gemv: on CUDA for few (token, chosen expert) pairs (N k <= E / 4 where the grouped product runs, else
-      N k <= 2 E: measured, benchmarks/gpu-moe-gemv): Triton kernels multiply each pair's row by its expert's
-      weights read in place (treeflash/moe_kernel.py), a one-token step reading only its k experts, once;
-      each token's result independent of the others';
+    - gemv: on CUDA for few (token, chosen expert) pairs (N k <= E / 4, where whole rounds measured it faster
+      than the grouped product: benchmarks/gpu-moe-gemv): Triton kernels multiply each pair's row by its
+      expert's weights read in place (treeflash/moe_kernel.py), a one-token step reading only its k experts,
+      once; each token's result independent of the others';
     - grouped: the pairs sorted by expert and multiplied by PyTorch's grouped product (`torch._grouped_mm`),
       which reads each chosen expert's weights once however many tokens chose it. CUDA in bfloat16, where
       that product runs (probed at `stack_experts`: Hopper GPUs; in float32 PyTorch 2.11's reads its group
@@ -87,7 +87,8 @@ class SparseMoE(nn.Module):
       pairs, each pair's products reading its expert's weights in place (`torch.mv`), no copy;
     - gathered: each pair's weights gathered and multiplied as a batch of matrix-vector products, in groups of
       at most E pairs (the memory of one layer's experts): the CPU's for smaller experts, whose copies cost
-      less than a loop's steps (and CUDA's for few pairs where Triton is missing).
+      less than a loop's steps, and CUDA's without the grouped product up to 3 N k <= E (where Triton is
+      missing, from one pair).
       On the CPU either plan gives each token's result the same bits whatever tokens share the forward, as
       the CPU's other products do (docs/exactness.md);
     - dense: every expert over every token as two batched products, and the weighted sum over experts, the
@@ -154,10 +155,10 @@ class SparseMoE(nn.Module):
         if chosen.device.type == "cpu":
             return "looped" if self.config.intermediate_size * self.gate.weight.shape[1] >= LOOPED_MIN_WEIGHTS \
                 else "gathered"
-        if self.grouped:
-            return "gemv" if self.gemv and 4 * chosen.numel() <= self.config.count else "grouped"
-        if self.gemv and chosen.numel() <= 2 * self.config.count:
+        if self.gemv and 4 * chosen.numel() <= self.config.count:
             return "gemv"
+        if self.grouped:
+            return "grouped"
         return "gathered" if 3 * chosen.numel() <= self.config.count else "dense"
 
     def _grouped(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
