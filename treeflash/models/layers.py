@@ -87,8 +87,8 @@ class SparseMoE(nn.Module):
       pairs, each pair's products reading its expert's weights in place (`torch.mv`), no copy;
     - gathered: each pair's weights gathered and multiplied as a batch of matrix-vector products, in groups of
       at most E pairs (the memory of one layer's experts): the CPU's for smaller experts, whose copies cost
-      less than a loop's steps, and CUDA's without the grouped product up to 3 N k <= E (where Triton is
-      missing, from one pair).
+      less than a loop's steps, and CUDA's without the grouped product from the gemv plan's bound (from one
+      pair where Triton is missing) up to 3 N k <= E.
       On the CPU either plan gives each token's result the same bits whatever tokens share the forward, as
       the CPU's other products do (docs/exactness.md);
     - dense: every expert over every token as two batched products, and the weighted sum over experts, the
@@ -145,7 +145,7 @@ class SparseMoE(nn.Module):
         self.stack_experts()
         rows = x.reshape(-1, x.shape[-1])
         weights, chosen = self.route(rows)
-        out = getattr(self, "_" + self.plan(chosen))(rows, weights, chosen)  # _gemv, _grouped, _gathered, _dense
+        out = getattr(self, "_" + self.plan(chosen))(rows, weights, chosen)  # _gemv, _grouped, _looped, ...
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(rows)) * self.shared_expert(rows)
         return out.view(x.shape)
