@@ -14,7 +14,7 @@ launches and a copy of the weights it reads. Here (61 us, benchmarks/gpu-moe-gem
    rounded once to the output's dtype.
 
 No program reads another token's values and the k pairs are summed in one fixed order, so a token's output
-has the same bits whatever tokens share the forward (as the CPU's gathered plan). Reading a pair's expert once
+has the same bits whatever tokens share the forward (as on the CPU). Reading a pair's expert once
 per pair, it suits few pairs: with many, every expert some token chose is read once by the grouped or dense
 plan instead (`SparseMoE.plan`). Imported lazily (CUDA); under TRITON_INTERPRET=1 it runs on CPU tensors
 (tests/test_moe_kernel.py).

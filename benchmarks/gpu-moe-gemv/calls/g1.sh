@@ -1,4 +1,6 @@
 #!/bin/bash
+# (As run. Its "old" process imported this code, not .stage/old: `python -m` puts the working directory first on
+# the path; ../README.md says so, and g3.sh / g4.sh run the old code from inside its folder.)
 # The gemv plan (treeflash/moe_kernel.py) on CUDA: check.py (a tiny float32 Qwen3-MoE under CUDA graphs, against
 # transformers and plain decoding: few tokens now take the Triton kernels), layer_plans.py (one Qwen3-30B-A3B-shape
 # layer, every plan and a few gemv launches, replayed as graphs), then the Qwen3-30B-A3B shape's rounds (random
