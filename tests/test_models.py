@@ -37,6 +37,10 @@ VARIANTS = {
     # head_dim 16: wavelengths from 6 to ~6000 positions, so all three llama3 bands (kept, smoothed, scaled) occur.
     "llama3_rope": ("llama", {"rope_parameters": LLAMA3_ROPE, "max_position_embeddings": 1024,
                               "num_heads": 2, "num_kv_heads": 1, "head_dim": 16}),
+    # YaRN (Qwen3's model cards' long-context setting): every frequency band and the cos/sin scale.
+    "qwen3_yarn": ("qwen3", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                                 "original_max_position_embeddings": 64},
+                             "max_position_embeddings": 256, "num_heads": 2, "num_kv_heads": 1, "head_dim": 16}),
     "qwen2_bias": ("qwen2", {}),
     "qwen3_qk_norm": ("qwen3", {"tie": True}),
     # Mixtures of experts: 8 experts, 2 per token, rescaled; layer 1 dense (mlp_only_layers). The prompts'
@@ -289,8 +293,8 @@ def test_config_json_read_as_transformers_reads_it(tmp_path):
 
 def test_unsupported_rope_scaling_is_refused(tmp_path):
     path = write_config(tmp_path / "m", architectures=["LlamaForCausalLM"],
-                        rope_scaling={"rope_type": "yarn", "factor": 4.0})
-    with pytest.raises(UnsupportedModelError, match="yarn"):
+                        rope_scaling={"rope_type": "dynamic", "factor": 4.0})
+    with pytest.raises(UnsupportedModelError, match="dynamic"):
         LLM(path, device="cpu")
 
 
@@ -313,8 +317,8 @@ def test_rope_scaling_beside_rope_parameters_is_read_as_transformers_reads_it(tm
 
 def test_an_unsupported_rope_scaling_beside_rope_parameters_is_refused(tmp_path):
     path = write_config(tmp_path / "m", architectures=["LlamaForCausalLM"], rope_parameters={"rope_type": "default"},
-                        rope_scaling={"rope_type": "yarn", "factor": 4.0})
-    with pytest.raises(UnsupportedModelError, match="yarn"):
+                        rope_scaling={"rope_type": "longrope", "factor": 4.0})
+    with pytest.raises(UnsupportedModelError, match="longrope"):
         LLM(path, device="cpu")
 
 
@@ -495,10 +499,35 @@ def test_llama3_rope_context_defaults_as_in_transformers(tmp_path, extra):
     assert ModelConfig.from_dir(path).rope.original_max_position_embeddings == hf["original_max_position_embeddings"]
 
 
+@pytest.mark.parametrize("yarn", [
+    {"factor": 4.0, "original_max_position_embeddings": 64},  # Qwen3's model cards' form
+    {"factor": 8.0, "original_max_position_embeddings": 4096, "beta_fast": 16.0, "beta_slow": 2.0, "truncate": False},
+    {"factor": 40.0, "original_max_position_embeddings": 4096, "mscale": 1.0, "mscale_all_dim": 0.707},  # DeepSeek's
+    {"factor": 2.0, "original_max_position_embeddings": 128, "attention_factor": 1.25},
+    {"factor": 32.0, "original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0,
+     "truncate": False, "rope_theta": 150000.0},  # gpt-oss's
+])
+def test_yarn_frequencies_and_scale_are_transformers(yarn):
+    from transformers import Qwen3Config
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from treeflash.config import RopeConfig
+    from treeflash.models.layers import rope_inv_freq
+
+    params = {"rope_type": "yarn", "rope_theta": 10000.0, **yarn}
+    hf = Qwen3Config(hidden_size=64, num_attention_heads=2, head_dim=32, max_position_embeddings=16384,
+                     rope_parameters=dict(params))
+    want_freq, want_scale = ROPE_INIT_FUNCTIONS["yarn"](hf, "cpu")
+    rope = RopeConfig.from_hf({"max_position_embeddings": 16384, "rope_parameters": params})
+    assert rope.kind == "yarn" and rope.attention_factor == pytest.approx(want_scale, rel=1e-12)
+    torch.testing.assert_close(rope_inv_freq(rope, 32), want_freq, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("rope, missing", [
     ({"rope_type": "llama3", "factor": 8.0, "high_freq_factor": 4.0}, "low_freq_factor"),
     ({"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0}, "factor"),
     ({"rope_type": "linear"}, "factor"),
+    ({"rope_type": "yarn", "original_max_position_embeddings": 64}, "factor"),
 ])
 def test_a_scaled_rope_without_its_factors_is_refused(tmp_path, rope, missing):
     path = write_config(tmp_path / "m", architectures=["LlamaForCausalLM"], rope_parameters=rope)

@@ -7,6 +7,7 @@ differs between them is a field here, so the model code never branches on an arc
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,11 +99,16 @@ def _recurrent_reason(arch: str, cfg: dict[str, Any]) -> str | None:
 @dataclass(frozen=True)
 class RopeConfig:
     theta: float = 10000.0
-    kind: str = "default"  # "default", "linear" or "llama3"
+    kind: str = "default"  # "default", "linear", "llama3" or "yarn"
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    # YaRN (models/layers.py: yarn_inv_freq): the ramp's bounds in rotations, and the cos/sin scale
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float = 1.0
+    truncate: bool = True
 
     @staticmethod
     def from_hf(cfg: dict[str, Any]) -> "RopeConfig":
@@ -130,28 +136,48 @@ class RopeConfig:
         # "type": the older name of "rope_type"
         kind = config_value(params, "rope_type", str, config_value(params, "type", str, "default", where=where),
                             where=where)
-        if kind not in ("default", "linear", "llama3"):
+        if kind not in ("default", "linear", "llama3", "yarn"):
             raise UnsupportedModelError(
-                f"unsupported rope scaling {kind!r}: supported are default, linear and llama3"
+                f"unsupported rope scaling {kind!r}: supported are default, linear, llama3 and yarn"
             )
         # Read as transformers (5.x) reads them: the scaled kinds need their factors (it fails without them,
         # and a default here would run another RoPE than the one meant); llama3's pre-training context is
         # the rope parameters' original_max_position_embeddings, else max_position_embeddings (a top-level
         # original_max_position_embeddings is set after transformers' Llama/Qwen configs read their RoPE).
-        required = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor")}.get(kind, ())
+        required = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor"),
+                    "yarn": ("factor",)}.get(kind, ())
         absent = [k for k in required if params.get(k) is None]
         if absent:
             raise ConfigError(f"{where}: rope_type {kind!r} needs {', '.join(absent)}")
-        original = config_value(cfg, "max_position_embeddings", int, 2048)
-        original = config_value(params, "original_max_position_embeddings", int, original, minimum=1, where=where)
+        max_positions = config_value(cfg, "max_position_embeddings", int, 2048)
+        original = config_value(params, "original_max_position_embeddings", int, max_positions, minimum=1,
+                                where=where)
+        factor = config_value(params, "factor", float, 1.0, where=where)
         return RopeConfig(
             theta=theta,
             kind=kind,
-            factor=config_value(params, "factor", float, 1.0, where=where),
+            factor=factor,
             low_freq_factor=config_value(params, "low_freq_factor", float, 1.0, where=where),
             high_freq_factor=config_value(params, "high_freq_factor", float, 4.0, where=where),
             original_max_position_embeddings=original,
+            **(RopeConfig._yarn(params, factor, where) if kind == "yarn" else {}),
         )
+
+    @staticmethod
+    def _yarn(params: dict[str, Any], factor: float, where: str) -> dict[str, Any]:
+        """YaRN's fields, as transformers (5.x) reads them: beta_fast / beta_slow 32 / 1 where absent (or 0), the
+        cos/sin scale given, else 0.1 ln(factor) + 1 (with DeepSeek's mscale / mscale_all_dim, their ratio)."""
+        def mscale(scale: float, m: float = 1.0) -> float:
+            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+        given = config_value(params, "attention_factor", float, None, where=where)
+        m, m_all = (config_value(params, k, float, None, where=where) for k in ("mscale", "mscale_all_dim"))
+        if given is None:
+            given = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+        return {"beta_fast": config_value(params, "beta_fast", float, None, where=where) or 32.0,
+                "beta_slow": config_value(params, "beta_slow", float, None, where=where) or 1.0,
+                "attention_factor": float(given),
+                "truncate": config_value(params, "truncate", bool, True, where=where)}
 
 
 @dataclass(frozen=True)

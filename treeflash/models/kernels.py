@@ -84,12 +84,12 @@ def qk_norm_rotary(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tens
     return norm_rotary(x, weight, eps, cos, sin)
 
 
-def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, scale: float = 1.0
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    # positions: [N] -> cos, sin: [N, head_dim]
+    # positions: [N] -> cos, sin: [N, head_dim], times `scale` (YaRN's; 1.0 leaves every bit as it is)
     freqs = positions.float()[..., None] * inv_freq.float()
     emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -190,10 +190,10 @@ class Kernels:
             out = self._over_heads(qk_norm_rotary, x, (q_weight, k_weight, q_heads, eps), cos, sin)
         return out[:, :q_heads], out[:, q_heads:]
 
-    def rotary_tables(self, positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+    def rotary_tables(self, positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, scale: float = 1.0
                       ) -> tuple[torch.Tensor, torch.Tensor]:
         # positions: [B, T] -> cos, sin: [B, T, head_dim]
-        cos, sin = self._call(rotary_tables, positions.reshape(-1), inv_freq, dtype)
+        cos, sin = self._call(rotary_tables, positions.reshape(-1), inv_freq, dtype, scale)
         return cos.view(*positions.shape, -1), sin.view(*positions.shape, -1)
 
     def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -226,10 +226,12 @@ def _grouped_product_runs(weight: torch.Tensor) -> bool:
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
-    """Per-frequency inverse wavelengths, with linear or Llama-3 scaling applied."""
+    """Per-frequency inverse wavelengths, with linear, Llama-3 or YaRN scaling applied."""
     inv_freq = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim))
     if rope.kind == "linear":
         return inv_freq / rope.factor
+    if rope.kind == "yarn":
+        return yarn_inv_freq(rope, head_dim)
     if rope.kind == "llama3":
         # Llama 3.1: long wavelengths are divided by `factor`, short ones kept, the band between interpolated.
         old_len = rope.original_max_position_embeddings
@@ -244,6 +246,27 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
     return inv_freq
 
 
+def yarn_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
+    """YaRN (arXiv 2309.06180): frequencies that turn fewer than beta_slow times over the pre-training context
+    are divided by `factor` (interpolated), those turning more than beta_fast times kept (extrapolated), a
+    linear ramp over the dimensions between; transformers' arithmetic, in float32."""
+    def dim_of(rotations: float) -> float:  # the dimension whose frequency turns `rotations` times
+        return head_dim * math.log(rope.original_max_position_embeddings / (rotations * 2 * math.pi)) / (
+            2 * math.log(rope.theta))
+
+    low, high = dim_of(rope.beta_fast), dim_of(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # (no division by zero)
+    # (on the CPU explicitly: a model is built under the meta device, and this buffer must hold values)
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32, device="cpu") - low) / (high - low)).clamp(0, 1)
+    pos_freqs = rope.theta ** (torch.arange(0, head_dim, 2, device="cpu").to(dtype=torch.float) / head_dim)
+    kept = 1 - ramp  # the share of each dimension extrapolated
+    return 1.0 / (rope.factor * pos_freqs) * (1 - kept) + 1.0 / pos_freqs * kept
+
+
 class Rotary(nn.Module):
     """Rotary embedding for arbitrary per-token positions (tree nodes share positions with siblings)."""
 
@@ -252,7 +275,8 @@ class Rotary(nn.Module):
     def __init__(self, rope: RopeConfig, head_dim: int):
         super().__init__()
         self.register_buffer("inv_freq", rope_inv_freq(rope, head_dim), persistent=False)
+        self.scale = rope.attention_factor  # YaRN's cos/sin scale (1 for the others)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         # positions: [B, T] -> cos, sin: [B, T, head_dim]
-        return self.kernels.rotary_tables(positions, self.inv_freq, dtype)
+        return self.kernels.rotary_tables(positions, self.inv_freq, dtype, self.scale)
