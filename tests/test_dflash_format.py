@@ -189,9 +189,18 @@ def test_draft_after_a_round_matches_reference_from_scratch(target_dir, tmp_path
     assert min(accepted_lengths) >= 4
 
 
-def test_config_round_trip(target_dir):
+@pytest.mark.parametrize("rope", [None, {"rope_type": "linear", "factor": 2.0},
+                                  {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                   "original_max_position_embeddings": 64},
+                                  {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                                   "beta_fast": 16.0, "truncate": False}])
+def test_config_round_trip(target_dir, rope):
+    """Every field, the RoPE's scaling too (config.json used to say "default" whatever the drafter ran)."""
     hf = drafter_hf_config(target_dir, block_size=7, layers=2, target_layer_ids=[0, 4], **SCALED)
+    if rope is not None:
+        hf["rope_parameters"] = {"rope_theta": 10000.0, **rope}
     cfg = DrafterConfig.from_hf(hf)
+    assert cfg.layers.rope.kind == (rope or {"rope_type": "default"})["rope_type"]
     assert DrafterConfig.from_hf(cfg.to_hf()) == cfg
     assert (cfg.block_size, cfg.depth, cfg.target_layer_ids) == (7, 6, (0, 4))
     assert (cfg.input_embedding_scale, cfg.output_multiplier, cfg.final_logit_softcapping) == (1.7, 0.6, 4.0)
