@@ -163,6 +163,21 @@ class RopeConfig:
             **(RopeConfig._yarn(params, factor, where) if kind == "yarn" else {}),
         )
 
+    def to_hf(self) -> dict[str, Any]:
+        """This RoPE as transformers 5's `rope_parameters` says it, every scaling field kept (a drafter's
+        config.json that said "default" whatever it ran would run another RoPE once read back)."""
+        params: dict[str, Any] = {"rope_theta": self.theta, "rope_type": self.kind}
+        if self.kind != "default":
+            params["factor"] = self.factor
+        if self.kind in ("llama3", "yarn"):
+            params["original_max_position_embeddings"] = self.original_max_position_embeddings
+        if self.kind == "llama3":
+            params |= {"low_freq_factor": self.low_freq_factor, "high_freq_factor": self.high_freq_factor}
+        if self.kind == "yarn":
+            params |= {"beta_fast": self.beta_fast, "beta_slow": self.beta_slow,
+                       "attention_factor": self.attention_factor, "truncate": self.truncate}
+        return params
+
     @staticmethod
     def _yarn(params: dict[str, Any], factor: float, where: str) -> dict[str, Any]:
         """YaRN's fields, as transformers (5.x) reads them: beta_fast / beta_slow 32 / 1 where absent (or 0), the

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from treeflash.config import ConfigError, ModelConfig, RopeConfig, UnsupportedModelError, config_value
+from treeflash.config import ConfigError, ModelConfig, UnsupportedModelError, config_value
 from treeflash.kv_cache import KVCache, PrefixKV
 from treeflash.models.kernels import Linear, linear
 from treeflash.models.layers import RMSNorm, Rotary
@@ -35,22 +35,6 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> l
         return [num_target_layers // 2]
     span = num_target_layers - 4
     return [round(1 + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers)]
-
-
-def rope_parameters(rope: RopeConfig) -> dict[str, Any]:
-    """A RoPE as transformers 5's `rope_parameters` says it, every scaling field kept (a drafter saved with the
-    default one would run another RoPE when read back)."""
-    params: dict[str, Any] = {"rope_theta": rope.theta, "rope_type": rope.kind}
-    if rope.kind != "default":
-        params["factor"] = rope.factor
-    if rope.kind in ("llama3", "yarn"):
-        params["original_max_position_embeddings"] = rope.original_max_position_embeddings
-    if rope.kind == "llama3":
-        params |= {"low_freq_factor": rope.low_freq_factor, "high_freq_factor": rope.high_freq_factor}
-    if rope.kind == "yarn":
-        params |= {"beta_fast": rope.beta_fast, "beta_slow": rope.beta_slow, "attention_factor": rope.attention_factor,
-                   "truncate": rope.truncate}
-    return params
 
 
 @dataclass(frozen=True)
@@ -145,7 +129,7 @@ class DrafterConfig:
             "head_dim": c.head_dim,
             "rms_norm_eps": c.rms_norm_eps,
             "rope_theta": c.rope.theta,
-            "rope_parameters": rope_parameters(c.rope),
+            "rope_parameters": c.rope.to_hf(),
             "attention_bias": c.qkv_bias,
             "hidden_act": "silu",
             "max_position_embeddings": c.max_position_embeddings,
