@@ -209,24 +209,23 @@ class ExpertsConfig:
 
     @staticmethod
     def from_hf(cfg: dict[str, Any], num_layers: int, arch: str = "Qwen3MoeForCausalLM") -> "ExpertsConfig":
-        if arch == "MixtralForCausalLM":
-            # Every layer sparse, experts as wide as intermediate_size, the chosen weights always rescaled
-            # (transformers' MixtralTopKRouter); no shared expert.
+        mixtral = arch == "MixtralForCausalLM"
+        if mixtral:
             count = config_value(cfg, "num_local_experts", int, minimum=1)
-            per_token = config_value(cfg, "num_experts_per_tok", int, minimum=1)
-            if per_token > count:
-                raise ConfigError(f"config.json: num_experts_per_tok {per_token} exceeds the {count} experts")
-            return ExpertsConfig(count=count, per_token=per_token,
-                                 intermediate_size=config_value(cfg, "intermediate_size", int, minimum=1),
-                                 normalize=True, sparse_layers=tuple(range(num_layers)))
-        # (transformers 5 writes num_local_experts; the hub's checkpoints num_experts)
-        count = config_value(cfg, "num_experts", int, config_value(cfg, "num_local_experts", int, None, minimum=1),
-                             minimum=1)
-        if count is None:
-            raise ConfigError("config.json: required key 'num_experts' is missing")
+        else:  # (transformers 5 writes num_local_experts; the hub's checkpoints num_experts)
+            count = config_value(cfg, "num_experts", int,
+                                 config_value(cfg, "num_local_experts", int, None, minimum=1), minimum=1)
+            if count is None:
+                raise ConfigError("config.json: required key 'num_experts' is missing")
         per_token = config_value(cfg, "num_experts_per_tok", int, minimum=1)
         if per_token > count:
             raise ConfigError(f"config.json: num_experts_per_tok {per_token} exceeds the {count} experts")
+        if mixtral:
+            # Every layer sparse, experts as wide as intermediate_size, the chosen weights always rescaled
+            # (transformers' MixtralTopKRouter); no shared expert.
+            return ExpertsConfig(count=count, per_token=per_token,
+                                 intermediate_size=config_value(cfg, "intermediate_size", int, minimum=1),
+                                 normalize=True, sparse_layers=tuple(range(num_layers)))
         step = config_value(cfg, "decoder_sparse_step", int, 1, minimum=1)
         dense = config_value(cfg, "mlp_only_layers", list, [])
         return ExpertsConfig(

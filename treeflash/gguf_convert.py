@@ -132,10 +132,11 @@ def _architecture(reader: Any, path: Path) -> str:
                                     f"use the model's safetensors checkpoint (Hugging Face layout)")
     if arch not in _ARCHITECTURES:
         raise unsupported_architecture(f"{arch} (GGUF general.architecture in {path.name})")
-    if _meta(reader, f"{arch}.expert_count"):  # llama.cpp writes Mixtral as a llama with experts
-        raise UnsupportedModelError(f"{path.name}: GGUF files of mixtures of experts ({arch} with "
-                                    f"{_meta(reader, f'{arch}.expert_count')} experts, e.g. Mixtral) are not "
-                                    f"converted; use the model's safetensors checkpoint (Hugging Face layout)")
+    experts = _meta(reader, f"{arch}.expert_count")
+    if experts:  # llama.cpp writes Mixtral as a llama with experts
+        raise UnsupportedModelError(f"{path.name}: GGUF files of mixtures of experts ({arch} with {experts} "
+                                    f"experts, e.g. Mixtral) are not converted; use the model's safetensors "
+                                    f"checkpoint (Hugging Face layout)")
     return arch
 
 

@@ -285,7 +285,7 @@ def run_synthetic(cfg: SyntheticConfig, command: str | None = None, log=print, p
 def check_weights_fit(name: str, params: int, device: torch.device, dtype: torch.dtype) -> None:
     """A clear error before building weights the device cannot hold (the CPU's way of running out is the
     process killed without a word): their bytes against the device's free memory, where it can be read."""
-    need = params * torch.empty((), dtype=dtype).element_size()
+    need = params * dtype.itemsize
     free = free_memory(device)
     if free is not None and need > free:
         raise ValueError(f"--synthetic {name}: its random {str(dtype).removeprefix('torch.')} weights take "
