@@ -17,7 +17,7 @@ from treeflash.attention import SplitKVMask, attend, attend_new, check_backend, 
 from treeflash.kv_cache import KVCache, append_layout
 from treeflash.llm import LLM
 from treeflash.sampling import SamplingParams
-from spec_helpers import make_drafter, make_target
+from spec_helpers import hf_greedy, load_hf, make_drafter, make_target
 
 
 pytestmark = pytest.mark.usefixtures("mend")
@@ -159,6 +159,23 @@ def test_splitkv_rounds_decode_as_plain_decoding(tmp_path, spec, budget, attenti
     assert [o.token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=params)] == expected
 
 
+@pytest.mark.parametrize("arch", ["gpt_oss", "mistral"])
+def test_windowed_and_sink_rounds_decode_as_transformers(tmp_path, arch):
+    """GPT-OSS (windows of 6 on layer 0, sinks) and Mistral (windows of 6 everywhere): prompts and tokens past the
+    window, through the kernels' windowed walk and sinks, prefill and DDTree rounds, give transformers' tokens."""
+    target = make_target(tmp_path / "target", arch=arch, vocab=64, hidden=64, heads=4, kv_heads=2, layers=2,
+                         init_std=0.1, window=6)
+    drafter = make_drafter(tmp_path / "drafter", target, block_size=4)
+    prompts = [[5, 17, 42, 8, 30, 3, 9, 11, 60, 2], [1, 2, 3]]
+    params = [SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True)] * 2
+    hf = load_hf(target)
+    expected = [hf_greedy(hf, p, 14) for p in prompts]
+    for spec in ("none", "ddtree"):
+        llm = LLM(str(target), device="cpu", dtype="float32", draft_model=None if spec == "none" else str(drafter),
+                  spec=spec, tree_budget=8, max_num_seqs=2, attention="splitkv")
+        assert [o.token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=params)] == expected
+
+
 @pytest.mark.parametrize("batch,kv_heads,t,head_dim", [(1, 8, 1, 128), (2, 3, 17, 64), (3, 2, 40, 16)])
 def test_the_store_kernel_writes_what_two_scatters_write(batch, kv_heads, t, head_dim):
     # treeflash/kv_store.py, KVCache.write's one launch on CUDA for FlexAttention's and SDPA's paths.
@@ -226,3 +243,122 @@ def test_a_prefill_of_pieces_in_any_slots_attends_and_stores_as_sdpa_does(tmp_pa
                 torch.testing.assert_close(a[:, slot, :, :end], b[:, slot, :, :end], rtol=1e-5, atol=1e-5)
     untouched = (2, 4)
     assert all(not t[:, list(untouched)].any() for t in mine.cache.stacked)
+
+
+def windowed_sink_reference(q, k, v, seq_lens, new_mask, first=None, sinks=None):
+    """float32 attention of the new tokens (rows seq_lens + t of k, v, every batch row its own slot) by a
+    dense [T, L] mask: committed rows from each token's first on, new rows by new_mask; sinks as GPT-OSS's
+    eager attention has them, a logit column appended to the scores and dropped after the softmax. A token
+    that sees nothing gets zeros."""
+    batch, heads, t, head_dim = q.shape
+    groups = heads // k.shape[1]
+    out = torch.zeros(batch, t, heads, head_dim)
+    for b in range(batch):
+        seq = int(seq_lens[b])
+        lo = torch.zeros(t, dtype=torch.long) if first is None else first[b].long()
+        visible = torch.cat([torch.arange(seq)[None, :] >= lo[:, None], new_mask[b].bool()], 1)  # [T, seq + T]
+        keys, values = (x[b, :, :seq + t].float().repeat_interleave(groups, 0) for x in (k, v))
+        scores = (q[b].float() @ keys.transpose(1, 2) * head_dim ** -0.5).masked_fill(~visible, float("-inf"))
+        if sinks is not None:
+            scores = torch.cat([scores, sinks.float()[:, None, None].expand(heads, t, 1)], -1)
+        probs = scores.softmax(-1)[..., :seq + t].nan_to_num(0.0)
+        out[b] = (probs @ values).transpose(0, 1)
+    return out.flatten(2)
+
+
+def window_firsts(seqs: list[int], t: int, gen: torch.Generator) -> torch.Tensor:
+    """[B, T] int32 first committed rows: row 0 random, one from 0; row 1 a 40-row sliding window (a walk
+    that starts near the context's end); row 2 random, one with no committed row at all."""
+    first = torch.stack([torch.randint(0, s + 1, (t,), generator=gen) for s in seqs])
+    first[0, 0] = 0
+    first[1] = (seqs[1] + torch.arange(t) + 1 - 40).clamp_min(0)
+    first[2, -1] = seqs[2]
+    return first.int()
+
+
+def force_splits(monkeypatch, splits: int, batch: int, kv_heads: int, rows: int, capacity: int, launch) -> None:
+    """Makes `num_splits` cut this call `splits` ways (the grid it aims at)."""
+    import treeflash.splitkv_attention as kernels
+
+    programs = batch * kv_heads * -(-rows // min(launch.max_block_m, max(16, 1 << (rows - 1).bit_length())))
+    monkeypatch.setattr(kernels, "_programs_wanted", lambda device, per_sm: programs * splits)
+    assert kernels.num_splits(programs, capacity, torch.device("cpu"), launch) == splits
+
+
+@pytest.mark.parametrize("t", [1, 6])
+@pytest.mark.parametrize("splits", [1, 4])
+@pytest.mark.parametrize("window,sink", [(True, False), (False, True), (True, True)])
+def test_splitkv_windows_and_sinks_match_a_dense_softmax(monkeypatch, t, splits, window, sink):
+    """Sliding windows (each token's first committed row) and attention sinks, 8 query heads over 2 KV heads,
+    a decode step and a tree, normalised in the partial kernel (1 split) or the merge."""
+    from treeflash.splitkv_attention import Launch, splitkv_attention
+
+    launch = Launch(max_block_m=16, block_n=16)
+    batch, heads, kv_heads, head_dim, capacity, seqs = 3, 8, 2, 16, 256, [45, 230, 100]
+    force_splits(monkeypatch, splits, batch, kv_heads, heads // kv_heads * t, capacity, launch)
+    gen = torch.Generator().manual_seed(10 * t + splits)
+    q = torch.randn(batch, heads, t, head_dim, generator=gen)
+    k, v = (torch.randn(batch, kv_heads, capacity, head_dim, generator=gen) for _ in range(2))
+    seq_lens = torch.tensor(seqs, dtype=torch.int32)
+    new_mask = random_tree_mask(batch, t, gen)
+    first = window_firsts(seqs, t, gen) if window else None
+    sinks = torch.randn(heads, generator=gen) * 2 if sink else None
+    want = windowed_sink_reference(q, k, v, seq_lens, new_mask, first, sinks)
+    if window:  # the sliding row's walk starts at its window's KV step: rows below it are never read
+        k[1, :, :int(first[1].min()) // 16 * 16] = float("nan")
+        v[1, :, :int(first[1].min()) // 16 * 16] = float("nan")
+    got = splitkv_attention(q, k, v, seq_lens, new_mask.to(torch.uint8), launch=launch, first=first, sinks=sinks)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("splits", [1, 4])
+def test_splitkv_windows_and_sinks_store_the_new_rows_in_any_slots(monkeypatch, splits):
+    """The prefill path: new rows stored by the kernel into the batch rows' slots as it attends."""
+    from treeflash.splitkv_attention import Launch, splitkv_attention
+
+    launch = Launch(max_block_m=16, block_n=16)
+    batch, heads, kv_heads, t, head_dim, capacity, seqs = 3, 8, 2, 5, 16, 256, [45, 230, 100]
+    force_splits(monkeypatch, splits, batch, kv_heads, heads // kv_heads * t, capacity, launch)
+    gen = torch.Generator().manual_seed(splits)
+    slots = torch.tensor([3, 0, 2])
+    q = torch.randn(batch, heads, t, head_dim, generator=gen)
+    cache_k, cache_v = (torch.randn(4, kv_heads, capacity, head_dim, generator=gen) for _ in range(2))
+    new_k = torch.randn(batch, kv_heads, t, head_dim, generator=gen)
+    new_v = torch.randn(batch, t, kv_heads, head_dim, generator=gen).transpose(1, 2)  # strided
+    seq_lens = torch.tensor(seqs, dtype=torch.int32)
+    new_mask = random_tree_mask(batch, t, gen)
+    first = window_firsts(seqs, t, gen)
+    sinks = torch.randn(heads, generator=gen) * 2
+    want_k, want_v = cache_k.clone(), cache_v.clone()
+    for b, slot in enumerate(slots.tolist()):
+        want_k[slot, :, seqs[b]:seqs[b] + t] = new_k[b]
+        want_v[slot, :, seqs[b]:seqs[b] + t] = new_v[b]
+    got = splitkv_attention(q, cache_k, cache_v, seq_lens, new_mask.to(torch.uint8), new_k, new_v, launch, slots,
+                            first, sinks)
+    want = windowed_sink_reference(q, want_k[slots], want_v[slots], seq_lens, new_mask, first, sinks)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(cache_k, want_k) and torch.equal(cache_v, want_v)
+
+
+@pytest.mark.parametrize("splits", [1, 4])
+def test_a_token_that_sees_nothing_gets_zeros_with_or_without_a_sink(monkeypatch, splits):
+    """A token with no committed row in its window and no new row in its mask: 0, not NaN (a sink adds to
+    the denominator only), beside tokens of the same row block that see rows."""
+    from treeflash.splitkv_attention import Launch, splitkv_attention
+
+    launch = Launch(max_block_m=16, block_n=16)
+    batch, heads, kv_heads, t, head_dim, capacity, seqs = 1, 4, 1, 3, 16, 128, [70]
+    force_splits(monkeypatch, splits, batch, kv_heads, heads // kv_heads * t, capacity, launch)
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(batch, heads, t, head_dim, generator=gen)
+    k, v = (torch.randn(batch, kv_heads, capacity, head_dim, generator=gen) for _ in range(2))
+    seq_lens = torch.tensor(seqs, dtype=torch.int32)
+    new_mask = random_tree_mask(batch, t, gen)
+    new_mask[0, 1] = False
+    first = torch.tensor([[3, 70, 50]], dtype=torch.int32)
+    for sinks in (None, torch.randn(heads, generator=gen)):
+        got = splitkv_attention(q, k, v, seq_lens, new_mask.to(torch.uint8), launch=launch, first=first,
+                                sinks=sinks).view(batch, t, heads, head_dim)
+        assert not got.isnan().any() and not got[:, 1].any()
+        torch.testing.assert_close(got.flatten(2), windowed_sink_reference(q, k, v, seq_lens, new_mask, first, sinks),
+                                   rtol=1e-5, atol=1e-5)

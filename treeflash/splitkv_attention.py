@@ -13,6 +13,13 @@ The `"splitkv"` attention backend (treeflash/attention.py). A round's new tokens
    head) stores them in the cache (no separate cache write, and no program reads another's store).
 2. merge: combines the splits' partial results (log-sum-exp weights) into the output.
 
+Sliding-window layers (Mistral v0.1, GPT-OSS) give each new token the first committed row it may see
+(`first`): a row block walks only from its rows' smallest first (aligned down to a KV step), so a
+128-row window costs about 128 rows whatever the context, and its splits cut that range instead. GPT-OSS's
+attention sinks (`sinks`, a logit per query head) add a term to each row's softmax denominator and nothing
+to its values; it is counted once, where the output is normalised. Both are compile-time flags: layers
+without them run the kernel as it was.
+
 With one split the partial kernel normalises and writes the output itself. NUM_SPLITS is fixed per
 (batch, T, capacity) call shape, so a round is still one CUDA graph replayed at any context length:
 it is chosen to give about the launch's programs per SM (`num_splits`: two, one for a slot's tree; the
@@ -97,26 +104,42 @@ def _softmax_step(s, m_i, l_i):
 
 
 @triton.jit
-def _partial(Q, K, V, NewK, NewV, SeqLens, NewMask, Slots, Out, PartAcc, PartMax, PartSum,
+def _sink_term(Sinks, head, ok, m):
+    # A sink's share of the denominator, in the units of sums taken against max m (log2 units; a row
+    # that saw nothing has max -inf, sums against 0, and nothing to divide: 0 out either way).
+    sink = tl.load(Sinks + head, mask=ok, other=0.0) * 1.4426950408889634
+    return tl.exp2(sink - tl.where(m == float("-inf"), 0.0, m))
+
+
+@triton.jit
+def _partial(Q, K, V, NewK, NewV, SeqLens, NewMask, Slots, First, Sinks, Out, PartAcc, PartMax, PartSum,
              sq_b, sq_h, sq_t, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, snk_b, snk_h, snk_t, snv_b, snv_h, snv_t,
-             sm_b, sm_q, sm_k, so_b, so_t, scale, KV_HEADS, GROUPS, T, ROWS,
+             sm_b, sm_q, sm_k, sf_b, sf_t, so_b, so_t, scale, KV_HEADS, GROUPS, T, ROWS,
              NUM_SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-             PRECISION: tl.constexpr, STORE_NEW: tl.constexpr, HAS_SLOTS: tl.constexpr):
+             PRECISION: tl.constexpr, STORE_NEW: tl.constexpr, HAS_SLOTS: tl.constexpr,
+             HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr):
     bh = tl.program_id(0)
     m_block = tl.program_id(1)
     split = tl.program_id(2)
     b = bh // KV_HEADS
     h = bh % KV_HEADS
     seq = tl.load(SeqLens + b)
-    end = seq + T  # rows [0, end) are visible to someone
-    per_split = tl.cdiv(tl.cdiv(end, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = split * per_split
-    stop = tl.minimum(start + per_split, end)
+    end = seq + T  # rows [lo, end) are visible to someone
 
     rows = m_block * BLOCK_M + tl.arange(0, BLOCK_M)  # folded row r = g * T + t
     row_ok = rows < ROWS
     g = rows // T
     t = rows % T
+    if HAS_WINDOW:
+        # Every split of this row block derives the same range from the same rows, so the merge sees one
+        # cut; padding rows see nothing committed and do not pull it down.
+        first = tl.where(row_ok, tl.load(First + b * sf_b + t * sf_t, mask=row_ok, other=0), seq)
+        lo = tl.min(first, 0) // BLOCK_N * BLOCK_N
+    else:
+        lo = 0
+    per_split = tl.cdiv(tl.cdiv(end - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = lo + split * per_split
+    stop = tl.minimum(start + per_split, end)
     d = tl.arange(0, HEAD_DIM)
     q = tl.load(Q + b * sq_b + (h * GROUPS + g)[:, None] * sq_h + t[:, None] * sq_t + d[None, :],
                 mask=row_ok[:, None], other=0.0)
@@ -143,11 +166,11 @@ def _partial(Q, K, V, NewK, NewV, SeqLens, NewMask, Slots, Out, PartAcc, PartMax
                          tl.load(new_k_base + tt[:, None] * snk_t + d[None, :], mask=ok), mask=ok)
                 tl.store(v_base + (seq + tt)[:, None] * sv_n + d[None, :],
                          tl.load(new_v_base + tt[:, None] * snv_t + d[None, :], mask=ok), mask=ok)
-    # The committed rows of this split first: every new token sees them all and they come from the
-    # cache alone. Whole tiles take no mask at all (their loads go straight into the dots, which Triton
-    # pipelines), then the split's last, partial tile a column mask; both are measured faster than one
-    # masked loop (benchmarks/h200-splitkv-tree). Scores are kept in log2 units (exp2, the scale and
-    # log2(e) folded into one multiply); the merge knows.
+    # The committed rows of this split first: every new token sees them all (from its window's first, if
+    # any) and they come from the cache alone. Whole tiles take no mask at all without a window (their
+    # loads go straight into the dots, which Triton pipelines), then the split's last, partial tile a
+    # column mask; both are measured faster than one masked loop (benchmarks/h200-splitkv-tree). Scores
+    # are kept in log2 units (exp2, the scale and log2(e) folded into one multiply); the merge knows.
     qk_scale = scale * 1.4426950408889634
     committed = tl.maximum(tl.minimum(stop, seq), start)  # a split past the committed rows has none
     whole = start + (committed - start) // BLOCK_N * BLOCK_N
@@ -155,6 +178,8 @@ def _partial(Q, K, V, NewK, NewV, SeqLens, NewMask, Slots, Out, PartAcc, PartMax
         cols = n0 + tl.arange(0, BLOCK_N)
         k = tl.load(k_base + cols[:, None] * sk_n + d[None, :])
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        if HAS_WINDOW:  # the walk starts at the block's smallest first: other rows' windows start later
+            s = tl.where(cols[None, :] >= first[:, None], s, float("-inf"))
         p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i)
         v = tl.load(v_base + cols[:, None] * sv_n + d[None, :])
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
@@ -163,7 +188,10 @@ def _partial(Q, K, V, NewK, NewV, SeqLens, NewMask, Slots, Out, PartAcc, PartMax
         col_ok = cols < committed
         k = tl.load(k_base + cols[:, None] * sk_n + d[None, :], mask=col_ok[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-        p, alpha, m_i, l_i = _softmax_step(tl.where(col_ok[None, :], s, float("-inf")), m_i, l_i)
+        visible = col_ok[None, :]
+        if HAS_WINDOW:
+            visible = visible & (cols[None, :] >= first[:, None])
+        p, alpha, m_i, l_i = _softmax_step(tl.where(visible, s, float("-inf")), m_i, l_i)
         v = tl.load(v_base + cols[:, None] * sv_n + d[None, :], mask=col_ok[:, None], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     # Then the new rows [seq, seq + T) in this split, visible where the round's mask says.
@@ -186,6 +214,8 @@ def _partial(Q, K, V, NewK, NewV, SeqLens, NewMask, Slots, Out, PartAcc, PartMax
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
 
     if NUM_SPLITS == 1:
+        if HAS_SINKS:
+            l_i += _sink_term(Sinks, h * GROUPS + g, row_ok, m_i)
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         tl.store(Out + b * so_b + t[:, None] * so_t + (h * GROUPS + g)[:, None] * HEAD_DIM + d[None, :],
                  out.to(Out.dtype.element_ty), mask=row_ok[:, None])
@@ -197,8 +227,8 @@ def _partial(Q, K, V, NewK, NewV, SeqLens, NewMask, Slots, Out, PartAcc, PartMax
 
 
 @triton.jit
-def _merge(Out, PartAcc, PartMax, PartSum, so_b, so_t, KV_HEADS, GROUPS, T, ROWS, PADDED,
-           NUM_SPLITS: tl.constexpr, MERGE_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+def _merge(Out, PartAcc, PartMax, PartSum, Sinks, so_b, so_t, KV_HEADS, GROUPS, T, ROWS, PADDED,
+           NUM_SPLITS: tl.constexpr, MERGE_M: tl.constexpr, HEAD_DIM: tl.constexpr, HAS_SINKS: tl.constexpr):
     # Every split of MERGE_M rows at once (a [splits, rows, head_dim] tile): one round of loads, not a
     # loop over the splits, whose dependent loads made this kernel cost twice the partial one.
     bh = tl.program_id(0)
@@ -213,9 +243,11 @@ def _merge(Out, PartAcc, PartMax, PartSum, so_b, so_t, KV_HEADS, GROUPS, T, ROWS
     w = tl.exp2(m - tl.where(m_all == float("-inf"), 0.0, m_all)[None, :])
     total = tl.sum(w * tl.load(PartSum + part), 0)
     acc = tl.sum(w[:, :, None] * tl.load(PartAcc + part[:, :, None] * HEAD_DIM + d[None, None, :]), 0)
-    out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
     g = rows // T
     t = rows % T
+    if HAS_SINKS:  # here, not per split: each row counts its sink once
+        total += _sink_term(Sinks, h * GROUPS + g, rows < ROWS, m_all)
+    out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
     tl.store(Out + b * so_b + t[:, None] * so_t + (h * GROUPS + g)[:, None] * HEAD_DIM + d[None, :],
              out.to(Out.dtype.element_ty), mask=(rows < ROWS)[:, None])
 
@@ -243,13 +275,18 @@ def num_splits(programs: int, capacity: int, device: torch.device, launch: Launc
 def splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor,
                       new_mask: torch.Tensor, new_k: torch.Tensor | None = None,
                       new_v: torch.Tensor | None = None, launch: Launch | None = None,
-                      slots: torch.Tensor | None = None) -> torch.Tensor:
+                      slots: torch.Tensor | None = None, first: torch.Tensor | None = None,
+                      sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q: [B, H, T, D] new tokens' queries; k, v: [B, Hkv, L, D] the cache; seq_lens: [B] int32 committed
     rows; new_mask: [B, T, T] uint8 (1 = visible). new_k, new_v: [B, Hkv, T, D], the new tokens' keys
     and values, stored at rows seq_lens + t by the kernel itself (one launch instead of two scatters
     and the attention); None: those rows are in the cache already. slots: [B] long, the cache slot of
     each batch row (k, v then hold every slot, [S, Hkv, L, D]: a prefill's pieces in any slots, read and
-    written in place); None: row b is slot b. launch: None picks `launch_for` the shape. Returns [B, T, H*D]."""
+    written in place); None: row b is slot b. first: [B, T] int32, a sliding window's first committed row
+    each new token sees, in [0, seq_lens[b]] (the new rows stay new_mask's alone, the window folded in
+    there); None: every committed row. sinks: [H] float32, attention-sink logits (scale * q.k units), one
+    more term exp(sinks[h]) in each softmax denominator of head h; None: none. launch: None picks
+    `launch_for` the shape. Returns [B, T, H*D]."""
     batch, heads, t, head_dim = q.shape
     kv_heads, capacity = k.shape[1], k.shape[2]
     groups = heads // kv_heads
@@ -271,22 +308,30 @@ def splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len
         new_k = new_v = k  # unused
     if any(x.stride(3) != 1 for x in (q, k, v, new_k, new_v)):
         raise ValueError("splitkv attention needs the head dimension contiguous")
+    has_window, has_sinks = first is not None, sinks is not None
+    first_strides = first.stride() if has_window else (0, 0)
+    if not has_window:
+        first = seq_lens  # unused
+    if not has_sinks:
+        sinks = part_max  # unused
     _partial[(batch * kv_heads, m_blocks, splits)](
-        q, k, v, new_k, new_v, seq_lens, new_mask, seq_lens if slots is None else slots, out, part_acc, part_max,
-        part_sum,
+        q, k, v, new_k, new_v, seq_lens, new_mask, seq_lens if slots is None else slots, first, sinks, out,
+        part_acc, part_max, part_sum,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), new_k.stride(0), new_k.stride(1), new_k.stride(2),
         new_v.stride(0), new_v.stride(1), new_v.stride(2), new_mask.stride(0), new_mask.stride(1),
-        new_mask.stride(2), out.stride(0), out.stride(1), head_dim ** -0.5, kv_heads, groups, t, rows,
+        new_mask.stride(2), *first_strides, out.stride(0), out.stride(1), head_dim ** -0.5,
+        kv_heads, groups, t, rows,
         NUM_SPLITS=splits, BLOCK_M=block_m, BLOCK_N=launch.block_n, HEAD_DIM=head_dim,
         # float32 stays float32 (TF32 would round the operands to 10 bits: the float32 equality checks
         # compare rounds of different shapes); 16-bit operands are exact in either.
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", STORE_NEW=store_new, HAS_SLOTS=slots is not None,
+        HAS_WINDOW=has_window, HAS_SINKS=has_sinks,
         num_warps=launch.num_warps, **({} if launch.num_stages is None else {"num_stages": launch.num_stages}))
     if splits > 1:
         merge_m = max(1, min(16, MERGE_TILE // (splits * head_dim)))
         merge_m = 1 << (merge_m.bit_length() - 1)
         _merge[(batch * kv_heads, triton.cdiv(rows, merge_m))](
-            out, part_acc, part_max, part_sum, out.stride(0), out.stride(1), kv_heads, groups, t, rows,
-            m_blocks * block_m, NUM_SPLITS=splits, MERGE_M=merge_m, HEAD_DIM=head_dim)
+            out, part_acc, part_max, part_sum, sinks, out.stride(0), out.stride(1), kv_heads, groups, t, rows,
+            m_blocks * block_m, NUM_SPLITS=splits, MERGE_M=merge_m, HEAD_DIM=head_dim, HAS_SINKS=has_sinks)
     return out
