@@ -16,15 +16,19 @@ from treeflash.round import Speculator
 # --- tiny targets ---------------------------------------------------------------------------------
 def make_target(path: Path, arch: str = "qwen3", vocab: int = 64, hidden: int = 32, layers: int = 2,
                 heads: int = 4, kv_heads: int = 2, intermediate: int = 64, seed: int = 0,
-                init_std: float = 0.02, head_scale: float = 1.0, tie: bool = False, experts: int = 8) -> Path:
-    """A random float32 HF checkpoint (Qwen3ForCausalLM, LlamaForCausalLM, or the mixtures Qwen3MoeForCausalLM
-    and MixtralForCausalLM with `experts` experts of width intermediate / 2, two per token) saved at `path`.
+                init_std: float = 0.02, head_scale: float = 1.0, tie: bool = False, experts: int = 8,
+                window: int | None = None) -> Path:
+    """A random float32 HF checkpoint (Qwen3ForCausalLM, LlamaForCausalLM, MistralForCausalLM, or the mixtures
+    Qwen3MoeForCausalLM, MixtralForCausalLM and GptOssForCausalLM with `experts` experts of width intermediate / 2,
+    two per token) saved at `path`. window: Mistral's and GPT-OSS's sliding window (GPT-OSS's on every other
+    layer, with its attention sinks).
 
     init_std: the normal init of every linear and embedding weight; head_scale multiplies the output
     head (peakier next-token distributions). No eos/bos, so generation never stops early.
     """
-    from transformers import (LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen3Config,
-                              Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
+    from transformers import (GptOssConfig, GptOssForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,
+                              MistralForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen3Config, Qwen3ForCausalLM,
+                              Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
     common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
                   num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hidden // heads,
@@ -41,6 +45,15 @@ def make_target(path: Path, arch: str = "qwen3", vocab: int = 64, hidden: int = 
     elif arch == "mixtral":
         model = MixtralForCausalLM(MixtralConfig(**common | dict(intermediate_size=intermediate // 2),
                                                  num_local_experts=experts, num_experts_per_tok=2))
+    elif arch == "mistral":
+        model = MistralForCausalLM(MistralConfig(**common, sliding_window=window))
+    elif arch == "gpt_oss":
+        model = GptOssForCausalLM(GptOssConfig(**common | dict(intermediate_size=intermediate // 2),
+                                               num_local_experts=experts, num_experts_per_tok=2, sliding_window=window))
+        with torch.no_grad():  # (transformers starts biases and sinks at zero: a model that ignored them would pass)
+            for name, p in model.named_parameters():
+                if name.endswith(("bias", "sinks")):
+                    p.normal_(0, 0.5)
     else:
         raise ValueError(arch)
     model = model.float().eval()

@@ -53,6 +53,14 @@ VARIANTS = {
     # Mixtral: every layer sparse, experts intermediate_size wide, always rescaled; its checkpoint's own names
     # (block_sparse_moe, w1 / w3 / w2).
     "mixtral": ("mixtral", {"num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 16}),
+    # A sliding window (every layer) shorter than the prompts: each token sees its last 24 positions.
+    "mistral_window": ("mistral", {"sliding_window": 24}),
+    # GPT-OSS: windows on layers 0 and 2, attention sinks, biased router and experts with the clamped SwiGLU
+    # (the experts' weights at init_std 0.3 reach the clamp), YaRN.
+    "gpt_oss": ("gpt_oss", {"num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 16,
+                            "sliding_window": 24, "rope_parameters": {
+                                "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32.0,
+                                "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 64}}),
 }
 
 
@@ -215,7 +223,7 @@ def write_config(path: Path, **cfg) -> Path:
     return path
 
 
-@pytest.mark.parametrize("arch", ["DeepseekV3ForCausalLM", "MambaForCausalLM", "GptOssForCausalLM",
+@pytest.mark.parametrize("arch", ["DeepseekV3ForCausalLM", "MambaForCausalLM", "Gemma3ForCausalLM",
                                   "Qwen3NextForCausalLM", "GPT2LMHeadModel"])
 def test_unsupported_architecture_is_refused_naming_it_and_the_supported_ones(tmp_path, arch):
     path = write_config(tmp_path / "m", architectures=[arch])
@@ -251,27 +259,55 @@ def test_sliding_window_and_experts_in_a_supported_architecture_are_refused(tmp_
         LLM(moe, device="cpu")
 
 
-@pytest.mark.parametrize("cfg, refused", [
-    # transformers gives a Mistral config without the key a 4096-token window, and applies it
-    ({"max_position_embeddings": 8192}, True),
-    ({"max_position_embeddings": 4096}, False),  # the window covers every position: changes nothing
-    ({"max_position_embeddings": 32768, "sliding_window": None}, False),
-    ({"max_position_embeddings": 32768, "sliding_window": 32768}, False),
-    ({"max_position_embeddings": 32768, "sliding_window": 4096}, True),
-    ({"max_position_embeddings": 32768, "sliding_window": 0}, True),  # no window of any use (transformers fails)
-    ({"max_position_embeddings": 32768, "sliding_window": True}, True),
-    ({}, True),  # and its context defaults to 131,072
+@pytest.mark.parametrize("cfg, window", [
+    # transformers gives a Mistral config without the key a 4096-token window, and applies it to every layer
+    ({"max_position_embeddings": 8192}, 4096),
+    ({"max_position_embeddings": 4096}, None),  # the window covers every position: changes nothing
+    ({"max_position_embeddings": 32768, "sliding_window": None}, None),
+    ({"max_position_embeddings": 32768, "sliding_window": 32768}, None),
+    ({"max_position_embeddings": 32768, "sliding_window": 4096}, 4096),
+    ({"max_position_embeddings": 32768, "sliding_window": 0}, "refused"),  # no window of any use (transformers fails)
+    ({"max_position_embeddings": 32768, "sliding_window": True}, "refused"),
+    ({}, 4096),  # and its context defaults to 131,072
 ])
-def test_mistral_sliding_window_as_transformers_reads_it(tmp_path, cfg, refused):
+def test_mistral_sliding_window_as_transformers_reads_it(tmp_path, cfg, window):
     from treeflash.config import ModelConfig
 
     raw = {**json.loads((write_config(tmp_path / "m") / "config.json").read_text()),
            "architectures": ["MistralForCausalLM"], "model_type": "mistral", **cfg}
-    if refused:
+    if window == "refused":
         with pytest.raises(UnsupportedModelError, match="sliding-window"):
             ModelConfig.from_hf(raw)
-    else:
-        assert ModelConfig.from_hf(raw).max_position_embeddings == cfg["max_position_embeddings"]
+        return
+    config = ModelConfig.from_hf(raw)
+    assert config.max_position_embeddings == cfg.get("max_position_embeddings", 131072)
+    assert config.sliding_window == window
+    assert [config.window(i) for i in range(config.num_layers)] == [window] * config.num_layers
+
+
+def test_gpt_oss_windows_as_transformers_reads_them(tmp_path):
+    """Every other layer from the first where layer_types is absent, else the layers it names; a 128-token window
+    where sliding_window is absent; the experts' limit and MXFP4 quantization read, other quantizations refused."""
+    from treeflash.config import ModelConfig
+
+    raw = {**json.loads((write_config(tmp_path / "m") / "config.json").read_text()), "num_hidden_layers": 4,
+           "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "num_local_experts": 4,
+           "num_experts_per_tok": 2}
+    config = ModelConfig.from_hf(raw)
+    assert [config.window(i) for i in range(4)] == [128, None, 128, None] and config.attention_sinks
+    assert config.qkv_bias and config.o_bias and config.experts.bias and config.experts.swiglu_limit == 7.0
+    named = ModelConfig.from_hf(raw | {"sliding_window": 16, "layer_types": ["full_attention"] * 3
+                                       + ["sliding_attention"]})
+    assert [named.window(i) for i in range(4)] == [None, None, None, 16]
+    assert ModelConfig.from_hf(raw | {"quantization_config": {"quant_method": "mxfp4"}}).experts is not None
+    with pytest.raises(UnsupportedModelError, match="quantised"):
+        ModelConfig.from_hf(raw | {"quantization_config": {"quant_method": "fp8"}})
+    with pytest.raises(UnsupportedModelError, match="swiglu_limit 5.0"):
+        ModelConfig.from_hf(raw | {"swiglu_limit": 5.0})
+    with pytest.raises(ConfigError, match="layer_types names 2 layers"):
+        ModelConfig.from_hf(raw | {"layer_types": ["full_attention", "sliding_attention"]})
+    with pytest.raises(UnsupportedModelError, match="chunked_attention"):
+        ModelConfig.from_hf(raw | {"layer_types": ["chunked_attention"] * 4})
 
 
 def test_config_json_read_as_transformers_reads_it(tmp_path):

@@ -73,3 +73,21 @@ def test_greedy_decoding_through_the_kernels_is_transformers(moe_dir, monkeypatc
     out = LLM(str(moe_dir), device="cpu").generate(prompt_token_ids=[prompt], sampling_params=SamplingParams(
         temperature=0, max_tokens=10, ignore_eos=True))
     assert out[0].token_ids == expected
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_gpt_oss_experts_biases_and_clamped_activation(tmp_path, tokens):
+    """GPT-OSS's experts (biases, the clamped SwiGLU, reached by these inputs) through the kernels: the gathered
+    plan's result."""
+    path = make_tiny_target(tmp_path / "oss", "gpt_oss", num_layers=1, seed=2, hidden_size=40, num_heads=4,
+                            num_kv_heads=2, head_dim=8, num_local_experts=8, num_experts_per_tok=2, intermediate_size=24)
+    layer = load_target(path, "cpu", torch.float32)[0].layers[0].mlp
+    x = 3 * torch.randn(tokens, 40, generator=torch.Generator().manual_seed(tokens))
+    weights, chosen = layer.route(x)
+    got = expert_mlp(x, *layer.stacked, weights, chosen, Launch(block_j=8, block_h=16, block_i=8, block_k=16),
+                     biases=layer.biases, limit=layer.config.swiglu_limit)
+    torch.testing.assert_close(got, layer._gathered(x, weights, chosen), atol=1e-5, rtol=1e-5)
+    assert ((torch.einsum("eoh,nh->neo", layer.stacked[0], x) + layer.biases[0]).abs() > 7).any()
+    for other in (dict(), dict(biases=layer.biases)):  # without them, or silu * up: another result
+        assert not torch.allclose(expert_mlp(x, *layer.stacked, weights, chosen, **other), got, atol=1e-3)

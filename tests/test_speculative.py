@@ -43,6 +43,12 @@ TARGETS = {  # name -> make_target kwargs
                         seed=4, experts=8),
     "mixtral-72": dict(arch="mixtral", vocab=72, hidden=32, layers=2, heads=4, kv_heads=2, init_std=0.1,
                        seed=5, experts=6),
+    # Sliding windows shorter than the longest prompt and its tokens: a tree's nodes see their own windows.
+    "mistral-70-window": dict(arch="mistral", vocab=70, hidden=32, layers=2, heads=4, kv_heads=2, init_std=0.1,
+                              seed=6, window=7),
+    # GPT-OSS: a window on layer 0, attention sinks, biased experts with the clamped SwiGLU, YaRN by default.
+    "gptoss-66": dict(arch="gpt_oss", vocab=66, hidden=32, layers=2, heads=4, kv_heads=2, init_std=0.1,
+                      seed=7, experts=6, window=6),
 }
 PROMPTS = [[5, 9, 2], [11], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8], [7, 7, 8, 20, 13, 6, 1], [30, 2, 17, 4, 44]]
 MAX_TOKENS = [24, 9, 30, 17, 1]
@@ -112,6 +118,9 @@ GREEDY_CASES = [  # target, spec, budget, block size, drafter layers, max_num_se
     ("qwen3moe-80", "ddtree", 16, 8, 1, 3),
     ("qwen3moe-80", "dflash", 0, 4, 2, 2),
     ("mixtral-72", "ddtree", 32, 8, 1, 3),
+    ("mistral-70-window", "ddtree", 16, 8, 1, 3),
+    ("gptoss-66", "ddtree", 32, 8, 1, 3),
+    ("gptoss-66", "dflash", 0, 4, 1, 2),
 ]
 
 
@@ -156,6 +165,8 @@ ORACLE_CASES = [  # target, spec, budget, block size, max_num_seqs, decoy rate
     ("qwen3-300-tied", "ddtree", 8, 8, 2, 0.5),
     ("qwen3moe-80", "ddtree", 16, 8, 3, 0.3),
     ("mixtral-72", "ddtree", 16, 8, 2, 0.3),
+    ("mistral-70-window", "ddtree", 16, 8, 2, 0.3),
+    ("gptoss-66", "ddtree", 16, 8, 3, 0.3),
 ]
 
 

@@ -23,6 +23,12 @@ query head's rows per block). Which one a block of T new tokens uses is `flex_de
 decoding kernel for T <= it and at most FLEX_DECODE_ROWS packed rows, the general one past either.
 FLEX_DECODE_TOKENS is the default; the synthetic benchmark times others (`--flex-decode-tokens`).
 
+Sliding-window layers (Mistral, GPT-OSS) take the round's mask narrowed to their window (`windowed`): for
+"sdpa" the dense mask itself, for "splitkv" each new token's first visible committed row beside the new rows'
+mask (the kernel walks only the rows some token sees). GPT-OSS's attention sinks (a logit per query head
+that joins each softmax's sum) go to the splitkv kernels, and on "sdpa" through an explicit softmax. "flex"
+and "hybrid" take neither (refused by `check_backend`).
+
 All three are built from device tensors alone (no host synchronisation) with shapes fixed by the cache
 capacity, so a round can be captured in a CUDA graph once and replayed at any context length.
 Which backend the GPU uses was chosen by measurement: benchmarks/attention/README.md (sdpa vs flex),
@@ -98,6 +104,7 @@ class SplitKVMask:
     seq_lens: torch.Tensor  # [B] int32
     new_mask: torch.Tensor  # [B, T, T] uint8, 1 = visible
     kv_len: int
+    first: torch.Tensor | None = None  # [B, T] int32: a sliding window's first committed row each token sees
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -124,16 +131,17 @@ class HybridMask:
         return self.flex
 
 
-def default_backend(device: torch.device | str, head_dim: int) -> str:
+def default_backend(device: torch.device | str, head_dim: int, flex: bool = True) -> str:
     """The backend a device uses when none is asked for, by measurement (H200): "sdpa" on the CPU; on
     CUDA "splitkv" where its kernels fit the head dimension (SmolLM2's 9/3 heads: rounds 0.52-0.71x flex's,
     benchmarks/h200-splitkv; Qwen3-8B's 32/8: every call measured from the AR step to 32 slots x 257-node
     trees faster than FlexAttention's, whole rounds 0.97-1.00x hybrid's, benchmarks/h200-splitkv-tree),
     "flex" where they do not fit, "sdpa" below FlexAttention's smallest head dimension (16: a tiny test
-    model's 8 failed to compile on an H100, benchmarks/gpu-moe/)."""
+    model's 8 failed to compile on an H100, benchmarks/gpu-moe/). flex False (a model with sliding windows or
+    attention sinks, which FlexAttention's masks here do not take): "sdpa" where splitkv does not fit."""
     if torch.device(device).type != "cuda" or head_dim < FLEX_MIN_HEAD_DIM:
         return "sdpa"
-    return "splitkv" if splitkv_fits(head_dim) else "flex"
+    return "splitkv" if splitkv_fits(head_dim) else "flex" if flex else "sdpa"
 
 
 FLEX_MIN_HEAD_DIM = 16  # (Inductor's FlexAttention kernels: "embedding dimension ... must be at least 16")
@@ -144,9 +152,16 @@ def splitkv_fits(head_dim: int) -> bool:
     return head_dim >= 16 and not head_dim & (head_dim - 1)
 
 
-def check_backend(backend: str, device: torch.device | str, head_dim: int | None = None) -> str:
+def check_backend(backend: str, device: torch.device | str, head_dim: int | None = None, windows: bool = False,
+                  sinks: bool = False) -> str:
+    """The backend, if it runs this model here (windows / sinks: the model has sliding-window layers /
+    attention sinks), else a ValueError saying what to use."""
     if backend not in BACKENDS:
         raise ValueError(f"attention backend must be one of {BACKENDS}, got {backend!r}")
+    if backend in ("flex", "hybrid") and (windows or sinks):
+        what = "sliding-window attention" if windows else "attention sinks"
+        raise ValueError(f"the {backend} attention backend does not run {what} (this model has them); use "
+                         f"'splitkv' or 'sdpa'")
     if backend in ("splitkv", "hybrid") and head_dim is not None and not splitkv_fits(head_dim):
         raise ValueError(f"the {backend} attention backend needs a power-of-two head dimension of at least 16; "
                          f"this model's is {head_dim} (use 'flex' or 'sdpa')")
@@ -230,8 +245,30 @@ def _compiled_flex():
     return torch.compile(flex_attention, dynamic=False)
 
 
+def windowed(mask, positions: torch.Tensor, rows: torch.Tensor | None, window: int):
+    """`mask` (any of `round_layout`'s, or a CausalMask) narrowed to a sliding window: a new token at position p
+    sees only positions p - window + 1 .. p of what the mask lets it see (transformers' sliding-window mask).
+    positions, rows: [B, T], the new tokens' positions and cache rows (None: training's sequences, where a
+    column's index is its position). A committed row's position is its row, as the engine caches them."""
+    near = positions[:, :, None] - positions[:, None, :]  # [B, T, T]: how far back each new token is
+    if isinstance(mask, CausalMask):
+        causal = torch.ones(mask.length, mask.length, dtype=torch.bool, device=positions.device).tril()
+        return (causal & (near < window))[:, None]  # [B, 1, T, T], the same for every head
+    if isinstance(mask, SplitKVMask):
+        first = (positions - (window - 1)).clamp_min(0).to(torch.int32)
+        new_mask = ((mask.new_mask != 0) & (near < window)).to(torch.uint8)
+        return SplitKVMask(mask.seq_lens, new_mask, mask.kv_len, first)
+    if isinstance(mask, torch.Tensor) and mask.dim() == 3:
+        batch, length = mask.shape[0], mask.shape[-1]
+        cols = torch.arange(length, device=mask.device).expand(batch, length)
+        if rows is not None:  # the new rows' positions are their tokens', not their rows'
+            cols = cols.scatter(1, rows, positions)
+        return mask & (cols[:, None, :] > positions[:, :, None] - window)
+    raise ValueError(f"no sliding window for a {type(mask).__name__} (use the 'splitkv' or 'sdpa' backend)")
+
+
 def attend_new(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache, layer: int, rows: torch.Tensor,
-               mask) -> torch.Tensor:
+               mask, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """New tokens (queries q [B, H, T, D], keys and values k, v [B, Hkv, T, D]) stored in `cache` at
     `rows`, then attending over it (`attend`) -> [B, T, H*D]. With a SplitKVMask over a KVCache the
     splitkv kernels do both in one launch (the new rows read from k, v and stored as they go): two
@@ -246,16 +283,19 @@ def attend_new(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache, layer: 
 
         whole, slots = (cache, None) if isinstance(cache, KVCache) else (cache.cache, cache.slots)
         return splitkv_attention(q, whole.keys[layer][:, :, :mask.kv_len], whole.values[layer][:, :, :mask.kv_len],
-                                 mask.seq_lens, mask.new_mask, k, v, slots=slots)
+                                 mask.seq_lens, mask.new_mask, k, v, slots=slots, first=mask.first, sinks=sinks)
     keys, values = cache.extend(layer, k, v, rows, mask.shape[-1])
-    return attend(q, keys, values, mask)
+    return attend(q, keys, values, mask, sinks)
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, sinks: torch.Tensor | None = None
+           ) -> torch.Tensor:
     """q: [B, H, T, D]; k, v: [B, Hkv, L, D]; mask: [B, T, L] bool (True = visible), [B, 1, T, L] bool (the
     same for every head: training's many-block mask), a CausalMask (T = L), or a FlexMask or SplitKVMask (or
-    a HybridMask of both) over the same rows -> [B, T, H*D]."""
+    a HybridMask of both) over the same rows; sinks: [H], GPT-OSS's sink logits, or None -> [B, T, H*D]."""
     b, h, t, d = q.shape
+    if sinks is not None and not isinstance(mask, (SplitKVMask, HybridMask, FlexMask)):
+        return _attend_with_sinks(q, k, v, mask, sinks)
     if isinstance(mask, CausalMask) or (isinstance(mask, torch.Tensor) and mask.dim() == 4):
         # Training's large masks: the KV heads repeated for their query heads (a small copy of [B, Hkv, L, D])
         # rather than the mask copied for every folded query row as below (for a 512-token block over a
@@ -271,7 +311,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Ten
     if isinstance(mask, SplitKVMask):
         from treeflash.splitkv_attention import splitkv_attention
 
-        return splitkv_attention(q, k, v, mask.seq_lens, mask.new_mask)
+        return splitkv_attention(q, k, v, mask.seq_lens, mask.new_mask, first=mask.first, sinks=sinks)
+    if sinks is not None:
+        raise ValueError("attention sinks need the 'splitkv' or 'sdpa' backend")
     if isinstance(mask, FlexMask):
         # The decoding kernel packs the query rows of one KV head (t x groups) into one block; past
         # FLEX_DECODE_ROWS it turns slow (measured), past FLEX_BLOCK it has no valid configuration.
@@ -288,4 +330,26 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Ten
     q = q.reshape(b, kv_heads, groups * t, d)
     mask = mask[:, None, None].expand(b, kv_heads, groups, t, length).reshape(b, kv_heads, groups * t, length)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return out.reshape(b, h, t, d).transpose(1, 2).flatten(2)
+
+
+def _attend_with_sinks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, sinks: torch.Tensor) -> torch.Tensor:
+    """`attend` for a dense mask or a CausalMask with GPT-OSS's sinks: SDPA has no term for them, so the softmax
+    is written out, in float32, over each row's visible scores and its head's sink logit (which weighs no
+    value). Its scores are a [B, H, T, L] tensor: the CPU's and the tests' path, not a fast one."""
+    b, h, t, d = q.shape
+    kv_heads, length = k.shape[1], k.shape[2]
+    groups = h // kv_heads
+    if isinstance(mask, CausalMask):
+        visible = torch.ones(t, length, dtype=torch.bool, device=q.device).tril()[None, None, None]
+    elif mask.dim() == 4:
+        visible = mask[:, :, None]  # [B, 1, 1, T, L]: every head alike
+    else:
+        visible = mask[:, None, None]  # [B, 1, 1, T, L]
+    q = q.float().view(b, kv_heads, groups, t, d)
+    scores = torch.einsum("bkgtd,bkld->bkgtl", q, k.float()) * d ** -0.5
+    scores = scores.masked_fill(~visible, float("-inf"))
+    sink = sinks.float().view(1, kv_heads, groups, 1, 1).expand(b, kv_heads, groups, t, 1)
+    probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+    out = torch.einsum("bkgtl,bkld->bkgtd", probs, v.float()).to(v.dtype)
     return out.reshape(b, h, t, d).transpose(1, 2).flatten(2)

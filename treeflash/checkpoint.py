@@ -134,7 +134,61 @@ def load_weights(module: nn.Module, tensors: dict[str, torch.Tensor], where: Pat
 _RENAMES = {
     "MixtralForCausalLM": ((r"\.block_sparse_moe\.", ".mlp."), (r"(\.experts\.\d+)\.w1\.", r"\1.gate_proj."),
                            (r"(\.experts\.\d+)\.w3\.", r"\1.up_proj."), (r"(\.experts\.\d+)\.w2\.", r"\1.down_proj.")),
+    "GptOssForCausalLM": ((r"\.mlp\.router\.", ".mlp.gate."),),
 }
+
+# MXFP4's 4-bit codes (E2M1): sign, two exponent bits, one mantissa bit.
+FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """MXFP4 weights as bfloat16 (exactly: every code times its power of two is a bfloat16). blocks: [..., G, 16]
+    uint8, two codes a byte, the low nibble first; scales: [..., G] uint8, each group of 32 codes' power of two
+    biased by 127. -> [..., G * 32]."""
+    if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8 or blocks.dim() < 2 or \
+            blocks.shape[-1] != 16 or blocks.shape[:-1] != scales.shape:
+        raise ValueError(f"MXFP4 blocks {tuple(blocks.shape)} {blocks.dtype} and scales {tuple(scales.shape)} "
+                         f"{scales.dtype}: expected uint8 [..., G, 16] and [..., G]")
+    lut = torch.tensor(FP4_VALUES, dtype=torch.float32)
+    codes = torch.stack([blocks & 0x0F, blocks >> 4], dim=-1).flatten(-2)  # [..., G, 32]
+    values = torch.ldexp(lut[codes.long()], (scales.to(torch.int32) - 127)[..., None].float())
+    return values.flatten(-2).to(torch.bfloat16)
+
+
+def _unstack_gpt_oss_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """GPT-OSS's experts as the decoder names them (`experts.{e}.gate_proj.weight`, ...). Its checkpoints hold a
+    layer's experts stacked, input-major ([E, hidden, 2 x width], gate and up interleaved column by column, and
+    [E, width, hidden]) with biases [E, 2 x width] and [E, hidden]; OpenAI's own hold the weights as MXFP4
+    blocks and scales, output-major, read here as bfloat16."""
+    out: dict[str, torch.Tensor] = {}
+    for name, t in tensors.items():
+        m = re.fullmatch(r"(layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)(_bias|_blocks|_scales)?", name)
+        if m is None:
+            out[name] = t
+            continue
+        prefix, proj, kind = m.groups()
+        if kind == "_scales":
+            continue  # read with its blocks
+        if kind == "_blocks":
+            scales = tensors.get(f"{prefix}.{proj}_scales")
+            if scales is None:
+                raise ValueError(f"tensor {name} has no {proj}_scales beside it")
+            weight = dequantize_mxfp4(t, scales)  # [E, out, in]
+        elif kind is None:
+            if t.dim() != 3:
+                raise ValueError(f"tensor {name} has shape {tuple(t.shape)}; expected [experts, in, out]")
+            weight = t.transpose(1, 2)
+        elif t.dim() != 2:
+            raise ValueError(f"tensor {name} has shape {tuple(t.shape)}; expected [experts, out]")
+        leaf = "bias" if kind == "_bias" else "weight"
+        value = t if kind == "_bias" else weight
+        for e in range(value.shape[0]):
+            if proj == "gate_up_proj":
+                out[f"{prefix}.{e}.gate_proj.{leaf}"] = value[e, 0::2]
+                out[f"{prefix}.{e}.up_proj.{leaf}"] = value[e, 1::2]
+            else:
+                out[f"{prefix}.{e}.down_proj.{leaf}"] = value[e]
+    return out
 
 
 def load_target(model_dir: Path, device: torch.device | str, dtype: torch.dtype, shard=None):
@@ -151,6 +205,11 @@ def load_target(model_dir: Path, device: torch.device | str, dtype: torch.dtype,
     renames = _RENAMES.get(cfg.architecture, ())
     for pattern, replacement in renames:
         tensors = {re.sub(pattern, replacement, name): t for name, t in tensors.items()}
+    if cfg.architecture == "GptOssForCausalLM":
+        try:
+            tensors = _unstack_gpt_oss_experts(tensors)
+        except ValueError as e:
+            raise ValueError(f"{model_dir}: {e}") from None
     if cfg.tie_word_embeddings and "lm_head.weight" in tensors:
         head, embed = tensors.pop("lm_head.weight"), tensors.get("embed_tokens.weight")
         if embed is None or head.shape != embed.shape or not torch.equal(head, embed):

@@ -24,9 +24,10 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen2MoeForCausalLM": "qwen2",
     "Qwen3MoeForCausalLM": "qwen3",
     "MixtralForCausalLM": "llama",
+    "GptOssForCausalLM": "gpt_oss",
 }
 # Those whose MLPs are mixtures of experts (`ExpertsConfig`); any other with experts is refused.
-MIXTURE_ARCHITECTURES = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM")
+MIXTURE_ARCHITECTURES = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM", "GptOssForCausalLM")
 
 
 class UnsupportedModelError(ValueError):
@@ -197,8 +198,8 @@ class RopeConfig:
 
 @dataclass(frozen=True)
 class ExpertsConfig:
-    """Mixture-of-experts MLPs (Qwen3-MoE, Qwen2-MoE, Mixtral; models/layers.py: `SparseMoE`): a router's softmax
-    picks each token's `per_token` experts of `count`, whose MLP outputs are summed with those weights."""
+    """Mixture-of-experts MLPs (Qwen3-MoE, Qwen2-MoE, Mixtral, GPT-OSS; models/layers.py: `SparseMoE`): a router's
+    softmax picks each token's `per_token` experts of `count`, whose MLP outputs are summed with those weights."""
 
     count: int
     per_token: int
@@ -206,10 +207,29 @@ class ExpertsConfig:
     normalize: bool  # the chosen experts' weights rescaled to sum to 1 (norm_topk_prob)
     sparse_layers: tuple[int, ...]  # layers whose MLP is the experts; the others are dense (intermediate_size)
     shared_intermediate_size: int = 0  # Qwen2-MoE: an MLP every token runs, scaled by a sigmoid gate
+    # GPT-OSS: the router and every expert projection carry a bias, and an expert's activation is its clamped
+    # SwiGLU, (clamp(up, -limit, limit) + 1) * g * sigmoid(1.702 g) for g = min(gate, limit), not silu(gate) * up.
+    bias: bool = False
+    swiglu_limit: float | None = None
 
     @staticmethod
     def from_hf(cfg: dict[str, Any], num_layers: int, arch: str = "Qwen3MoeForCausalLM") -> "ExpertsConfig":
         mixtral = arch == "MixtralForCausalLM"
+        if arch == "GptOssForCausalLM":
+            # Every layer sparse, experts intermediate_size wide; the router's softmax over its top k logits is
+            # the whole softmax's top k rescaled; transformers' limit is 7 whatever config.json says.
+            count = config_value(cfg, "num_local_experts", int, minimum=1)
+            per_token = config_value(cfg, "num_experts_per_tok", int, minimum=1)
+            if per_token > count:
+                raise ConfigError(f"config.json: num_experts_per_tok {per_token} exceeds the {count} experts")
+            limit = config_value(cfg, "swiglu_limit", float, 7.0)
+            if limit != 7.0:
+                raise UnsupportedModelError(f"GptOssForCausalLM with swiglu_limit {limit}: transformers runs 7.0 "
+                                            f"whatever config.json says, so which one the weights want is unknown")
+            return ExpertsConfig(count=count, per_token=per_token,
+                                 intermediate_size=config_value(cfg, "intermediate_size", int, minimum=1),
+                                 normalize=True, sparse_layers=tuple(range(num_layers)), bias=True,
+                                 swiglu_limit=limit)
         if mixtral:
             count = config_value(cfg, "num_local_experts", int, minimum=1)
         else:  # (transformers 5 writes num_local_experts; the hub's checkpoints num_experts)
@@ -259,6 +279,9 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     experts: ExpertsConfig | None = None  # None: every layer's MLP is dense
+    sliding_window: int | None = None  # the window of the layers in window_layers (`window`)
+    window_layers: tuple[int, ...] = ()
+    attention_sinks: bool = False  # GPT-OSS: a learnt logit per query head that every softmax's sum includes
 
     @staticmethod
     def from_hf(cfg: dict[str, Any]) -> "ModelConfig":
@@ -271,26 +294,16 @@ class ModelConfig:
         if not mixture and (cfg.get("num_local_experts") or cfg.get("num_experts")):
             raise unsupported_architecture(f"{arch} with experts (MoE)")
         quantization = cfg.get("quantization_config")
-        if quantization is not None:  # its weights are codes and scales: read as plain floats, other numbers
+        # (OpenAI's GPT-OSS checkpoints keep their experts in MXFP4, which loading turns into bfloat16 exactly:
+        # checkpoint.py: dequantize_mxfp4)
+        mxfp4 = family == "gpt_oss" and isinstance(quantization, dict) and quantization.get("quant_method") == "mxfp4"
+        if quantization is not None and not mxfp4:  # its weights are codes and scales: read as plain floats, other numbers
             method = quantization.get("quant_method", "?") if isinstance(quantization, dict) else quantization
             raise UnsupportedModelError(f"quantised checkpoints are not supported (quantization_config: {method}); "
                                         f"use an unquantised one (float32, float16 or bfloat16) or a GGUF file")
         max_positions = config_value(cfg, "max_position_embeddings", int, _MAX_POSITIONS[arch], minimum=2)
-        # transformers' Mistral config gives a missing window 4096 and applies it (Mixtral's none); one that
-        # covers every position changes nothing, and only null turns it off (0 is no window of any use:
-        # transformers fails).
-        mistral = arch in ("MistralForCausalLM", "MixtralForCausalLM")
-        window = cfg.get("sliding_window", 4096 if arch == "MistralForCausalLM" else None)
-        if cfg.get("use_sliding_window") or (family == "llama" and (window is not None if mistral else window) and (
-                not mistral or isinstance(window, bool) or not isinstance(window, int) or window < max_positions)):
-            raise UnsupportedModelError(f"{arch} with sliding-window attention is not supported"
-                                        + (f" (sliding_window {window}, the default where config.json has none)"
-                                           if "sliding_window" not in cfg else ""))
-        layer_types = config_value(cfg, "layer_types", list, [])
-        if any(t != "full_attention" for t in layer_types):
-            raise UnsupportedModelError(
-                f"{arch} with layer types {sorted(set(map(str, layer_types)))}: only full attention is supported"
-            )
+        num_layers = config_value(cfg, "num_hidden_layers", int, minimum=1)
+        window, window_layers = _sliding_windows(arch, family, cfg, num_layers, max_positions)
         hidden_act = config_value(cfg, "hidden_act", str, "silu")
         if hidden_act != "silu":
             raise UnsupportedModelError(f"hidden_act {hidden_act!r} is not supported (only silu)")
@@ -307,8 +320,7 @@ class ModelConfig:
         if heads % kv_heads:
             raise ConfigError(f"config.json: num_attention_heads {heads} is not a multiple of num_key_value_heads "
                               f"{kv_heads} (each key/value head serves a whole group of query heads)")
-        attention_bias = config_value(cfg, "attention_bias", bool, False)
-        num_layers = config_value(cfg, "num_hidden_layers", int, minimum=1)
+        attention_bias = config_value(cfg, "attention_bias", bool, family == "gpt_oss")
         # (Qwen2-MoE names its q/k/v bias; Qwen2 always has one)
         qkv_bias = config_value(cfg, "qkv_bias", bool, True) if arch == "Qwen2MoeForCausalLM" else True
         return ModelConfig(
@@ -331,7 +343,15 @@ class ModelConfig:
             bos_token_id=config_value(cfg, "bos_token_id", int, None),
             eos_token_ids=config_int_list(cfg, "eos_token_id"),
             experts=ExpertsConfig.from_hf(cfg, num_layers, arch) if mixture else None,
+            sliding_window=window,
+            window_layers=window_layers,
+            attention_sinks=family == "gpt_oss",
         )
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of a layer's attention (each token sees itself and the window - 1 positions before
+        it), None where it sees every position before it."""
+        return self.sliding_window if layer in self.window_layers else None
 
     @staticmethod
     def from_dir(path: str | Path) -> "ModelConfig":
@@ -340,11 +360,50 @@ class ModelConfig:
 
 _MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                 "mistral": "MistralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-                "mixtral": "MixtralForCausalLM"}
+                "mixtral": "MixtralForCausalLM", "gpt_oss": "GptOssForCausalLM"}
 # transformers' defaults where config.json gives no max_position_embeddings.
 _MAX_POSITIONS = {"LlamaForCausalLM": 2048, "MistralForCausalLM": 4096 * 32, "Qwen2ForCausalLM": 32768,
                   "Qwen3ForCausalLM": 32768, "Qwen2MoeForCausalLM": 32768, "Qwen3MoeForCausalLM": 32768,
-                  "MixtralForCausalLM": 4096 * 32}
+                  "MixtralForCausalLM": 4096 * 32, "GptOssForCausalLM": 131072}
+
+
+def _sliding_windows(arch: str, family: str, cfg: dict[str, Any], num_layers: int,
+                     max_positions: int) -> tuple[int | None, tuple[int, ...]]:
+    """The sliding window and the layers it applies to, as transformers reads them: GPT-OSS's `layer_types`
+    (every other layer from the first where absent) over a window of `sliding_window` (128); Mistral's and
+    Mixtral's every layer (Mistral's window 4096 where config.json has none, Mixtral's none). A window that
+    covers every position changes nothing and is dropped. Other families' windows are refused."""
+    layer_types = config_value(cfg, "layer_types", list, [])
+    if any(t not in ("full_attention", "sliding_attention") for t in layer_types) or (
+            family != "gpt_oss" and any(t != "full_attention" for t in layer_types)):
+        raise UnsupportedModelError(
+            f"{arch} with layer types {sorted(set(map(str, layer_types)))}: only full attention is supported"
+            + (" (and GPT-OSS's sliding_attention)" if family == "gpt_oss" else ""))
+    if layer_types and len(layer_types) != num_layers:
+        raise ConfigError(f"config.json: layer_types names {len(layer_types)} layers, num_hidden_layers is {num_layers}")
+    mistral = arch in ("MistralForCausalLM", "MixtralForCausalLM")
+    if family == "gpt_oss":
+        window = cfg.get("sliding_window", 128)
+        layers = [i for i in range(num_layers) if (layer_types[i] == "sliding_attention" if layer_types else i % 2 == 0)]
+    elif mistral:
+        window = cfg.get("sliding_window", 4096 if arch == "MistralForCausalLM" else None)
+        layers = list(range(num_layers))
+    else:
+        # Qwen's windows apply only where use_sliding_window is set (then to some layers, differently in each
+        # family); Llama's configs carry none.
+        window = cfg.get("sliding_window") if family == "llama" else None
+        if cfg.get("use_sliding_window") or window:
+            raise UnsupportedModelError(f"{arch} with sliding-window attention is not supported")
+        return None, ()
+    if window is None:
+        return None, ()
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        # (0 is no window of any use: transformers fails)
+        raise UnsupportedModelError(f"{arch} with sliding-window attention of sliding_window {window!r} is not "
+                                    f"supported (a positive number of positions, or null)")
+    if window >= max_positions or not layers:
+        return None, ()
+    return window, tuple(layers)
 
 
 def _architecture(cfg: dict[str, Any]) -> str:

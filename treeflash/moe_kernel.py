@@ -7,9 +7,10 @@ the gathered plan (each pair's weights copied, then multiplied) 119 (benchmarks/
 launches and a copy of the weights it reads. Here (61 us, benchmarks/gpu-moe-gemv/):
 
 1. `_gate_up`: one program per (pair, block of BLOCK_J expert-MLP columns) multiplies the token's row by its
-   expert's gate and up rows, in float32, and writes silu(gate) * up in the activations' dtype;
+   expert's gate and up rows, in float32, and writes silu(gate) * up in the activations' dtype (GPT-OSS: its
+   biases added and its clamped SwiGLU instead);
 2. `_down`: one program per (pair, block of BLOCK_I output features), the pair's activations through its
-   expert's down projection, in float32;
+   expert's down projection (plus its bias), in float32;
 3. `_combine`: each token's k pair outputs summed in order, weighted by the router's weights, in float32, and
    rounded once to the output's dtype.
 
@@ -43,8 +44,8 @@ COMBINE_BLOCK = 1024  # output features a `_combine` program sums
 
 
 @triton.jit
-def _gate_up(X, W, Experts, Act, hidden, width, per_token, sx, sw_e, sw_r, sa,
-             BLOCK_J: tl.constexpr, BLOCK_H: tl.constexpr):
+def _gate_up(X, W, Bias, Experts, Act, hidden, width, per_token, sx, sw_e, sw_r, sb_e, sa,
+             BLOCK_J: tl.constexpr, BLOCK_H: tl.constexpr, HAS_BIAS: tl.constexpr, LIMIT: tl.constexpr):
     pair = tl.program_id(0)
     j = tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
     j_ok = j < width
@@ -61,13 +62,21 @@ def _gate_up(X, W, Experts, Act, hidden, width, per_token, sx, sw_e, sw_r, sa,
         ok = j_ok[:, None] & h_ok[None, :]
         gate += tl.sum(tl.load(gate_rows + h[None, :], mask=ok, other=0.0).to(tl.float32) * x[None, :], 1)
         up += tl.sum(tl.load(up_rows + h[None, :], mask=ok, other=0.0).to(tl.float32) * x[None, :], 1)
-    act = gate / (1.0 + tl.exp(-gate)) * up
+    if HAS_BIAS:
+        gate += tl.load(Bias + expert * sb_e + j, mask=j_ok, other=0.0).to(tl.float32)
+        up += tl.load(Bias + expert * sb_e + width + j, mask=j_ok, other=0.0).to(tl.float32)
+    if LIMIT > 0:  # GPT-OSS's clamped SwiGLU (models/layers.py: SparseMoE.activation)
+        gate = tl.minimum(gate, LIMIT)
+        up = tl.minimum(tl.maximum(up, -LIMIT), LIMIT)
+        act = (up + 1.0) * gate / (1.0 + tl.exp(-1.702 * gate))
+    else:
+        act = gate / (1.0 + tl.exp(-gate)) * up
     tl.store(Act + pair.to(tl.int64) * sa + j, act.to(Act.dtype.element_ty), mask=j_ok)
 
 
 @triton.jit
-def _down(Act, W, Experts, Pairs, hidden, width, sa, sw_e, sw_r, sp,
-          BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr):
+def _down(Act, W, Bias, Experts, Pairs, hidden, width, sa, sw_e, sw_r, sb_e, sp,
+          BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr):
     pair = tl.program_id(0)
     i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
     i_ok = i < hidden
@@ -81,6 +90,8 @@ def _down(Act, W, Experts, Pairs, hidden, width, sa, sw_e, sw_r, sp,
         a = tl.load(act_row + k, mask=k_ok, other=0.0).to(tl.float32)
         w = tl.load(rows + k[None, :], mask=i_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
         acc += tl.sum(w * a[None, :], 1)
+    if HAS_BIAS:
+        acc += tl.load(Bias + expert * sb_e + i, mask=i_ok, other=0.0).to(tl.float32)
     tl.store(Pairs + pair.to(tl.int64) * sp + i, acc, mask=i_ok)
 
 
@@ -97,24 +108,31 @@ def _combine(Pairs, Weights, Out, hidden, per_token, sp, so, BLOCK: tl.constexpr
 
 
 def expert_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,
-               chosen: torch.Tensor, launch: Launch = DEFAULT_LAUNCH) -> torch.Tensor:
+               chosen: torch.Tensor, launch: Launch = DEFAULT_LAUNCH,
+               biases: tuple[torch.Tensor, torch.Tensor] | None = None, limit: float | None = None) -> torch.Tensor:
     """x [N, H]; gate_up [E, 2I, H] (gate rows then up rows) and down [E, H, I], each expert's rows contiguous;
     weights, chosen [N, k]: each token's router weights and experts. Returns [N, H] in x's dtype:
-    sum over c of weights[n, c] * down[e] @ (silu(gate[e] @ x[n]) * (up[e] @ x[n])), e = chosen[n, c]."""
+    sum over c of weights[n, c] * down[e] @ (silu(gate[e] @ x[n]) * (up[e] @ x[n])), e = chosen[n, c].
+    biases: [E, 2I] and [E, H], added to each product; limit: GPT-OSS's clamped SwiGLU in place of silu * up."""
     n, hidden = x.shape
     per_token = chosen.shape[1]
     width = down.shape[2]
     if x.stride(1) != 1 or gate_up.stride(2) != 1 or down.stride(2) != 1:
         raise ValueError("expert_mlp needs the feature dimension contiguous")
     experts = chosen.reshape(-1).contiguous()
+    gate_up_bias, down_bias = biases if biases is not None else (gate_up, down)  # (unused without biases)
+    if biases is not None and (gate_up_bias.stride(1) != 1 or down_bias.stride(1) != 1):
+        raise ValueError("expert_mlp needs each expert's biases contiguous")
     act = torch.empty(n * per_token, width, dtype=x.dtype, device=x.device)
     _gate_up[(n * per_token, triton.cdiv(width, launch.block_j))](
-        x, gate_up, experts, act, hidden, width, per_token, x.stride(0), gate_up.stride(0), gate_up.stride(1),
-        act.stride(0), BLOCK_J=launch.block_j, BLOCK_H=launch.block_h, num_warps=launch.num_warps)
+        x, gate_up, gate_up_bias, experts, act, hidden, width, per_token, x.stride(0), gate_up.stride(0),
+        gate_up.stride(1), gate_up_bias.stride(0), act.stride(0), BLOCK_J=launch.block_j, BLOCK_H=launch.block_h,
+        HAS_BIAS=biases is not None, LIMIT=float(limit or 0.0), num_warps=launch.num_warps)
     pairs = torch.empty(n * per_token, hidden, dtype=torch.float32, device=x.device)
     _down[(n * per_token, triton.cdiv(hidden, launch.block_i))](
-        act, down, experts, pairs, hidden, width, act.stride(0), down.stride(0), down.stride(1), pairs.stride(0),
-        BLOCK_I=launch.block_i, BLOCK_K=launch.block_k, num_warps=launch.num_warps)
+        act, down, down_bias, experts, pairs, hidden, width, act.stride(0), down.stride(0), down.stride(1),
+        down_bias.stride(0), pairs.stride(0), BLOCK_I=launch.block_i, BLOCK_K=launch.block_k,
+        HAS_BIAS=biases is not None, num_warps=launch.num_warps)
     out = torch.empty(n, hidden, dtype=x.dtype, device=x.device)
     _combine[(n, triton.cdiv(hidden, COMBINE_BLOCK))](
         pairs, weights.reshape(-1).contiguous(), out, hidden, per_token, pairs.stride(0), out.stride(0),

@@ -206,8 +206,9 @@ class Speculator:
         self.target, self.drafter, self.spec = target, drafter if spec.method != "none" else None, spec
         self.device = target.embed_tokens.weight.device
         c = target.config
-        self.attention = check_backend(attention or default_backend(self.device, c.head_dim),
-                                       self.device, c.head_dim)
+        plain = not c.window_layers and not c.attention_sinks
+        self.attention = check_backend(attention or default_backend(self.device, c.head_dim, flex=plain),
+                                       self.device, c.head_dim, bool(c.window_layers), c.attention_sinks)
         self.flex_decode_tokens = flex_decode_tokens
         self.tree_kernel = tree_kernel  # use_tree_kernel's setting, read per round (gpu_check E flips it)
         if self.device.type == "cuda":
@@ -482,10 +483,12 @@ class Speculator:
         k, t = batch.tokens.shape
         dev = self.device
         positions = batch.starts[:, None] + torch.arange(t, device=dev)  # [K, T]; also the cache rows
-        # Among the new tokens: causal, and only real tokens are visible (padding sees the real ones too,
-        # so no query row is all-masked).
+        # Among the new tokens: causal, and only real tokens are visible, but for each padding token itself:
+        # no query row is all-masked, a sliding window's too (a row that saw nothing would store NaN keys,
+        # which a dense mask's zero weight would not cancel).
         causal = torch.ones(t, t, dtype=torch.bool, device=dev).tril()
-        new_mask = causal[None] & (torch.arange(t, device=dev)[None, None, :] < batch.lengths[:, None, None])
+        real_cols = torch.arange(t, device=dev)[None, None, :] < batch.lengths[:, None, None]
+        new_mask = causal[None] & (real_cols | torch.eye(t, dtype=torch.bool, device=dev))
         if self.attention in ("splitkv", "hybrid"):  # the splitkv kernels, told each piece's slot (attend_new)
             mask = SplitKVMask(batch.starts.to(torch.int32), new_mask.to(torch.uint8), kv_len)
         else:

@@ -55,11 +55,11 @@ class Expert(nn.Module):
     """One expert's projections, by the checkpoints' names. Plain `nn.Linear`s: their weights become views of
     the layer's stacked ones (`SparseMoE.stack_experts`), and are neither fused nor prepacked one by one."""
 
-    def __init__(self, hidden: int, intermediate: int):
+    def __init__(self, hidden: int, intermediate: int, bias: bool = False):
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
 
 
 # On the CPU, experts of at least this many weights per projection (width x hidden) take the looped plan, smaller
@@ -68,9 +68,10 @@ LOOPED_MIN_WEIGHTS = 1 << 17
 
 
 class SparseMoE(nn.Module):
-    """A mixture-of-experts MLP (Qwen3-MoE, Qwen2-MoE, Mixtral): the router's softmax over the experts picks each
-    token's top k, and the token's output is their MLP outputs weighted by those probabilities (rescaled to sum
-    to 1 where the config says), plus, for Qwen2-MoE, a shared MLP scaled by a sigmoid gate.
+    """A mixture-of-experts MLP (Qwen3-MoE, Qwen2-MoE, Mixtral, GPT-OSS): the router's softmax over the experts
+    picks each token's top k, and the token's output is their MLP outputs weighted by those probabilities
+    (rescaled to sum to 1 where the config says), plus, for Qwen2-MoE, a shared MLP scaled by a sigmoid gate.
+    GPT-OSS's router and projections carry biases and its experts a clamped SwiGLU (`activation`).
 
     The experts' weights are stacked, [E, 2I, H] (gate then up) and [E, H, I], and a forward computes with fixed
     shapes, no host synchronisation (CUDA graphs capture it; the CPU's looped plan excepted), by one of five
@@ -99,14 +100,16 @@ class SparseMoE(nn.Module):
     def __init__(self, hidden: int, experts: ExpertsConfig):
         super().__init__()
         self.config = experts
-        self.gate = Linear(hidden, experts.count, bias=False)
-        self.experts = nn.ModuleList(Expert(hidden, experts.intermediate_size) for _ in range(experts.count))
+        self.gate = Linear(hidden, experts.count, bias=experts.bias)
+        self.experts = nn.ModuleList(Expert(hidden, experts.intermediate_size, experts.bias)
+                                     for _ in range(experts.count))
         if experts.shared_intermediate_size:
             self.shared_expert = MLP(hidden, experts.shared_intermediate_size)
             self.shared_expert_gate = Linear(hidden, 1, bias=False)
         else:
             self.shared_expert = self.shared_expert_gate = None
         self.stacked: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.biases: tuple[torch.Tensor, torch.Tensor] | None = None  # [E, 2I] and [E, H], stacked alike
         self.grouped = False  # whether the grouped product runs here (`stack_experts` probes it)
         self.gemv = False  # whether the Triton kernels run here (CUDA)
 
@@ -120,10 +123,17 @@ class SparseMoE(nn.Module):
         with torch.no_grad():
             gate_up = torch.stack([torch.cat([e.gate_proj.weight, e.up_proj.weight]) for e in self.experts])
             down = torch.stack([e.down_proj.weight for e in self.experts])
+            if self.config.bias:
+                self.biases = (torch.stack([torch.cat([e.gate_proj.bias, e.up_proj.bias]) for e in self.experts]),
+                               torch.stack([e.down_proj.bias for e in self.experts]))
         for i, e in enumerate(self.experts):
             for lin, weight in ((e.gate_proj, gate_up[i, :width]), (e.up_proj, gate_up[i, width:]),
                                 (e.down_proj, down[i])):
                 lin.weight = nn.Parameter(weight, requires_grad=lin.weight.requires_grad)
+            if self.biases is not None:
+                for lin, bias in ((e.gate_proj, self.biases[0][i, :width]), (e.up_proj, self.biases[0][i, width:]),
+                                  (e.down_proj, self.biases[1][i])):
+                    lin.bias = nn.Parameter(bias, requires_grad=lin.bias.requires_grad)
         self.stacked = (gate_up, down)
         # (bfloat16 on Hopper only, where it was measured capturable: in float32 PyTorch 2.11's grouped product
         # reads the group ends on the host, which a CUDA graph's capture refuses, and an eager probe cannot
@@ -140,6 +150,19 @@ class SparseMoE(nn.Module):
         if self.config.normalize:
             weights = weights / weights.sum(-1, keepdim=True)
         return weights.to(x.dtype), chosen
+
+    def activation(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """[..., 2I] gate then up (their biases added) -> [..., I]: silu(gate) * up, or GPT-OSS's clamped SwiGLU."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        limit = self.config.swiglu_limit
+        if limit is None:
+            return F.silu(gate) * up
+        gate = gate.clamp(max=limit)
+        return (up.clamp(-limit, limit) + 1) * gate * torch.sigmoid(gate * 1.702)
+
+    def _biased(self, out: torch.Tensor, which: int, experts: torch.Tensor | int) -> torch.Tensor:
+        """out plus the gate_up (which 0) or down (1) biases of the given experts, where there are biases."""
+        return out if self.biases is None else out + self.biases[which][experts]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.stack_experts()
@@ -170,23 +193,25 @@ class SparseMoE(nn.Module):
         # each expert's group's end (bincount would synchronise: it sizes its output by the largest value)
         ends = torch.searchsorted(experts[order], every, right=True).to(torch.int32)
         rows = x.repeat_interleave(k, dim=0)[order]
-        gate, up = torch._grouped_mm(rows, gate_up.transpose(1, 2), offs=ends).chunk(2, dim=-1)
-        out = torch._grouped_mm(F.silu(gate) * up, down.transpose(1, 2), offs=ends)
+        sorted_experts = experts[order]
+        hidden = self._biased(torch._grouped_mm(rows, gate_up.transpose(1, 2), offs=ends), 0, sorted_experts)
+        out = self._biased(torch._grouped_mm(self.activation(hidden), down.transpose(1, 2), offs=ends), 1,
+                           sorted_experts)
         pairs = torch.empty_like(out).index_copy_(0, order, out)  # back in (token, expert) order
         return (pairs.view(n, k, -1) * weights[:, :, None]).sum(1)
 
     def _gemv(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         from treeflash.moe_kernel import expert_mlp  # Triton: imported on CUDA only (and in tests)
 
-        return expert_mlp(x, *self.stacked, weights, chosen)
+        return expert_mlp(x, *self.stacked, weights, chosen, biases=self.biases, limit=self.config.swiglu_limit)
 
     def _looped(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         gate_up, down = self.stacked
         n, k = chosen.shape
         out = []
         for pair, expert in enumerate(chosen.reshape(-1).tolist()):  # (the CPU: a host loop costs no graph)
-            gate, up = torch.mv(gate_up[expert], x[pair // k]).chunk(2)
-            out.append(torch.mv(down[expert], F.silu(gate) * up))
+            hidden = self._biased(torch.mv(gate_up[expert], x[pair // k]), 0, expert)
+            out.append(self._biased(torch.mv(down[expert], self.activation(hidden)), 1, expert))
         return (torch.stack(out).view(n, k, -1) * weights[:, :, None]).sum(1)
 
     def _gathered(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
@@ -196,8 +221,8 @@ class SparseMoE(nn.Module):
         parts = []
         for start in range(0, n * k, self.config.count):
             pick, rows = experts[start:start + self.config.count], inputs[start:start + self.config.count]
-            gate, up = torch.bmm(gate_up[pick], rows[:, :, None]).squeeze(-1).chunk(2, dim=-1)
-            parts.append(torch.bmm(down[pick], (F.silu(gate) * up)[:, :, None]).squeeze(-1))
+            hidden = self._biased(torch.bmm(gate_up[pick], rows[:, :, None]).squeeze(-1), 0, pick)
+            parts.append(self._biased(torch.bmm(down[pick], self.activation(hidden)[:, :, None]).squeeze(-1), 1, pick))
         out = torch.cat(parts) if len(parts) > 1 else parts[0]
         return (out.view(n, k, -1) * weights[:, :, None]).sum(1)
 
@@ -205,8 +230,12 @@ class SparseMoE(nn.Module):
         gate_up, down = self.stacked
         every = torch.zeros(x.shape[0], self.config.count, dtype=x.dtype, device=x.device)
         every.scatter_(1, chosen, weights)  # [N, E]: zero for the experts a token did not choose
-        gate, up = torch.matmul(gate_up, x.t()).chunk(2, dim=1)  # [E, I, N] each
-        out = torch.bmm(down, F.silu(gate) * up)  # [E, H, N]
+        hidden = torch.matmul(gate_up, x.t())  # [E, 2I, N]
+        if self.biases is not None:
+            hidden = hidden + self.biases[0][:, :, None]
+        out = torch.bmm(down, self.activation(hidden.transpose(1, 2)).transpose(1, 2))  # [E, H, N]
+        if self.biases is not None:
+            out = out + self.biases[1][:, :, None]
         return torch.einsum("ehn,ne->nh", out, every)
 
 

@@ -1,9 +1,10 @@
-"""The target decoder: Llama / Mistral / Qwen2 / Qwen3 (and the mixtures of experts Qwen2-MoE, Qwen3-MoE and
-Mixtral) in one implementation.
+"""The target decoder: Llama / Mistral / Qwen2 / Qwen3 (and the mixtures of experts Qwen2-MoE, Qwen3-MoE,
+Mixtral and GPT-OSS) in one implementation.
 
 One forward takes new tokens with arbitrary positions, writes their K/V at given cache rows and lets
 each attend to the cache through an arbitrary visibility mask. A prompt (causal mask), one decode
-step and a whole draft tree (ancestor-only mask, depth positions) are all the same call.
+step and a whole draft tree (ancestor-only mask, depth positions) are all the same call. Layers with a
+sliding window take the round's mask narrowed to their window (`attention.windowed`), made once a forward.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from treeflash.attention import attend_new
+from treeflash.attention import attend_new, windowed
 from treeflash.config import ModelConfig
 from treeflash.kv_cache import KVCache, PrefixKV
 from treeflash.models.kernels import EAGER, Kernels, Linear, linear
@@ -26,6 +27,8 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        # GPT-OSS: one logit per query head that joins every softmax's sum and weighs no value
+        self.sinks = nn.Parameter(torch.zeros(cfg.num_heads)) if cfg.attention_sinks else None
         self.q_proj = Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.k_proj = Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.v_proj = Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
@@ -74,7 +77,7 @@ class Attention(nn.Module):
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
             q = self._norm_rotary(q, self.q_norm, cos, sin)
             k, v = self._kv(x, k, v, cos, sin)
-        return self.o_proj(attend_new(q, k, v, cache, layer, rows, mask))
+        return self.o_proj(attend_new(q, k, v, cache, layer, rows, mask, self.sinks))
 
 
 class DecoderLayer(nn.Module):
@@ -101,12 +104,14 @@ class DecoderLayer(nn.Module):
 def run_layers(layers: nn.ModuleList, norm: RMSNorm, x, cos, sin, cache, rows, mask,
                capture_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """A decoder stack over x [B, T, hidden]: the final-normed hidden states and the outputs of the layers
-    in `capture_layers` (HF `hidden_states[i + 1]`). A layer's last residual sum happens in the next
-    norm's kernel (`DecoderLayer.forward`): one launch per layer fewer; eagerly the same values, bit for
-    bit (tests/test_kernels.py), compiled whatever Inductor's fused add + norm rounds."""
+    in `capture_layers` (HF `hidden_states[i + 1]`). `mask` is every layer's, or a list of one per layer. A
+    layer's last residual sum happens in the next norm's kernel (`DecoderLayer.forward`): one launch per layer
+    fewer; eagerly the same values, bit for bit (tests/test_kernels.py), compiled whatever Inductor's fused
+    add + norm rounds."""
     delta, captured = None, {}
     for i, layer in enumerate(layers):
-        layer_input, x, delta = layer(x, delta, cos, sin, cache, i, rows, mask)
+        layer_mask = mask[i] if isinstance(mask, list) else mask
+        layer_input, x, delta = layer(x, delta, cos, sin, cache, i, rows, layer_mask)
         if i - 1 in capture_layers:
             captured[i - 1] = layer_input
     out, normed = norm.add(x, delta)
@@ -142,6 +147,10 @@ class Transformer(nn.Module):
         """
         x = self.embed_tokens(tokens)
         cos, sin = self.rotary(positions, x.dtype)
+        c = self.config
+        if c.window_layers:
+            narrow = windowed(mask, positions, rows, c.sliding_window)
+            mask = [narrow if i in c.window_layers else mask for i in range(c.num_layers)]
         return run_layers(self.layers, self.norm, x, cos, sin, cache, rows, mask, capture_layers)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
