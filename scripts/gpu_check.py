@@ -6,7 +6,8 @@ the round eagerly and graphed. Prints the results and writes a JSON file (update
   python scripts/gpu_check.py --out results/gpu_check.json [--smollm2 /path/SmolLM2-135M-Instruct.Q4_1.gguf]
                               [--sections TEFLABCR] [--timings qwen3-8b,smollm2-135m] [--budget-s SECONDS]
 
-A. tiny random Llama / Qwen2 / Qwen3 (float32): greedy tokens identical to transformers on the GPU.
+A. tiny random Llama / Qwen2 / Qwen3 / Mistral with an 8-token window / GPT-OSS (windows, sinks, biased experts)
+   (float32): greedy tokens identical to transformers on the GPU.
 B. tiny random DFlash drafter: dflash and ddtree greedy identical to plain decoding; seeded sampling
    reproducible alone and inside a mixed batch, and identical to plain sampling with the same seed.
 C. no host synchronisation inside an eager round: every round runs under
@@ -82,17 +83,27 @@ DEVICE = "cuda"  # --device cpu runs A, B and D here, to check the script itself
 
 
 def tiny_targets(root: Path) -> dict[str, Path]:
-    from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
-                              Qwen3ForCausalLM)
+    from transformers import (GptOssConfig, GptOssForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,
+                              MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
     out = {}
-    for name, config_cls, model_cls in [("llama", LlamaConfig, LlamaForCausalLM), ("qwen2", Qwen2Config, Qwen2ForCausalLM),
-                                        ("qwen3", Qwen3Config, Qwen3ForCausalLM)]:
+    # (windows of 8 positions, shorter than the prompts and their tokens; GPT-OSS's on layers 0 and 2)
+    for name, config_cls, model_cls, extra in [
+            ("llama", LlamaConfig, LlamaForCausalLM, {}), ("qwen2", Qwen2Config, Qwen2ForCausalLM, {}),
+            ("qwen3", Qwen3Config, Qwen3ForCausalLM, {}), ("mistral", MistralConfig, MistralForCausalLM,
+                                                          {"sliding_window": 8}),
+            ("gpt_oss", GptOssConfig, GptOssForCausalLM, {"sliding_window": 8, "num_local_experts": 8,
+                                                          "num_experts_per_tok": 2, "intermediate_size": 64})]:
         torch.manual_seed(0)
-        cfg = config_cls(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=16, vocab_size=300, max_position_embeddings=512,
-                         tie_word_embeddings=name == "llama")
-        model_cls(cfg).save_pretrained(root / name)
+        cfg = config_cls(**{"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4,
+                            "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 300, "max_position_embeddings": 512,
+                            "tie_word_embeddings": name == "llama"} | extra)
+        model = model_cls(cfg)
+        with torch.no_grad():  # (GPT-OSS starts its biases and sinks at zero: a model ignoring them would pass)
+            for pname, p in model.named_parameters():
+                if pname.endswith(("bias", "sinks")):
+                    p.normal_(0, 0.5)
+        model.save_pretrained(root / name)
         out[name] = root / name
     return out
 
@@ -954,6 +965,9 @@ def main() -> int:
     ap.add_argument("--smollm2", type=Path, default=None, help="path of the SmolLM2 GGUF on the GPU machine")
     ap.add_argument("--out", type=Path, default=Path("gpu_check.json"))
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--target", default="qwen3", choices=("llama", "qwen2", "qwen3", "mistral", "gpt_oss"),
+                    help="the tiny target of B, C, E and F (default qwen3; mistral and gpt_oss have sliding windows, "
+                         "which the flex and hybrid attentions refuse: pass --attentions sdpa,splitkv)")
     ap.add_argument("--sections", default="ABCEFLPRS", help="which of A B C E F L P R S T to run (default all but T)")
     ap.add_argument("--attentions", default="flex,sdpa,splitkv,hybrid",
                     help="attention backends section E checks (C and F: the first)")
@@ -994,7 +1008,7 @@ def main() -> int:
         if "T" in args.sections and cuda:
             run("T. tree kernel == build_tree", check_tree_kernel)
         if "E" in args.sections:
-            run("E. CUDA graphs == eager", check_graphs_equal_eager, targets["qwen3"], drafter,
+            run("E. CUDA graphs == eager", check_graphs_equal_eager, targets[args.target], drafter,
                 tuple(args.attentions.split(",")))
         if "L" in args.sections:
             run("L. log-probs and penalties", check_logprobs, targets["qwen3"], drafter, None,
@@ -1006,7 +1020,7 @@ def main() -> int:
         if "R" in args.sections:
             run("R. prefix reuse", check_prefix_reuse, targets["qwen3"], drafter)
         if "F" in args.sections and cuda:
-            run("F. host synchronisation in replayed rounds", check_no_sync_in_replay, targets["qwen3"], drafter,
+            run("F. host synchronisation in replayed rounds", check_no_sync_in_replay, targets[args.target], drafter,
                 args.attentions.split(",")[0])
         batches = tuple(int(b) for b in args.batches.split(","))
         for name in filter(None, args.timings.split(",")):
@@ -1014,9 +1028,9 @@ def main() -> int:
         if "A" in args.sections:
             run("A. parity with transformers (fp32)", check_parity, targets)
         if "B" in args.sections:
-            run("B. speculative greedy and seeded sampling", check_speculative, targets["qwen3"], drafter)
+            run("B. speculative greedy and seeded sampling", check_speculative, targets[args.target], drafter)
         if "C" in args.sections and cuda:
-            run("C. host synchronisation in eager rounds", check_no_sync, targets["qwen3"], drafter,
+            run("C. host synchronisation in eager rounds", check_no_sync, targets[args.target], drafter,
                 args.attentions.split(",")[0])
     if args.smollm2:
         run("D. SmolLM2-135M-Instruct", check_smollm2, args.smollm2)

@@ -333,6 +333,15 @@ PUBLISHED = {"smollm2-135m": 134_515_008, "qwen3-8b": 8_190_735_360, "llama3-8b"
              "qwen3-4b": 4_022_468_096, "qwen3-30b-a3b": 30_532_122_624, "mixtral-8x7b": 46_702_792_704}
 
 
+def test_the_gpt_oss_shape_has_its_model_cards_parameter_counts():
+    """OpenAI's gpt-oss model card gives GPT-OSS-20B 20.91B parameters, 3.61B active (the embedding not counted)."""
+    cfg = target_config(shape("gpt-oss-20b"))
+    assert round(target_params(cfg) / 1e9, 2) == 20.91
+    assert round((target_params(cfg, active=True) - cfg.vocab_size * cfg.hidden_size) / 1e9, 2) == 3.61
+    model = build_target(cfg, "meta", torch.bfloat16)
+    assert sum(p.numel() for p in model.parameters()) == target_params(cfg)
+
+
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_synthetic_shapes_have_the_published_parameter_counts(name):
     cfg = target_config(shape(name))

@@ -52,6 +52,18 @@ def _mixtral(layers, hidden, heads, kv_heads, intermediate, experts, per_token) 
             "num_experts_per_tok": per_token, "sliding_window": None}
 
 
+def _gpt_oss(layers, experts) -> dict[str, Any]:
+    """GPT-OSS-20B (24 layers, 32 experts) and -120B (36, 128): 4 experts of width 2,880 a token, 64 query heads
+    of 64 over 8 KV heads, a 128-token window on every other layer, YaRN over 4,096 positions x 32."""
+    return {"architectures": ["GptOssForCausalLM"], "vocab_size": 201088, "hidden_size": 2880,
+            "intermediate_size": 2880, "num_hidden_layers": layers, "num_attention_heads": 64,
+            "num_key_value_heads": 8, "head_dim": 64, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+            "max_position_embeddings": 131072, "num_local_experts": experts, "num_experts_per_tok": 4,
+            "sliding_window": 128, "swiglu_limit": 7.0, "attention_bias": True,
+            "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                             "truncate": False, "original_max_position_embeddings": 4096, "rope_theta": 150000.0}}
+
+
 def _llama(layers, hidden, heads, kv_heads, intermediate, vocab, tie, theta, max_pos) -> dict[str, Any]:
     return {"architectures": ["LlamaForCausalLM"], "vocab_size": vocab, "hidden_size": hidden,
             "intermediate_size": intermediate, "num_hidden_layers": layers, "num_attention_heads": heads,
@@ -69,6 +81,8 @@ SHAPES: dict[str, Shape] = {
     "qwen3-30b-a3b": Shape("qwen3-30b-a3b", _qwen3_moe(48, 2048, 32, 4, 6144, 128, 8, 768), mask_token_id=151669),
     # Mixtral-8x7B: 8 experts of width 14,336, 2 per token; its vocabulary has no unused id, so MASK is <unk> (0).
     "mixtral-8x7b": Shape("mixtral-8x7b", _mixtral(32, 4096, 32, 8, 14336, 8, 2), mask_token_id=0),
+    # GPT-OSS-20B (its experts bfloat16, as OpenAI's MXFP4 ones load): MASK a reserved id of its vocabulary.
+    "gpt-oss-20b": Shape("gpt-oss-20b", _gpt_oss(24, 32), mask_token_id=200017),
     "llama3-8b": Shape("llama3-8b", _llama(32, 4096, 32, 8, 14336, 128256, tie=False, theta=500000.0,
                                            max_pos=8192), mask_token_id=128002),
     # The shipped drafter's shape (treeflash/default_drafter/config.json), not z-lab's five layers: rounds at this
@@ -123,6 +137,8 @@ def _layer_params(c: ModelConfig) -> int:
         attention += c.hidden_size
     if c.qk_norm:
         attention += 2 * c.head_dim
+    if c.attention_sinks:
+        attention += c.num_heads
     mlp = 3 * c.hidden_size * c.intermediate_size + (2 * c.intermediate_size + c.hidden_size if c.mlp_bias else 0)
     return attention + mlp + 2 * c.hidden_size  # + the two RMSNorms
 
@@ -131,7 +147,8 @@ def _experts_params(c: ModelConfig, experts: int) -> int:
     """What a mixture-of-experts layer holds beyond the attention and norms, counting `experts` experts."""
     e = c.experts
     shared = 3 * c.hidden_size * e.shared_intermediate_size + c.hidden_size if e.shared_intermediate_size else 0
-    return c.hidden_size * e.count + experts * 3 * c.hidden_size * e.intermediate_size + shared
+    biases = e.count + experts * (2 * e.intermediate_size + c.hidden_size) if e.bias else 0  # router's, experts'
+    return c.hidden_size * e.count + experts * 3 * c.hidden_size * e.intermediate_size + shared + biases
 
 
 def target_params(c: ModelConfig, active: bool = False) -> int:
