@@ -323,9 +323,10 @@ def test_unsupported_architecture(tmp_path: Path) -> None:
         convert_gguf(stub_gguf(tmp_path / "m.gguf", "mamba"), tmp_path / "out")
 
 
-def test_mixture_of_experts_gguf_is_refused_pointing_at_safetensors(tmp_path: Path) -> None:
-    with pytest.raises(UnsupportedModelError, match="mixtures of experts .qwen3moe.*safetensors"):
-        convert_gguf(stub_gguf(tmp_path / "m.gguf", "qwen3moe"), tmp_path / "out")
+@pytest.mark.parametrize("arch", ["qwen3moe", "gpt-oss"])
+def test_mixture_of_experts_gguf_is_refused_pointing_at_safetensors(tmp_path: Path, arch: str) -> None:
+    with pytest.raises(UnsupportedModelError, match=f"mixtures of experts .{arch}.*safetensors"):
+        convert_gguf(stub_gguf(tmp_path / "m.gguf", arch), tmp_path / "out")
 
 
 def test_a_llama_gguf_with_experts_is_refused_as_a_mixture(tmp_path: Path) -> None:

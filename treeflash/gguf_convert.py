@@ -126,8 +126,9 @@ def _float32_value(x: float) -> float:
 
 def _architecture(reader: Any, path: Path) -> str:
     arch = _meta(reader, "general.architecture")
-    if arch in ("qwen2moe", "qwen3moe"):  # (their safetensors checkpoints load; llama.cpp's expert tensors are
-        # laid out and named otherwise, and no file of them was at hand to check a conversion against)
+    # (their safetensors checkpoints load; llama.cpp's expert tensors are laid out and named otherwise, and no
+    # file of them was at hand to check a conversion against)
+    if arch in ("qwen2moe", "qwen3moe", "gpt-oss"):
         raise UnsupportedModelError(f"{path.name}: GGUF files of mixtures of experts ({arch}) are not converted; "
                                     f"use the model's safetensors checkpoint (Hugging Face layout)")
     if arch not in _ARCHITECTURES:
