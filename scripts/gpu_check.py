@@ -95,9 +95,9 @@ def tiny_targets(root: Path) -> dict[str, Path]:
             ("gpt_oss", GptOssConfig, GptOssForCausalLM, {"sliding_window": 8, "num_local_experts": 8,
                                                           "num_experts_per_tok": 2, "intermediate_size": 64})]:
         torch.manual_seed(0)
-        cfg = config_cls(**{"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4,
-                            "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 300, "max_position_embeddings": 512,
-                            "tie_word_embeddings": name == "llama"} | extra)
+        cfg = config_cls(**{"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
+                            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 300,
+                            "max_position_embeddings": 512, "tie_word_embeddings": name == "llama"} | extra)
         model = model_cls(cfg)
         with torch.no_grad():  # (GPT-OSS starts its biases and sinks at zero: a model ignoring them would pass)
             for pname, p in model.named_parameters():

@@ -152,4 +152,5 @@ def test_a_window_narrows_every_mask_alike():
     split = windowed(SplitKVMask(seq.to(torch.int32), tree.to(torch.uint8), 16), positions, rows, window)
     assert split.first.tolist() == [[6, 7, 7]] and torch.equal(split.new_mask.bool(), tree)
     causal = windowed(CausalMask(1, 6), torch.arange(6)[None], None, 2)
-    assert torch.equal(causal[0, 0], torch.ones(6, 6, dtype=torch.bool).tril() & ~torch.ones(6, 6, dtype=torch.bool).tril(-2))
+    ones = torch.ones(6, 6, dtype=torch.bool)
+    assert torch.equal(causal[0, 0], ones.tril() & ~ones.tril(-2))  # itself and the one before

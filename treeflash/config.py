@@ -296,14 +296,13 @@ class ModelConfig:
         quantization = cfg.get("quantization_config")
         # (OpenAI's GPT-OSS checkpoints keep their experts in MXFP4, which loading turns into bfloat16 exactly:
         # checkpoint.py: dequantize_mxfp4)
-        mxfp4 = family == "gpt_oss" and isinstance(quantization, dict) and quantization.get("quant_method") == "mxfp4"
-        if quantization is not None and not mxfp4:  # its weights are codes and scales: read as plain floats, other numbers
+        mxfp4 = (family == "gpt_oss" and isinstance(quantization, dict)
+                 and quantization.get("quant_method") == "mxfp4")
+        if quantization is not None and not mxfp4:  # codes and scales: read as plain floats, other numbers
             method = quantization.get("quant_method", "?") if isinstance(quantization, dict) else quantization
             raise UnsupportedModelError(f"quantised checkpoints are not supported (quantization_config: {method}); "
                                         f"use an unquantised one (float32, float16 or bfloat16) or a GGUF file")
         max_positions = config_value(cfg, "max_position_embeddings", int, _MAX_POSITIONS[arch], minimum=2)
-        num_layers = config_value(cfg, "num_hidden_layers", int, minimum=1)
-        window, window_layers = _sliding_windows(arch, family, cfg, num_layers, max_positions)
         hidden_act = config_value(cfg, "hidden_act", str, "silu")
         if hidden_act != "silu":
             raise UnsupportedModelError(f"hidden_act {hidden_act!r} is not supported (only silu)")
@@ -321,6 +320,8 @@ class ModelConfig:
             raise ConfigError(f"config.json: num_attention_heads {heads} is not a multiple of num_key_value_heads "
                               f"{kv_heads} (each key/value head serves a whole group of query heads)")
         attention_bias = config_value(cfg, "attention_bias", bool, family == "gpt_oss")
+        num_layers = config_value(cfg, "num_hidden_layers", int, minimum=1)
+        window, window_layers = _sliding_windows(arch, family, cfg, num_layers, max_positions)
         # (Qwen2-MoE names its q/k/v bias; Qwen2 always has one)
         qkv_bias = config_value(cfg, "qkv_bias", bool, True) if arch == "Qwen2MoeForCausalLM" else True
         return ModelConfig(
@@ -380,11 +381,13 @@ def _sliding_windows(arch: str, family: str, cfg: dict[str, Any], num_layers: in
             f"{arch} with layer types {sorted(set(map(str, layer_types)))}: only full attention is supported"
             + (" (and GPT-OSS's sliding_attention)" if family == "gpt_oss" else ""))
     if layer_types and len(layer_types) != num_layers:
-        raise ConfigError(f"config.json: layer_types names {len(layer_types)} layers, num_hidden_layers is {num_layers}")
+        raise ConfigError(f"config.json: layer_types names {len(layer_types)} layers, num_hidden_layers is "
+                          f"{num_layers}")
     mistral = arch in ("MistralForCausalLM", "MixtralForCausalLM")
     if family == "gpt_oss":
         window = cfg.get("sliding_window", 128)
-        layers = [i for i in range(num_layers) if (layer_types[i] == "sliding_attention" if layer_types else i % 2 == 0)]
+        layers = [i for i in range(num_layers)
+                  if (layer_types[i] == "sliding_attention" if layer_types else i % 2 == 0)]
     elif mistral:
         window = cfg.get("sliding_window", 4096 if arch == "MistralForCausalLM" else None)
         layers = list(range(num_layers))
