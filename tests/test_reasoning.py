@@ -184,3 +184,45 @@ def test_real_model_reasoning_comes_as_a_reasoning_item_of_a_response(qwen):
     assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == chat.model_extra["reasoning"]
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == got.output_text
     assert [i.type for i in events[-1].response.output] == [i.type for i in got.output]
+
+
+# --- GPT-OSS's harmony channels (`--reasoning-parser openai_gptoss`) ------------------------------------------
+HARMONY_CASES = [  # (reply with special tokens kept, expected reasoning, expected content)
+    ("<|channel|>analysis<|message|>Two and two.<|end|><|start|>assistant<|channel|>final<|message|>Four.<|return|>",
+     "Two and two.", "Four."),
+    ("<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>analysis<|message|>b<|end|>"
+     "<|start|>assistant<|channel|>final<|message|>c", "a\nb", "c"),  # two analyses; cut before the end marker
+    ("<|channel|>final<|message|>Just the answer.", None, "Just the answer."),
+    ("<|channel|>analysis<|message|>cut in the middle of a thou", "cut in the middle of a thou", None),
+    ("<|channel|>analysis<|message|>x<|end|><|start|>assistant<|channel|>fin", "x", None),  # a header cut off
+    ("<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"x\": 1}<|call|>", None, '{"x": 1}'),
+    ("<|channel|>analysis<|message|>a < b and c <| d<|end|>", "a < b and c <| d", None),
+    ("No harmony here.", None, "No harmony here."),
+    ("a <|weird|> reply", None, "a <|weird|> reply"),  # no message at all: its text, at its end
+    ("", None, None),
+]
+
+
+@pytest.mark.parametrize("text, reasoning, content", HARMONY_CASES)
+def test_harmony_channels_split_whole_and_streamed_at_every_cut(text, reasoning, content):
+    from treeflash.reasoning import HarmonyStream, split_harmony
+
+    assert split_harmony(text) == (reasoning, content)
+    expect = (reasoning or "", content or "")
+    for cuts in [[cut] for cut in range(len(text) + 1)] + [list(range(1, len(text)))]:
+        stream, got = HarmonyStream(), ["", ""]
+        for a, b in zip([0] + cuts, cuts + [len(text)]):
+            for i, part in enumerate(stream.feed(text[a:b])):
+                got[i] += part
+        for i, part in enumerate(stream.finish()):
+            got[i] += part
+        assert tuple(got) == expect, cuts
+
+
+def test_harmony_streams_reasoning_before_its_message_ends():
+    from treeflash.reasoning import HarmonyStream
+
+    stream = HarmonyStream()
+    assert stream.feed("<|channel|>analysis<|mess") == ("", "")
+    assert stream.feed("age|>First step <|e") == ("First step ", "")  # (a marker's start held back)
+    assert stream.feed("nd|><|start|>assistant<|channel|>final<|message|>Do") == ("", "Do")

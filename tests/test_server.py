@@ -861,3 +861,22 @@ def test_a_prompt_prefilled_before_is_reused_and_usage_says_how_much(server, cli
     assert metric(server, "treeflash_prompt_tokens_cached_total") == cached_before + 512
     chat = client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=2, temperature=0)
     assert chat.usage.prompt_tokens_details.cached_tokens == 0  # (a short prompt: no whole chunk)
+
+
+def test_the_harmony_parser_keeps_special_tokens_and_reads_the_channels(offline):
+    """--reasoning-parser openai_gptoss: GPT-OSS's channel markers are special tokens, so its replies are
+    written with them (whatever skip_special_tokens says) and read by channel (tests/test_reasoning.py)."""
+    from treeflash.reasoning import HarmonyStream
+    from treeflash.server.frontend import Frontend, ServerConfig
+    from treeflash.server.protocol import ChatCompletionRequest
+
+    frontend = Frontend(offline, ServerConfig(model_name=NAME, reasoning_parser="openai_gptoss"))
+    (request,), reader = frontend.chat_requests(ChatCompletionRequest.model_validate({"messages": CHAT}))
+    assert not request.params.skip_special_tokens and isinstance(reader().reasoning, HarmonyStream)
+    got = reader()
+    parts = [got.feed("<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant<|channel|>final<|mess"),
+             got.feed("age|>Oaks."), got.finish()]
+    assert "".join(p[0] for p in parts) == "Hm." and "".join(p[1] for p in parts) == "Oaks."
+    plain = Frontend(offline, ServerConfig(model_name=NAME))
+    (request,), reader = plain.chat_requests(ChatCompletionRequest.model_validate({"messages": CHAT}))
+    assert request.params.skip_special_tokens and reader is None

@@ -286,9 +286,10 @@ def _add_serving_args(p: argparse.ArgumentParser, model_flag: bool = False) -> N
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bfloat16 on cuda, float32 "
                                                  "on cpu)")
     p.add_argument("--max-choices", type=int, default=16, help="prompts x n of one request, at most (default 16)")
-    p.add_argument("--reasoning-parser", default=None, choices=("qwen3", "deepseek_r1"),  # (reasoning.PARSERS)
-                   help="split a thinking model's <think> block off its chat replies into `reasoning` (and "
-                        "`reasoning_content`); a structured output then holds the answer after the block "
+    p.add_argument("--reasoning-parser", default=None, choices=("qwen3", "deepseek_r1", "openai_gptoss"),
+                   help="split a thinking model's <think> block (qwen3, deepseek_r1; a structured output then holds "
+                        "the answer after the block) or GPT-OSS's analysis channel (openai_gptoss; its final "
+                        "channel is the content) off its chat replies into `reasoning` (and `reasoning_content`) "
                         "(default: none, the block stays in `content`)")
     _add_generation_config_arg(p, "the fields a request leaves out")
     _add_chat_template_arg(p)

@@ -16,7 +16,8 @@ from treeflash.checkpoint import load_tokenizer
 from treeflash.engine import Request
 from treeflash.llm import LLM, ChatFieldError
 from treeflash.logprobs import MAX_LOGPROBS
-from treeflash.reasoning import PARSERS, ReasoningStream, reasoning_structure, starts_in_reasoning
+from treeflash.reasoning import HARMONY, PARSERS, HarmonyStream, ReasoningStream, reasoning_structure, \
+    starts_in_reasoning
 from treeflash.sampling import SamplingParams, truncate_prompt
 from treeflash.server.errors import APIError, bad_request
 from treeflash.server.protocol import (CHAT_UNSUPPORTED, COMPLETION_UNSUPPORTED, UNSUPPORTED, ChatCompletionRequest,
@@ -37,7 +38,8 @@ class ServerConfig:
     max_choices: int = 16  # prompts x n of one call, at most
     shutdown_timeout: float = 30.0  # seconds in-flight requests get to finish on SIGINT/SIGTERM
     max_request_bytes: int = 16 << 20  # a larger body is refused (413) before it is read or parsed
-    reasoning_parser: str | None = None  # "qwen3" / "deepseek_r1": chat replies' <think> block as `reasoning`
+    # "qwen3" / "deepseek_r1": chat replies' <think> block as `reasoning`; "openai_gptoss": GPT-OSS's analysis channel
+    reasoning_parser: str | None = None
     tool_call_parser: str | None = None  # a name of tool_calls.FORMATS ("hermes", ...); None: the chat template's
     stored_responses: int = 1024  # /v1/responses kept in memory for previous_response_id (the newest)
 
@@ -91,16 +93,18 @@ class Frontend:
             forced = self._forced_call(body, tools, fmt)
             if forced is not None:
                 fmt = fmt.forced()
-        inside = None  # (no reasoning parser)
-        if self.config.reasoning_parser is not None:
+        inside = None  # (no <think> block to read)
+        harmony = self.config.reasoning_parser == HARMONY  # (its channels' markers are special tokens: kept)
+        if self.config.reasoning_parser is not None and not harmony:
             inside = starts_in_reasoning(tok.decode(ids[-32:]))  # (the generation prompt is in the last tokens)
         max_tokens = body.max_completion_tokens or body.max_tokens
         requests = self._requests(body, self._truncated(body, [Prompt(ids, None)]), max_tokens,
                                   default_max_tokens=None, forced=forced, reasoning_inside=inside,
-                                  keep_special_tokens=fmt is not None and fmt.keeps_special_tokens)
-        if tools is None and inside is None:
+                                  keep_special_tokens=harmony or (fmt is not None and fmt.keeps_special_tokens))
+        if tools is None and inside is None and not harmony:
             return requests, None
-        return requests, lambda: ReplyReader(None if inside is None else ReasoningStream(inside),
+        return requests, lambda: ReplyReader(HarmonyStream() if harmony else None if inside is None
+                                             else ReasoningStream(inside),
                                              None if fmt is None else ToolCallStream(body.parallel_tool_calls, fmt))
 
     def compile_structures(self, requests: list[Request], body: SamplingFields) -> None:
