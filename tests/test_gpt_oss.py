@@ -154,3 +154,16 @@ def test_a_window_narrows_every_mask_alike():
     causal = windowed(CausalMask(1, 6), torch.arange(6)[None], None, 2)
     ones = torch.ones(6, 6, dtype=torch.bool)
     assert torch.equal(causal[0, 0], ones.tril() & ~ones.tril(-2))  # itself and the one before
+
+
+@torch.no_grad()
+def test_trainings_whole_sequence_pass_is_transformers(oss_dir):
+    """train-drafter runs the target over whole sequences (a CausalMask, nothing cached): its windows and sinks
+    there too."""
+    from treeflash.kv_cache import PrefixKV
+
+    model, _ = load_target(oss_dir, "cpu", torch.float32)
+    tokens = torch.randint(0, 64, (2, 20), generator=torch.Generator().manual_seed(3))
+    positions = torch.arange(20).expand(2, 20)
+    hidden, _ = model(tokens, positions, PrefixKV(), None, CausalMask(2, 20))
+    torch.testing.assert_close(model.logits(hidden), hf_model(oss_dir)(tokens).logits, atol=1e-4, rtol=0)
