@@ -191,9 +191,9 @@ class SparseMoE(nn.Module):
         order = experts.argsort(stable=True)  # the pairs, grouped by expert
         every = torch.arange(self.config.count, device=experts.device, dtype=experts.dtype)
         # each expert's group's end (bincount would synchronise: it sizes its output by the largest value)
-        ends = torch.searchsorted(experts[order], every, right=True).to(torch.int32)
-        rows = x.repeat_interleave(k, dim=0)[order]
         sorted_experts = experts[order]
+        ends = torch.searchsorted(sorted_experts, every, right=True).to(torch.int32)
+        rows = x.repeat_interleave(k, dim=0)[order]
         hidden = self._biased(torch._grouped_mm(rows, gate_up.transpose(1, 2), offs=ends), 0, sorted_experts)
         out = self._biased(torch._grouped_mm(self.activation(hidden), down.transpose(1, 2), offs=ends), 1,
                            sorted_experts)
