@@ -214,23 +214,8 @@ class ExpertsConfig:
 
     @staticmethod
     def from_hf(cfg: dict[str, Any], num_layers: int, arch: str = "Qwen3MoeForCausalLM") -> "ExpertsConfig":
-        mixtral = arch == "MixtralForCausalLM"
-        if arch == "GptOssForCausalLM":
-            # Every layer sparse, experts intermediate_size wide; the router's softmax over its top k logits is
-            # the whole softmax's top k rescaled; transformers' limit is 7 whatever config.json says.
-            count = config_value(cfg, "num_local_experts", int, minimum=1)
-            per_token = config_value(cfg, "num_experts_per_tok", int, minimum=1)
-            if per_token > count:
-                raise ConfigError(f"config.json: num_experts_per_tok {per_token} exceeds the {count} experts")
-            limit = config_value(cfg, "swiglu_limit", float, 7.0)
-            if limit != 7.0:
-                raise UnsupportedModelError(f"GptOssForCausalLM with swiglu_limit {limit}: transformers runs 7.0 "
-                                            f"whatever config.json says, so which one the weights want is unknown")
-            return ExpertsConfig(count=count, per_token=per_token,
-                                 intermediate_size=config_value(cfg, "intermediate_size", int, minimum=1),
-                                 normalize=True, sparse_layers=tuple(range(num_layers)), bias=True,
-                                 swiglu_limit=limit)
-        if mixtral:
+        every_layer = arch in ("MixtralForCausalLM", "GptOssForCausalLM")  # (both name num_local_experts)
+        if every_layer:
             count = config_value(cfg, "num_local_experts", int, minimum=1)
         else:  # (transformers 5 writes num_local_experts; the hub's checkpoints num_experts)
             count = config_value(cfg, "num_experts", int,
@@ -240,12 +225,20 @@ class ExpertsConfig:
         per_token = config_value(cfg, "num_experts_per_tok", int, minimum=1)
         if per_token > count:
             raise ConfigError(f"config.json: num_experts_per_tok {per_token} exceeds the {count} experts")
-        if mixtral:
+        if every_layer:
             # Every layer sparse, experts as wide as intermediate_size, the chosen weights always rescaled
-            # (transformers' MixtralTopKRouter); no shared expert.
+            # (transformers' MixtralTopKRouter; GPT-OSS's softmax over its top k logits is the whole softmax's top
+            # k rescaled); no shared expert. GPT-OSS: biases and its clamped SwiGLU, whose limit transformers
+            # keeps at 7 whatever config.json says.
+            gpt_oss = arch == "GptOssForCausalLM"
+            limit = config_value(cfg, "swiglu_limit", float, 7.0) if gpt_oss else None
+            if gpt_oss and limit != 7.0:
+                raise UnsupportedModelError(f"GptOssForCausalLM with swiglu_limit {limit}: transformers runs 7.0 "
+                                            f"whatever config.json says, so which one the weights want is unknown")
             return ExpertsConfig(count=count, per_token=per_token,
                                  intermediate_size=config_value(cfg, "intermediate_size", int, minimum=1),
-                                 normalize=True, sparse_layers=tuple(range(num_layers)))
+                                 normalize=True, sparse_layers=tuple(range(num_layers)), bias=gpt_oss,
+                                 swiglu_limit=limit)
         step = config_value(cfg, "decoder_sparse_step", int, 1, minimum=1)
         dense = config_value(cfg, "mlp_only_layers", list, [])
         return ExpertsConfig(
