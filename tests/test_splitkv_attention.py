@@ -311,6 +311,31 @@ def test_splitkv_windows_and_sinks_match_a_dense_softmax(monkeypatch, t, splits,
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_a_window_sizes_the_splits_and_changes_no_value(monkeypatch):
+    """`window` sizes the KV splits to the window's rows, not the cache's capacity (at most one split per
+    block_n rows: a 32-row window over a 256-row cache gets 2, not 16), and the output is the same."""
+    import treeflash.splitkv_attention as kernels
+
+    launch = kernels.Launch(max_block_m=16, block_n=16)
+    batch, heads, kv_heads, head_dim, capacity, t = 2, 4, 2, 16, 256, 3
+    monkeypatch.setattr(kernels, "_programs_wanted", lambda device, per_sm: 1 << 12)
+    reaches = []
+    sized = kernels.num_splits
+    monkeypatch.setattr(kernels, "num_splits", lambda p, reach, *a: reaches.append(reach) or sized(p, reach, *a))
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(batch, heads, t, head_dim, generator=gen)
+    k, v = (torch.randn(batch, kv_heads, capacity, head_dim, generator=gen) for _ in range(2))
+    seq_lens = torch.tensor([200, 31], dtype=torch.int32)
+    positions = seq_lens[:, None] + torch.arange(t)
+    first = (positions - 31).clamp_min(0).to(torch.int32)
+    new_mask = torch.ones(t, t).tril().expand(batch, t, t).to(torch.uint8)
+    calls = [kernels.splitkv_attention(q, k, v, seq_lens, new_mask, launch=launch, first=first, window=w)
+             for w in (None, 32)]
+    assert reaches == [capacity, 32]
+    assert [sized(1, r, q.device, launch) for r in reaches] == [16, 2]
+    torch.testing.assert_close(calls[1], calls[0], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("splits", [1, 4])
 def test_splitkv_windows_and_sinks_store_the_new_rows_in_any_slots(monkeypatch, splits):
     """The prefill path: new rows stored by the kernel into the batch rows' slots as it attends."""

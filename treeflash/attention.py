@@ -105,6 +105,7 @@ class SplitKVMask:
     new_mask: torch.Tensor  # [B, T, T] uint8, 1 = visible
     kv_len: int
     first: torch.Tensor | None = None  # [B, T] int32: a sliding window's first committed row each token sees
+    window: int | None = None  # that window's width: the kernels size their KV splits to it
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -257,7 +258,7 @@ def windowed(mask, positions: torch.Tensor, rows: torch.Tensor | None, window: i
     if isinstance(mask, SplitKVMask):
         first = (positions - (window - 1)).clamp_min(0).to(torch.int32)
         new_mask = ((mask.new_mask != 0) & (near < window)).to(torch.uint8)
-        return SplitKVMask(mask.seq_lens, new_mask, mask.kv_len, first)
+        return SplitKVMask(mask.seq_lens, new_mask, mask.kv_len, first, window)
     if isinstance(mask, torch.Tensor) and mask.dim() == 3:
         batch, length = mask.shape[0], mask.shape[-1]
         cols = torch.arange(length, device=mask.device).expand(batch, length)
@@ -283,7 +284,8 @@ def attend_new(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache, layer: 
 
         whole, slots = (cache, None) if isinstance(cache, KVCache) else (cache.cache, cache.slots)
         return splitkv_attention(q, whole.keys[layer][:, :, :mask.kv_len], whole.values[layer][:, :, :mask.kv_len],
-                                 mask.seq_lens, mask.new_mask, k, v, slots=slots, first=mask.first, sinks=sinks)
+                                 mask.seq_lens, mask.new_mask, k, v, slots=slots, first=mask.first, sinks=sinks,
+                                 window=mask.window)
     keys, values = cache.extend(layer, k, v, rows, mask.shape[-1])
     return attend(q, keys, values, mask, sinks)
 
@@ -311,7 +313,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, sinks: torch
     if isinstance(mask, SplitKVMask):
         from treeflash.splitkv_attention import splitkv_attention
 
-        return splitkv_attention(q, k, v, mask.seq_lens, mask.new_mask, first=mask.first, sinks=sinks)
+        return splitkv_attention(q, k, v, mask.seq_lens, mask.new_mask, first=mask.first, sinks=sinks,
+                                 window=mask.window)
     if sinks is not None:
         raise ValueError("attention sinks need the 'splitkv' or 'sdpa' backend")
     if isinstance(mask, FlexMask):

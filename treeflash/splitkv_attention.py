@@ -15,9 +15,10 @@ The `"splitkv"` attention backend (treeflash/attention.py). A round's new tokens
 
 Sliding-window layers (Mistral v0.1, GPT-OSS) give each new token the first committed row it may see
 (`first`): a row block walks only from its rows' smallest first (aligned down to a KV step), so a
-128-row window costs about 128 rows whatever the context, and its splits cut that range instead. GPT-OSS's
-attention sinks (`sinks`, a logit per query head) add a term to each row's softmax denominator and nothing
-to its values; it is counted once, where the output is normalised. Both are compile-time flags: layers
+128-row window costs about 128 rows whatever the context; its splits cut that range instead, as many as
+the window's width would get (`window`), not the cache's capacity. GPT-OSS's attention sinks (`sinks`, a
+logit per query head) add a term to each row's softmax denominator and nothing to its values; it is
+counted once, where the output is normalised. Both are compile-time flags: layers
 without them run the kernel as it was.
 
 With one split the partial kernel normalises and writes the output itself. NUM_SPLITS is fixed per
@@ -276,7 +277,7 @@ def splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len
                       new_mask: torch.Tensor, new_k: torch.Tensor | None = None,
                       new_v: torch.Tensor | None = None, launch: Launch | None = None,
                       slots: torch.Tensor | None = None, first: torch.Tensor | None = None,
-                      sinks: torch.Tensor | None = None) -> torch.Tensor:
+                      sinks: torch.Tensor | None = None, window: int | None = None) -> torch.Tensor:
     """q: [B, H, T, D] new tokens' queries; k, v: [B, Hkv, L, D] the cache; seq_lens: [B] int32 committed
     rows; new_mask: [B, T, T] uint8 (1 = visible). new_k, new_v: [B, Hkv, T, D], the new tokens' keys
     and values, stored at rows seq_lens + t by the kernel itself (one launch instead of two scatters
@@ -285,8 +286,10 @@ def splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len
     written in place); None: row b is slot b. first: [B, T] int32, a sliding window's first committed row
     each new token sees, in [0, seq_lens[b]] (the new rows stay new_mask's alone, the window folded in
     there); None: every committed row. sinks: [H] float32, attention-sink logits (scale * q.k units), one
-    more term exp(sinks[h]) in each softmax denominator of head h; None: none. launch: None picks
-    `launch_for` the shape. Returns [B, T, H*D]."""
+    more term exp(sinks[h]) in each softmax denominator of head h; None: none. window: with `first`, the
+    window's width (no token sees more committed rows), which sizes the splits in place of the capacity; a
+    host constant of the layer, so the call's shape never follows a round. launch: None picks `launch_for`
+    the shape. Returns [B, T, H*D]."""
     batch, heads, t, head_dim = q.shape
     kv_heads, capacity = k.shape[1], k.shape[2]
     groups = heads // kv_heads
@@ -294,7 +297,8 @@ def splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len
     launch = launch or launch_for(head_dim, rows, q.element_size(), batch)
     block_m = min(launch.max_block_m, max(16, triton.next_power_of_2(rows)))
     m_blocks = triton.cdiv(rows, block_m)
-    splits = num_splits(batch * kv_heads * m_blocks, capacity, q.device, launch)
+    reach = capacity if window is None or first is None else min(capacity, window)
+    splits = num_splits(batch * kv_heads * m_blocks, reach, q.device, launch)
     out = torch.empty(batch, t, heads * head_dim, dtype=q.dtype, device=q.device)
     if splits > 1:
         parts = batch * kv_heads * splits * m_blocks * block_m
