@@ -198,6 +198,8 @@ HARMONY_CASES = [  # (reply with special tokens kept, expected reasoning, expect
     ("<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"x\": 1}<|call|>", None, '{"x": 1}'),
     ("<|channel|>analysis<|message|>a < b and c <| d<|end|>", "a < b and c <| d", None),
     ("No harmony here.", None, "No harmony here."),
+    (" to=functions.f<|channel|>commentary json<|message|>{}", None, "{}"),  # a first header, recipient first
+    ("to be or not", None, "to be or not"),  # (held while it may be such a header, then streamed)
     ("a <|weird|> reply", None, "a <|weird|> reply"),  # no message at all: its text, at its end
     ("", None, None),
 ]

@@ -880,3 +880,36 @@ def test_the_harmony_parser_keeps_special_tokens_and_reads_the_channels(offline)
     plain = Frontend(offline, ServerConfig(model_name=NAME))
     (request,), reader = plain.chat_requests(ChatCompletionRequest.model_validate({"messages": CHAT}))
     assert request.params.skip_special_tokens and reader is None
+
+
+def test_harmony_tool_calls_are_read_with_the_harmony_parser_and_refused_without(offline):
+    """A GPT-OSS chat template (it writes <|call|>) asks for the `openai` format: with --reasoning-parser
+    openai_gptoss a reply's message to a function is a call (tests/test_tool_calls.py has the cases); without
+    it the request is a 400 that names the flag, and so is forcing a call; the server refuses the explicit
+    --tool-call-parser openai without the reasoning parser at start-up."""
+    from treeflash.server.errors import APIError
+    from treeflash.server.frontend import Frontend, ServerConfig
+    from treeflash.server.protocol import ChatCompletionRequest
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    body = ChatCompletionRequest.model_validate({"messages": CHAT, "tools": tools})
+    template = ("{% if tools %}namespace functions {{ tools | length }}{% endif %}"
+                "{% for m in messages %}{{ m.content }}{% endfor %}<|start|>assistant{# ...<|call|> #}")
+    frontend = Frontend(offline, ServerConfig(model_name=NAME, reasoning_parser="openai_gptoss"))
+    frontend.tokenizer.chat_template = template
+    (request,), reader = frontend.chat_requests(body)
+    got = reader()
+    parts = [got.feed("<|channel|>analysis<|message|>Need it.<|end|><|start|>assistant<|channel|>commentary to=fun"),
+             got.feed('ctions.get_weather <|constrain|>json<|message|>{"city": "Oslo"}'), got.finish()]
+    assert [p[0] for p in parts] == ["Need it.", "", ""] and all(p[1] == "" for p in parts)
+    assert [(c.name, c.arguments) for p in parts for c in p[2]] == [("get_weather", '{"city": "Oslo"}')]
+    with pytest.raises(APIError, match="cannot force") as e:
+        frontend.chat_requests(body.model_copy(update={"tool_choice": "required"}))
+    assert e.value.status == 400 and e.value.param == "tool_choice"
+    plain = Frontend(offline, ServerConfig(model_name=NAME))
+    plain.tokenizer.chat_template = template
+    with pytest.raises(APIError, match="--reasoning-parser openai_gptoss") as e:
+        plain.chat_requests(body)
+    assert e.value.status == 400 and e.value.param == "tools"
+    with pytest.raises(ValueError, match="openai_gptoss"):
+        Frontend(offline, ServerConfig(model_name=NAME, tool_call_parser="openai"))

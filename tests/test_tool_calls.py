@@ -319,7 +319,56 @@ def test_forced_calls_pattern_matches_what_the_format_reads(fmt, replies, not_re
         assert not pattern.fullmatch(reply), reply
     one = re.compile(call_structure(TOOLS, "now", fmt=fmt).regex)
     assert not one.fullmatch(replies[1]) and not one.fullmatch(replies[0])
-    assert set(FORMATS) == {"hermes", "qwen3_coder", "llama3_json", "mistral"}
+    assert set(FORMATS) == {"hermes", "qwen3_coder", "llama3_json", "mistral", "openai"}
+
+
+# --- GPT-OSS's harmony calls (`openai`), read beside the harmony reasoning parser -------------------------
+H_CALL = ('<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json'
+          '<|message|>{"city": "Paris"}')
+H_CUT = '<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Par'
+HARMONY_CALL_CASES = [  # (reply, special tokens kept, as generated: <|call|> is an EOS id, so not in the text;
+    #                      expected reasoning, content, calls)
+    ('<|channel|>analysis<|message|>Weather first.<|end|><|start|>assistant<|channel|>commentary<|message|>'
+     'Checking.<|end|>' + H_CALL, "Weather first.", "Checking.", [("get_weather", {"city": "Paris"})]),
+    ('<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}', None, None,
+     [("get_weather", {"city": "Paris"})]),  # the first message: its <|start|>assistant is the prompt's
+    (' to=functions.now<|channel|>commentary json<|message|>{}', None, None, [("now", {})]),  # recipient first
+    (H_CALL + '<|call|>' + H_CALL.replace("Paris", "Rome"), None, None,  # (<|call|> kept: ignore_eos)
+     [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome"})]),
+    ('<|channel|>analysis<|message|>Hm.<|end|>' + H_CUT, "Hm.", H_CUT, []),  # cut by a length limit: as written
+    ('<|channel|>commentary to=functions.f<|message|>[1, 2]', None,  # arguments not an object: as written
+     '<|start|>assistant<|channel|>commentary to=functions.f<|message|>[1, 2]', []),
+    ('<|channel|>analysis to=browser.search<|message|>{"query": "x"}<|end|><|start|>assistant<|channel|>final'
+     '<|message|>Done.<|return|>', '{"query": "x"}', "Done.", []),  # a built-in tool's message: a body
+    ('<|channel|>final<|message|>No call.<|return|>', None, "No call.", []),
+]
+
+
+def _harmony_reader(parallel: bool = True):
+    from treeflash.reasoning import HarmonyStream
+    from treeflash.server.replies import ReplyReader
+
+    return ReplyReader(HarmonyStream(calls=True), ToolCallStream(parallel, "openai"))
+
+
+def _read(text: str, cuts: list[int], parallel: bool = True) -> tuple[str | None, str | None, list]:
+    reader, got = _harmony_reader(parallel), ["", "", []]
+    for part in [reader.feed(text[a:b]) for a, b in zip([0] + cuts, cuts + [len(text)])] + [reader.finish()]:
+        got = [got[0] + part[0], got[1] + part[1], got[2] + part[2]]
+    return got[0] or None, got[1] or None, _calls(got[2])
+
+
+@pytest.mark.parametrize("text, reasoning, content, calls", HARMONY_CALL_CASES)
+def test_harmony_calls_read_whole_and_streamed_at_every_cut(text, reasoning, content, calls):
+    for cuts in [[cut] for cut in range(len(text) + 1)] + [list(range(1, len(text)))]:
+        assert _read(text, cuts) == (reasoning, content, calls), cuts
+
+
+def test_harmony_calls_parallel_false_keeps_the_first_and_forcing_is_refused():
+    assert _read(HARMONY_CALL_CASES[3][0], [30, 90], parallel=False)[2] == [("get_weather", {"city": "Paris"})]
+    with pytest.raises(ValueError, match="cannot be forced"):
+        call_structure(TOOLS, fmt="openai")
+    assert tool_call_format("{%- if tool_call %}{{ '<|message|>' + args + '<|call|>' }}{%- endif %}").name == "openai"
 
 
 # --- through `treeflash serve` and the openai client, with a real model that calls tools -------------------

@@ -293,10 +293,12 @@ def _add_serving_args(p: argparse.ArgumentParser, model_flag: bool = False) -> N
                         "(default: none, the block stays in `content`)")
     _add_generation_config_arg(p, "the fields a request leaves out")
     _add_chat_template_arg(p)
-    p.add_argument("--tool-call-parser", default=None, choices=("hermes", "qwen3_coder", "llama3_json", "mistral"),
+    p.add_argument("--tool-call-parser", default=None,
+                   choices=("hermes", "qwen3_coder", "llama3_json", "mistral", "openai"),
                    help="the format chat replies' tool calls are read in (vLLM's names): hermes "  # (FORMATS)
                         "(<tool_call> blocks of JSON: Qwen2.5, Qwen3), qwen3_coder (<tool_call> blocks of XML: "
-                        "Qwen3-Coder), llama3_json (Llama 3.1-3.3's JSON reply) or mistral ([TOOL_CALLS]); "
+                        "Qwen3-Coder), llama3_json (Llama 3.1-3.3's JSON reply), mistral ([TOOL_CALLS]) or openai "
+                        "(GPT-OSS's harmony messages to functions; needs --reasoning-parser openai_gptoss); "
                         "default: the one the chat template asks for")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                    help="take a prompt's whole 512-token prefill chunks that an earlier prompt prefilled, where a "

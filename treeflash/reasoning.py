@@ -19,9 +19,12 @@ any text that does not close it.
 GPT-OSS writes "harmony" instead (`openai_gptoss`): a reply is messages, each a header naming its channel and a
 body, `<|channel|>analysis<|message|>...<|end|><|start|>assistant<|channel|>final<|message|>...`, its markers
 special tokens, so the reply is read with them kept (`HarmonyStream`). The analysis channel's bodies are the
-reasoning; every other channel's (final, and commentary: preambles, and tool calls, which are not read as
-calls here) the content; a header is neither. A reply with no message at all is content (its text
-streamed as it comes where it has no marker, else at its end), as is plain text after a message's end.
+reasoning; every other channel's (final, and commentary: preambles) the content; a header is neither. A
+reply with no message at all is content (its text streamed as it comes where it has no marker, else at its
+end), as is plain text after a message's end. Where a request's tool calls are read (`calls`), a message
+addressed to a function (`to=functions.NAME` in its header) goes to the content whole, header and markers
+included, once it has ended (or the reply has), for the `openai` tool-call format to read
+(treeflash/tool_calls.py); a message to one of GPT-OSS's built-in tools (browser, python) stays a body.
 """
 
 from __future__ import annotations
@@ -34,6 +37,10 @@ OPEN, CLOSE = "<think>", "</think>"
 HARMONY = "openai_gptoss"  # vLLM's name of GPT-OSS's
 PARSERS = ("qwen3", "deepseek_r1", HARMONY)  # vLLM's names; the first two models write the same block
 MESSAGE, MESSAGE_ENDS, CHANNEL = "<|message|>", ("<|end|>", "<|return|>", "<|call|>"), "<|channel|>"
+START = "<|start|>assistant"  # (a reply's first header follows the prompt's, so it is written without it)
+_RECIPIENT = re.compile(r"\bto=([^\s<]+)")
+# What may still become a first header written recipient first (` to=functions.f<|channel|>...`): held back.
+_FIRST_RECIPIENT = re.compile(r"\s*(?:t|to|to=[^\s<]*)?\s*")
 # Around the block a structure allows a little whitespace, not any amount: a model unsure of the answer
 # would otherwise fill its tokens with blanks (U+205F, say), as a small model did in the tests.
 SPACE = r"[ \t\r\n]{0,4}"
@@ -114,19 +121,33 @@ def split_harmony(text: str) -> tuple[str | None, str | None]:
 
 
 class HarmonyStream(ReasoningStream):
-    """`split_harmony` as text arrives (`ReasoningStream`'s feed and finish)."""
+    """`split_harmony` as text arrives (`ReasoningStream`'s feed and finish); `calls`: messages to functions
+    go to the content whole (the module's docstring)."""
+
+    def __init__(self, calls: bool = False):
+        super().__init__()
+        self.calls = calls
 
     def feed(self, text: str) -> tuple[str, str]:
         self.text += text
-        return self._new(*_harmony(self.text, final=False))
+        return self._new(*_harmony(self.text, final=False, calls=self.calls))
 
     def finish(self) -> tuple[str, str]:
-        return self._new(*_harmony(self.text, final=True))
+        return self._new(*_harmony(self.text, final=True, calls=self.calls))
 
 
-def _harmony(text: str, final: bool) -> tuple[str, str]:
+def harmony_recipient(header: str) -> str | None:
+    """Whom a message header addresses (`functions.get_weather`, `browser.search`), None where no one: the
+    recipient is written after the channel (`<|channel|>commentary to=functions.f <|constrain|>json`) or
+    before it (`<|start|>assistant to=functions.f<|channel|>commentary json`)."""
+    m = _RECIPIENT.search(header)
+    return m.group(1) if m else None
+
+
+def _harmony(text: str, final: bool, calls: bool = False) -> tuple[str, str]:
     """(reasoning, content), each whole where `final`, else the part of it certain already: a body's tail that
-    may be a marker's start is held back, and so is a header until its `<|message|>`."""
+    may be a marker's start is held back, and so is a header until its `<|message|>`, and with `calls` a
+    message to a function until it ends."""
     parts: dict[bool, list[str]] = {True: [], False: []}  # analysis or not -> bodies
     pos = 0
     while pos < len(text):
@@ -136,17 +157,20 @@ def _harmony(text: str, final: bool) -> tuple[str, str]:
             if final and (pos == 0 or "<|" not in rest):
                 parts[False].append(rest)
             elif not final and pos == 0 and "<|" not in rest:
-                parts[False].append(rest[:len(rest) - _held(rest)])
+                sure = rest[:len(rest) - _held(rest)]
+                parts[False].append("" if _FIRST_RECIPIENT.fullmatch(sure) else sure)
             break  # (else a header still being written, or one cut off: no body yet)
         header, begin = text[pos:start], start + len(MESSAGE)
         ends = [(i, m) for m in MESSAGE_ENDS if (i := text.find(m, begin)) >= 0]
-        if ends:
-            end, marker = min(ends)
-            body, pos = text[begin:end], end + len(marker)
-        else:
-            body, pos = text[begin:], len(text)
-            if not final:
-                body = body[:len(body) - _held(body)]
+        end, marker = min(ends) if ends else (len(text), "")
+        body, pos = text[begin:end], end + len(marker)
+        if calls and (harmony_recipient(header) or "").startswith("functions."):
+            if marker or final:  # (whole, with its header written as the format reads it)
+                parts[False].append(("" if header.startswith("<|start|>") else START) + header + MESSAGE + body
+                                    + marker)
+            continue
+        if not marker and not final:
+            body = body[:len(body) - _held(body)]
         parts[_channel(header) == "analysis"].append(body)
     # (bodies of one kind joined by a newline, once the later one has text: each stream only grows)
     return ("\n".join(b for b in parts[True] if b), "\n".join(b for b in parts[False] if b))

@@ -1,6 +1,6 @@
 """Tool calls in a model's reply, read from the text it generated, in the format its chat template teaches.
 
-Four formats, by vLLM's parser names:
+Five formats, by vLLM's parser names:
 - `hermes`: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, one block per call (Qwen2.5,
   Qwen3, Hermes and their kin). Text outside the blocks is content.
 - `qwen3_coder`: one `<tool_call>` block per call as well, holding XML, `<function=NAME>` and in it one
@@ -17,6 +17,12 @@ Four formats, by vLLM's parser names:
   first `[TOOL_CALLS]` is content. `[TOOL_CALLS]` is a special token, so a request with tools keeps
   special tokens in its text, and ids are 9 letters and digits, as Mistral's templates require of them. A
   forced call is the JSON list alone: a structure's text never holds a special token (vLLM does the same).
+- `openai`: GPT-OSS's harmony messages addressed to a function, `<|start|>assistant<|channel|>commentary
+  to=functions.NAME <|constrain|>json<|message|>{...}<|call|>`, read with `--reasoning-parser openai_gptoss`,
+  whose reader hands such a message on whole (treeflash/reasoning.py); every other message's text is
+  content or reasoning there. `<|call|>` stops GPT-OSS's generation (it is among its EOS ids), so it is
+  not in the text: a reply that ends inside a call's body is a call where the body is a whole JSON object.
+  A call cannot be forced: its header is special tokens, which a structure's text never holds.
 
 Reading changes nothing that is generated: the tokens are the model's, as with any other request, and the
 reply's text is split afterwards into the content (stripped) and the calls. Where a call is forced
@@ -27,9 +33,10 @@ Nothing is dropped: a block or reply that is not a well-formed call (no name, ar
 JSON, cut by a length limit) stays in the content as the model wrote it. A Hermes block ends at the first
 `</tool_call>` outside a JSON string, so an argument may hold the closing tag itself (code that writes tool
 calls, say). What is content depends only on the text before it, which keeps the streamed split
-(`ToolCallStream`) equal to the whole text's (`parse_tool_calls`): a Hermes call streams as soon as its
-block closes; the other two formats say whether a reply calls only once it ends, so their calls (and a
-reply that turns out to be text after all) come at the end.
+(`ToolCallStream`) equal to the whole text's (`parse_tool_calls`): a Hermes or Qwen3-Coder call streams as
+soon as its block closes, a harmony call once its message ends; Llama 3's and Mistral's formats say whether
+a reply calls only once it ends, so their calls (and a reply that turns out to be text after all) come at
+the end.
 """
 
 from __future__ import annotations
@@ -41,11 +48,16 @@ import string
 import uuid
 from dataclasses import dataclass, field
 
+from treeflash.reasoning import MESSAGE as HARMONY_MESSAGE
+from treeflash.reasoning import MESSAGE_ENDS as HARMONY_ENDS
+from treeflash.reasoning import START as HARMONY_START
+from treeflash.reasoning import harmony_recipient
 from treeflash.structured import StructuredOutputsParams
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"  # Hermes
 PYTHON_TAG = "<|python_tag|>"  # Llama 3's, before a call, where special tokens are kept
 MISTRAL_CALLS = "[TOOL_CALLS]"
+HARMONY_CALL = "<|call|>"  # (the end of a GPT-OSS call, in its chat template alone)
 _QUOTE_OR_CLOSE = re.compile(r'"|' + re.escape(CLOSE))
 _STRING_END = re.compile(r'\\.|"', re.S)  # an escape (skipped whole) or the closing quote
 _MISTRAL_NAMED = re.compile(r"([^\s\[\]{}]+)(?:\[CALL_ID\][A-Za-z0-9]*)?\[ARGS\]")  # name[ARGS]{...}
@@ -66,6 +78,7 @@ class ToolCallFormat:
 
     name: str
     keeps_special_tokens = False  # whether its calls' markup is a special token (kept in the text then)
+    can_force = True  # whether a reply can be held to calls (`forced_pattern`)
     arguments_key = "arguments"  # the key a forced call writes its arguments under
 
     def split(self, text: str, final: bool) -> tuple[str, list[ToolCall]]:
@@ -381,7 +394,44 @@ class _ForcedMistral(Mistral):
         return (content if calls else text), calls
 
 
-FORMATS: dict[str, ToolCallFormat] = {f.name: f for f in (Hermes(), QwenXml(), Llama3Json(), Mistral())}
+class Harmony(ToolCallFormat):
+    name = "openai"  # (vLLM's name of GPT-OSS's)
+    keeps_special_tokens = True
+    can_force = False
+
+    def split(self, text: str, final: bool) -> tuple[str, list[ToolCall]]:
+        content, calls, pos = [], [], 0
+        while True:
+            start = text.find(HARMONY_START, pos)
+            if start < 0:
+                tail = text[pos:]
+                content.append(tail if final else tail[:len(tail) - _tag_prefix(tail, HARMONY_START)])
+                return "".join(content), calls
+            content.append(text[pos:start])
+            begin = text.find(HARMONY_MESSAGE, start)
+            ends = [(i, m) for m in HARMONY_ENDS if begin >= 0 and (i := text.find(m, begin)) >= 0]
+            if not ends and not final:  # a call still being written
+                return "".join(content), calls
+            end, marker = min(ends) if ends else (len(text), "")
+            call, recipient = None, harmony_recipient(text[start:begin]) if begin >= 0 else None
+            if recipient is not None and recipient.startswith("functions."):
+                try:
+                    arguments = json.loads(text[begin + len(HARMONY_MESSAGE):end])
+                except ValueError:
+                    arguments = None
+                call = _call_of(self, {"name": recipient.removeprefix("functions."), "arguments": arguments})
+            if call is None:
+                content.append(text[start:end + len(marker)])
+            else:
+                calls.append(call)
+            pos = end + len(marker)
+
+    def calls_pattern(self, call: str, several: bool) -> str:
+        raise ValueError("GPT-OSS's calls cannot be forced (tool_choice \"required\" or a named function): a call's "
+                         "header is special tokens, which a structured output's text never holds")
+
+
+FORMATS: dict[str, ToolCallFormat] = {f.name: f for f in (Hermes(), QwenXml(), Llama3Json(), Mistral(), Harmony())}
 HERMES = FORMATS["hermes"]
 _LLAMA3_SIGNS = ('{"name": function name, "parameters"', PYTHON_TAG)  # (in Llama 3.1-3.3's templates)
 
@@ -389,6 +439,8 @@ _LLAMA3_SIGNS = ('{"name": function name, "parameters"', PYTHON_TAG)  # (in Llam
 def tool_call_format(template: str | None) -> ToolCallFormat:
     """The format a chat template asks the model to write calls in, or a ValueError that says why none."""
     t = str(template or "")
+    if HARMONY_CALL in t:
+        return FORMATS["openai"]
     if MISTRAL_CALLS in t:
         return FORMATS["mistral"]
     if "<function=" in t and "<parameter=" in t:  # (Qwen3-Coder's)

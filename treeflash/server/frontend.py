@@ -55,6 +55,9 @@ class Frontend:
         if config.reasoning_parser not in (None, *PARSERS):
             raise ValueError(f"reasoning_parser must be one of {', '.join(PARSERS)} (or None), got "
                              f"{config.reasoning_parser!r}")
+        if config.tool_call_parser == "openai" and config.reasoning_parser != HARMONY:
+            raise ValueError("tool_call_parser 'openai' reads GPT-OSS's harmony messages, which needs "
+                             "reasoning_parser 'openai_gptoss' as well")
         if config.tool_call_parser not in (None, *FORMATS):
             raise ValueError(f"tool_call_parser must be one of {', '.join(FORMATS)} (or None: the chat template "
                              f"says), got {config.tool_call_parser!r}")
@@ -88,13 +91,17 @@ class Frontend:
         tok = self._need_tokenizer("messages")
         ids = self._chat_ids(body, tools, tok)
         fmt = forced = None
+        harmony = self.config.reasoning_parser == HARMONY  # (its channels' markers are special tokens: kept)
         if tools is not None:
             fmt = self._tool_format(tok).for_tools(tools)
+            if fmt is FORMATS["openai"] and not harmony:
+                raise bad_request("this model writes its tool calls as harmony messages (GPT-OSS), which are read "
+                                  "with --reasoning-parser openai_gptoss: restart the server with it",
+                                  param="tools", code="unsupported")
             forced = self._forced_call(body, tools, fmt)
             if forced is not None:
                 fmt = fmt.forced()
         inside = None  # (no <think> block to read)
-        harmony = self.config.reasoning_parser == HARMONY  # (its channels' markers are special tokens: kept)
         if self.config.reasoning_parser is not None and not harmony:
             inside = starts_in_reasoning(tok.decode(ids[-32:]))  # (the generation prompt is in the last tokens)
         max_tokens = body.max_completion_tokens or body.max_tokens
@@ -103,7 +110,8 @@ class Frontend:
                                   keep_special_tokens=harmony or (fmt is not None and fmt.keeps_special_tokens))
         if tools is None and inside is None and not harmony:
             return requests, None
-        return requests, lambda: ReplyReader(HarmonyStream() if harmony else None if inside is None
+        calls = fmt is FORMATS["openai"]  # (read out of the harmony messages whole)
+        return requests, lambda: ReplyReader(HarmonyStream(calls) if harmony else None if inside is None
                                              else ReasoningStream(inside),
                                              None if fmt is None else ToolCallStream(body.parallel_tool_calls, fmt))
 
@@ -165,6 +173,10 @@ class Frontend:
         reply to calls in the format `fmt`."""
         if not Frontend._forces_call(body):
             return None
+        if not fmt.can_force:
+            raise bad_request(f"tool_choice cannot force a call in the {fmt.name!r} format: a call's header is "
+                              f"special tokens, which a structured output's text never holds; use \"auto\"",
+                              param="tool_choice", code="unsupported")
         choice = body.tool_choice
         name = choice.function.get("name") if isinstance(choice, NamedToolChoice) else None
         try:
