@@ -220,7 +220,9 @@ def test_logprobs_are_the_chat_endpoints_streamed_or_not(client):
     ({"input": "hi", "tool_choice": {"type": "allowed_tools", "tools": []}}, 400, "tool_choice"),
     ({"input": "hi", "background": True}, 400, "background"),
     ({"input": "hi", "truncation": "auto"}, 400, "truncation"),
-    ({"input": "hi", "reasoning": {"effort": "high"}}, 400, "reasoning"),
+    ({"input": "hi", "reasoning": {"effort": "high"}}, 400, "reasoning"),  # (a template that reads none)
+    ({"input": "hi", "reasoning": {"effort": "extreme"}}, 400, "reasoning"),
+    ({"input": "hi", "reasoning": {"summary": "auto"}}, 400, "reasoning"),
     ({"input": "hi", "text": {"format": {"type": "json_schema", "name": "x"}}}, 400, "text"),
     ({"input": "hi", "text": {"format": {"type": "grammar"}}}, 400, "text"),
     ({"input": "hi", "top_logprobs": 50}, 400, "top_logprobs"),

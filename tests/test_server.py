@@ -434,6 +434,9 @@ BAD = [  # (route, body, status, param)
      "documents"),
     ("chat/completions", {"model": NAME, "messages": CHAT, "chat_template": "{{ 'x' }}"}, 400, "chat_template"),
     ("chat/completions", {"model": NAME, "messages": CHAT, "echo": True}, 400, "echo"),
+    # (SmolLM2's template reads no reasoning_effort: tests/test_server.py's GPT-OSS-like one below does)
+    ("chat/completions", {"model": NAME, "messages": CHAT, "reasoning_effort": "low"}, 400, "reasoning_effort"),
+    ("chat/completions", {"model": NAME, "messages": CHAT, "reasoning_effort": "extreme"}, 400, "reasoning_effort"),
     ("chat/completions", {"model": NAME, "messages": CHAT, "add_special_tokens": True}, 400, "add_special_tokens"),
     ("chat/completions", {"model": NAME, "messages": CHAT, "skip_special_tokens": "no"}, 400, "skip_special_tokens"),
     ("completions", {"model": NAME, "prompt": "x", "add_special_tokens": False}, 400, "add_special_tokens"),
@@ -880,6 +883,37 @@ def test_the_harmony_parser_keeps_special_tokens_and_reads_the_channels(offline)
     plain = Frontend(offline, ServerConfig(model_name=NAME))
     (request,), reader = plain.chat_requests(ChatCompletionRequest.model_validate({"messages": CHAT}))
     assert request.params.skip_special_tokens and reader is None
+
+
+def test_reasoning_effort_goes_to_a_template_that_reads_it(offline):
+    """OpenAI's reasoning_effort (and the Responses API's reasoning.effort) reaches a chat template that reads
+    it, GPT-OSS's "Reasoning: ..." line; set twice it must agree; a template that reads none refuses it (the
+    endpoints' cases above)."""
+    from treeflash.server.errors import APIError
+    from treeflash.server.frontend import Frontend, ServerConfig
+    from treeflash.server.protocol import ChatCompletionRequest, TokenizeRequest
+    from treeflash.server.responses import ResponsesRequest, ResponseStore, to_chat
+
+    frontend = Frontend(offline, ServerConfig(model_name=NAME, reasoning_parser="openai_gptoss"))
+    frontend.tokenizer.chat_template = ("Reasoning {{ reasoning_effort | default('medium') }} "
+                                        "{% for m in messages %}{{ m.content }}{% endfor %}")  # (its letters)
+
+    def prompt(**fields) -> str:
+        (request,), _ = frontend.chat_requests(ChatCompletionRequest.model_validate({"messages": CHAT, **fields}))
+        return frontend.tokenizer.decode(request.prompt_ids)
+
+    assert prompt().startswith("Reasoning medium ") and prompt(reasoning_effort="low").startswith("Reasoning low ")
+    assert prompt(reasoning_effort="high", chat_template_kwargs={"reasoning_effort": "high"}).startswith(
+        "Reasoning high ")
+    with pytest.raises(APIError, match="differ") as e:
+        prompt(reasoning_effort="high", chat_template_kwargs={"reasoning_effort": "low"})
+    assert e.value.param == "reasoning_effort"
+    turn = to_chat(ResponsesRequest.model_validate({"input": "hi", "reasoning": {"effort": "low"}}), ResponseStore())
+    assert turn.chat.reasoning_effort == "low"
+    with pytest.raises(APIError, match="summaries") as e:
+        to_chat(ResponsesRequest.model_validate({"input": "hi", "reasoning": {"summary": "auto"}}), ResponseStore())
+    assert e.value.param == "reasoning"
+    assert frontend.tokenize(TokenizeRequest.model_validate({"messages": CHAT}))
 
 
 def test_harmony_tool_calls_are_read_with_the_harmony_parser_and_refused_without(offline):

@@ -130,11 +130,12 @@ class Frontend:
     def _chat_ids(self, body: ChatCompletionRequest | TokenizeRequest, tools: list[dict] | None, tok) -> list[int]:
         """The chat prompt's token ids under the model's template, or the 400 that says what it refused."""
         messages = [_template_message(m, i) for i, m in enumerate(body.messages)]
+        kwargs = _with_reasoning_effort(body.chat_template_kwargs, getattr(body, "reasoning_effort", None), tok)
         try:
             return self.llm.chat_token_ids(
                 messages, tokenizer=tok, tools=tools, documents=body.documents,
                 add_generation_prompt=body.add_generation_prompt, continue_final_message=body.continue_final_message,
-                chat_template_kwargs=body.chat_template_kwargs)
+                chat_template_kwargs=kwargs)
         except ChatFieldError as e:
             raise bad_request(str(e), param=e.field, code="unsupported" if e.unsupported else "invalid_value") from None
         except ValueError as e:  # no chat template, or a message it cannot render
@@ -441,6 +442,20 @@ def _template_message(m: ChatMessage, i: int) -> dict:
     if m.role == "tool" and m.name is not None:
         out["name"] = m.name
     return out
+
+
+def _with_reasoning_effort(kwargs: dict | None, effort: str | None, tok) -> dict | None:
+    """The chat template's kwargs with a request's reasoning_effort among them, or the 400 that says why not:
+    a template that never reads it would drop it unseen, and one set twice must agree."""
+    if effort is None:
+        return kwargs
+    if "reasoning_effort" not in str(tok.chat_template or ""):
+        raise bad_request("reasoning_effort is not supported by this model's chat template (it reads no "
+                          "reasoning_effort; GPT-OSS's does)", param="reasoning_effort", code="unsupported")
+    if (kwargs or {}).get("reasoning_effort", effort) != effort:
+        raise bad_request("reasoning_effort and chat_template_kwargs.reasoning_effort differ; give one",
+                          param="reasoning_effort")
+    return {**(kwargs or {}), "reasoning_effort": effort}
 
 
 def _arguments(text: str, where: str) -> dict:

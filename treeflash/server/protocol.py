@@ -34,7 +34,6 @@ UNSUPPORTED: dict[str, tuple] = {
 CHAT_UNSUPPORTED: dict[str, tuple] = {
     "add_special_tokens": (False,),
     "chat_template": (),  # (a template of the client's own: vLLM too refuses it unless told to trust requests)
-    "reasoning_effort": (),
     "echo": (False,),
 }
 COMPLETION_UNSUPPORTED: dict[str, tuple] = {
@@ -174,6 +173,9 @@ class ChatCompletionRequest(SamplingFields):
     continue_final_message: bool = False
     chat_template_kwargs: dict | None = None
     documents: list[dict] | None = None
+    # OpenAI's: how long a reasoning model thinks, for a chat template that takes it (GPT-OSS's: its system
+    # message's "Reasoning: ..."); refused where the template does not (`Frontend._chat_ids`)
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
 
 
 class TokenizeRequest(_Request):

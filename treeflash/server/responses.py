@@ -42,7 +42,7 @@ PASSED = {"top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "pre
           "guided_regex", "guided_choice", "guided_whitespace_pattern", *UNSUPPORTED}
 # A chat field named in a 400, as the response request names it.
 FIELD_NAMES = {"messages": "input", "max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens",
-               "response_format": "text", "logprobs": "include"}
+               "response_format": "text", "logprobs": "include", "reasoning_effort": "reasoning"}
 TEXT_PARTS = {"input_text", "output_text", "text"}
 
 
@@ -168,6 +168,8 @@ def to_chat(body: ResponsesRequest, store: ResponseStore) -> Turn:
         chat["tools"] = [_chat_tool(t, i) for i, t in enumerate(body.tools)]
     if body.tool_choice is not None:
         chat["tool_choice"] = _chat_tool_choice(body.tool_choice)
+    if (body.reasoning or {}).get("effort") is not None:
+        chat["reasoning_effort"] = body.reasoning["effort"]
     text_format = _text_format(body.text)
     if text_format["type"] == "json_object":
         chat["response_format"] = {"type": "json_object"}
@@ -205,9 +207,10 @@ def _refuse_unsupported(body: ResponsesRequest) -> None:
         refuse("background", "background responses are not supported (send the request and wait, or stream it)")
     if body.truncation == "auto":
         refuse("truncation", "'auto' is not supported: a conversation longer than the context gets a 400")
-    if body.reasoning and any(v is not None for v in body.reasoning.values()):
-        refuse("reasoning", "reasoning effort and summaries are not supported (a reasoning model's thinking "
-                            "comes back as a reasoning item where the server runs a --reasoning-parser)")
+    if body.reasoning and any(v is not None for k, v in body.reasoning.items() if k != "effort"):
+        refuse("reasoning", "reasoning summaries are not supported (a reasoning model's thinking comes back as "
+                            "a reasoning item where the server runs a --reasoning-parser); effort is, where "
+                            "the chat template reads it")
     if body.conversation is not None:
         refuse("conversation", "conversations are not supported; continue one with previous_response_id")
     if body.prompt is not None:
