@@ -916,6 +916,40 @@ def test_reasoning_effort_goes_to_a_template_that_reads_it(offline):
     assert frontend.tokenize(TokenizeRequest.model_validate({"messages": CHAT}))
 
 
+def test_an_earlier_replys_reasoning_goes_back_to_the_template(offline):
+    """An assistant message's reasoning (vLLM's `reasoning` or `reasoning_content`, as this server returns it)
+    reaches the template as Qwen3's `reasoning_content` and GPT-OSS's `thinking`, which show it again inside
+    a tool loop; the Responses API's reasoning items and stored responses carry it the same way."""
+    from pydantic import ValidationError
+
+    from treeflash.server.frontend import Frontend, ServerConfig
+    from treeflash.server.protocol import ChatCompletionRequest
+    from treeflash.server.responses import ResponsesRequest, ResponseStore, ResponseWriter, to_chat
+
+    frontend = Frontend(offline, ServerConfig(model_name=NAME))
+    frontend.tokenizer.chat_template = ("{% for m in messages %}{{ m.content }}{% if m.reasoning_content is defined %}"
+                                        " r {{ m.reasoning_content }} t {{ m.thinking }}{% endif %} {% endfor %}")
+    said = [{"role": "user", "content": "name a tree"}, {"role": "assistant", "content": "oak", "reasoning": "hm"},
+            {"role": "user", "content": "why"}]
+    (request,), _ = frontend.chat_requests(ChatCompletionRequest.model_validate({"messages": said}))
+    assert frontend.tokenizer.decode(request.prompt_ids) == "name a tree oak r hm t hm why "
+    for bad in ({"role": "user", "content": "x", "reasoning": "y"},
+                {"role": "assistant", "content": "x", "reasoning": "y", "reasoning_content": "z"}):
+        with pytest.raises(ValidationError, match="reasoning"):
+            ChatCompletionRequest.model_validate({"messages": [bad]})
+    items = [{"role": "user", "content": "name a tree"},
+             {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "hm"}]},
+             {"type": "function_call", "call_id": "c1", "name": "now", "arguments": "{}"},
+             {"type": "reasoning", "id": "rs_2", "summary": [{"type": "summary_text", "text": "s"}]},
+             {"role": "assistant", "content": "oak"}]
+    turn = to_chat(ResponsesRequest.model_validate({"input": items}), ResponseStore())
+    assert [m.reasoning_content for m in turn.chat.messages] == [None, "hm", None]
+    writer = ResponseWriter(turn, SamplingParams(), NAME, None)
+    writer.output = [{"type": "reasoning", "content": [{"type": "reasoning_text", "text": "so"}]},
+                     {"type": "message", "content": [{"type": "output_text", "text": "ash"}]}]
+    assert writer.conversation()[-1] == {"role": "assistant", "content": "ash", "reasoning_content": "so"}
+
+
 def test_harmony_tool_calls_are_read_with_the_harmony_parser_and_refused_without(offline):
     """A GPT-OSS chat template (it writes <|call|>) asks for the `openai` format: with --reasoning-parser
     openai_gptoss a reply's message to a function is a call (tests/test_tool_calls.py has the cases); without

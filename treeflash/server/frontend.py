@@ -430,9 +430,13 @@ def _same(value, neutrals: tuple) -> bool:
 
 
 def _template_message(m: ChatMessage, i: int) -> dict:
-    """A message as chat templates take it: OpenAI's "developer" is its newer name for "system", and a call's
-    arguments go as the object they encode (templates write them out with `tojson`)."""
+    """A message as chat templates take it: OpenAI's "developer" is its newer name for "system", a call's
+    arguments go as the object they encode (templates write them out with `tojson`), and an assistant's
+    reasoning under the names templates read it by (Qwen3's `reasoning_content`, GPT-OSS's `thinking`)."""
     out = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+    reasoning = m.reasoning if m.reasoning is not None else m.reasoning_content
+    if reasoning is not None:
+        out["reasoning_content"] = out["thinking"] = reasoning
     if m.tool_calls:
         out["tool_calls"] = [{"id": c.id, "type": "function", "function": {
             "name": c.function.name, "arguments": _arguments(c.function.arguments, f"messages[{i}].tool_calls[{j}]")}}

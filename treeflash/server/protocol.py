@@ -126,11 +126,19 @@ class ChatMessage(_Request):
     name: str | None = None
     tool_calls: list[MessageToolCall] | None = None  # an assistant message's
     tool_call_id: str | None = None  # a tool message's: the call it answers
+    # An earlier reply's reasoning, as this server returns it (vLLM's two names), for templates that show it
+    # again inside a tool loop (Qwen3's reads `reasoning_content`, GPT-OSS's `thinking`: `_template_message`)
+    reasoning: str | None = None
+    reasoning_content: str | None = None
 
     @model_validator(mode="after")
     def _content_present(self) -> ChatMessage:
         if self.tool_calls and self.role != "assistant":
             raise ValueError(f"a {self.role} message cannot have tool_calls (only an assistant message)")
+        if (self.reasoning is not None or self.reasoning_content is not None) and self.role != "assistant":
+            raise ValueError(f"a {self.role} message cannot have reasoning (only an assistant message)")
+        if None not in (self.reasoning, self.reasoning_content) and self.reasoning != self.reasoning_content:
+            raise ValueError("reasoning and reasoning_content differ; give one")
         if self.content is None and not (self.role == "assistant" and self.tool_calls):
             raise ValueError(f"a {self.role} message needs content" + (" or tool_calls"
                                                                         if self.role == "assistant" else ""))

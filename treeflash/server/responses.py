@@ -221,9 +221,10 @@ def _refuse_unsupported(body: ResponsesRequest) -> None:
 
 def _messages(items: list) -> list[dict]:
     """Input items as chat messages: messages, function calls (on the assistant message before them) and
-    their outputs (tool messages); an earlier turn's reasoning items are left out, as chat templates leave
-    out an earlier turn's thinking."""
+    their outputs (tool messages); a reasoning item's text goes with the assistant message after it (the
+    chat template shows it again or not: Qwen3's and GPT-OSS's do inside a tool loop)."""
     out: list[dict] = []
+    reasoning = None  # a reasoning item's text, for the next assistant message
     for i, item in enumerate(items):
         where = f"input[{i}]"
         if not isinstance(item, dict):
@@ -238,7 +239,7 @@ def _messages(items: list) -> list[dict]:
         elif kind == "function_call":
             call = {"id": _string(item, "call_id", where), "type": "function",
                     "function": {"name": _string(item, "name", where), "arguments": _string(item, "arguments", where)}}
-            if out and out[-1]["role"] == "assistant":
+            if out and out[-1]["role"] == "assistant" and reasoning is None:
                 out[-1].setdefault("tool_calls", []).append(call)
             else:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
@@ -246,9 +247,20 @@ def _messages(items: list) -> list[dict]:
             output = item.get("output")
             out.append({"role": "tool", "tool_call_id": _string(item, "call_id", where),
                         "content": output if isinstance(output, str) else _text(output, f"{where}.output")})
-        elif kind != "reasoning":
+        elif kind == "reasoning":
+            parts = item.get("content") or []
+            texts = [p.get("text") for p in parts if isinstance(p, dict) and p.get("type") == "reasoning_text"] \
+                if isinstance(parts, list) else [None]
+            if not all(isinstance(t, str) for t in texts):
+                raise bad_request(f"{where}.content must be a list of reasoning_text parts", param="input")
+            reasoning = "\n".join(texts) if texts else None  # (a summary alone is not the model's text)
+            continue
+        else:
             raise bad_request(f"{where}: input items of type {kind!r} are not supported (messages, function_call, "
                               f"function_call_output and reasoning are)", param="input", code="unsupported")
+        if reasoning is not None and out[-1]["role"] == "assistant":
+            out[-1]["reasoning_content"] = reasoning
+        reasoning = None
     return out
 
 
@@ -484,11 +496,14 @@ class ResponseWriter:
 
     def conversation(self) -> list[dict]:
         """The conversation after this response, as chat messages, for a later previous_response_id: its
-        history, then the reply's text and calls as one assistant message (reasoning left out)."""
+        history, then the reply's reasoning, text and calls as one assistant message."""
         text = "".join(i["content"][0]["text"] for i in self.output if i["type"] == "message")
         calls = [{"id": i["call_id"], "type": "function", "function": {"name": i["name"], "arguments": i["arguments"]}}
                  for i in self.output if i["type"] == "function_call"]
         reply = {"role": "assistant", "content": text if text or not calls else None}
+        reasoning = "".join(i["content"][0]["text"] for i in self.output if i["type"] == "reasoning")
+        if reasoning:
+            reply["reasoning_content"] = reasoning
         return self.turn.history + [reply | ({"tool_calls": calls} if calls else {})]
 
 
