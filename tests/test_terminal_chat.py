@@ -83,3 +83,29 @@ def test_a_message_goes_on_after_a_backslash(monkeypatch):
     assert read_message("", False) == "four"
     monkeypatch.setattr("builtins.input", lambda prompt="": (_ for _ in ()).throw(EOFError))
     assert read_message("", False) is None
+
+
+def test_a_reasoning_parser_shows_the_reasoning_apart_and_keeps_it_beside_the_answer(offline, monkeypatch):
+    """--reasoning-parser: a reply's reasoning is written first (dimmed on a terminal), the answer a line
+    apart, and the conversation keeps the answer as the content with the reasoning beside it, under the
+    names Qwen3's and GPT-OSS's templates read."""
+    from treeflash.reasoning import ReasoningStream
+    from treeflash.terminal_chat import _Shown
+
+    out = io.StringIO()
+    shown = _Shown(out, ReasoningStream())
+    for piece in ("<think>pl", "an</thi", "nk>\n\nans", "wer"):
+        shown.feed(piece)
+    shown.finish()
+    assert (out.getvalue(), shown.reasoning, shown.content) == ("plan\n\nanswer\n", "plan", "answer")
+
+    monkeypatch.setattr("treeflash.reasoning.starts_in_reasoning", lambda text: True)  # (a prompt that opens it)
+    chat = Chat(offline, SamplingParams(temperature=0, max_tokens=12), out=io.StringIO(), err=io.StringIO(),
+                reasoning_parser="qwen3")
+    assert chat.say("name a tree") is not None
+    thought = reply(offline, [{"role": "user", "content": "name a tree"}]).strip()
+    assert chat.messages[-1] == {"role": "assistant", "content": "", "reasoning_content": thought, "thinking": thought}
+    assert chat.out.getvalue() == thought + "\n"
+    assert not Chat(offline, SamplingParams(), reasoning_parser="openai_gptoss").params.skip_special_tokens
+    with pytest.raises(ValueError, match="reasoning_parser must be one of"):
+        Chat(offline, SamplingParams(), reasoning_parser="think")

@@ -176,7 +176,9 @@ conversation under the model's chat template; the prompt's whole 512-token chunk
 prefilled are reused. /reset forgets the conversation, /exit or Ctrl-D (or Ctrl-C at the prompt) ends it,
 Ctrl-C stops a reply (what it said stays in the conversation), a line ending with a backslash goes on to the
 next. Standard input may be a pipe: one message a line. Sampling options as for generate (temperature 0.7
-and up to 256 new tokens a reply unless the model's generation_config.json or an option says otherwise)."""
+and up to 256 new tokens a reply unless the model's generation_config.json or an option says otherwise).
+With --reasoning-parser a thinking model's reasoning is shown dimmed before its answer and kept beside it
+in the conversation (the chat template decides whether the model sees it again)."""
 
 CHAT_EPILOG = """\
 examples:
@@ -342,6 +344,10 @@ def build_parser() -> argparse.ArgumentParser:
                           description=CHAT_DESCRIPTION, epilog=CHAT_EPILOG,
                           formatter_class=argparse.RawDescriptionHelpFormatter)
     chat.add_argument("--system", default=None, help="the system message (default: none, or the template's own)")
+    chat.add_argument("--reasoning-parser", default=None, choices=("qwen3", "deepseek_r1", "openai_gptoss"),
+                      help="show a thinking model's reasoning (qwen3, deepseek_r1: its <think> block; openai_gptoss: "
+                           "GPT-OSS's analysis channel) dimmed, before its answer, and keep it apart from the answer "
+                           "in the conversation (default: none, the reply as it comes)")
     _add_debug_arg(chat, argparse.SUPPRESS)
     _add_model_args(chat)
     _add_spec_args(chat)
@@ -709,8 +715,8 @@ def _chat(args) -> int:
     llm, params = _terminal_llm(args, *_sampling_options(args))
     if llm.tokenizer is None or not llm.tokenizer.chat_template:
         raise ValueError("this model has no chat template to hold a conversation in (--chat-template gives one)")
-    return run(Chat(llm, params, system=args.system), Path(str(args.model)).name if args.model else
-               "SmolLM2-135M-Instruct")
+    name = Path(str(args.model)).name if args.model else "SmolLM2-135M-Instruct"
+    return run(Chat(llm, params, system=args.system, reasoning_parser=args.reasoning_parser), name)
 
 
 def _generate(args) -> int:

@@ -20,10 +20,21 @@ a line ending with a backslash continues on the next line"""
 
 
 class Chat:
-    """The conversation and the turns that add to it (`say`), over one LLM."""
+    """The conversation and the turns that add to it (`say`), over one LLM. With a `reasoning_parser`
+    (treeflash/reasoning.py's names) a reply's reasoning is shown apart from its answer (dimmed on a
+    terminal) and kept beside it in the conversation, where the chat template decides whether the model
+    sees it again (Qwen3's and GPT-OSS's do inside a tool loop only)."""
 
-    def __init__(self, llm, params, system: str | None = None, out=None, err=None):
-        self.llm, self.params, self.system = llm, params, system
+    def __init__(self, llm, params, system: str | None = None, out=None, err=None,
+                 reasoning_parser: str | None = None):
+        from treeflash.reasoning import HARMONY, PARSERS
+
+        if reasoning_parser not in (None, *PARSERS):
+            raise ValueError(f"reasoning_parser must be one of {', '.join(PARSERS)} (or None), got "
+                             f"{reasoning_parser!r}")
+        if reasoning_parser == HARMONY:  # (its channels' markers are special tokens)
+            params = dataclasses.replace(params, skip_special_tokens=False)
+        self.llm, self.params, self.system, self.reasoning_parser = llm, params, system, reasoning_parser
         self.out, self.err = out or sys.stdout, err or sys.stderr
         self.messages: list[dict] = []
         self._stop = False
@@ -46,15 +57,13 @@ class Chat:
                   f"a new one", file=self.err)
             return None
         params = dataclasses.replace(self.params, max_tokens=min(self.params.max_tokens, room))
-        self._stop, reply, out = False, "", None
+        self._stop, out, shown = False, None, _Shown(self.out, self._reader(ids))
         start = time.perf_counter()
         stream = self.llm.stream(prompt_token_ids=ids, sampling_params=params)
         previous = signal.signal(signal.SIGINT, self._interrupt) if _main_thread() else None
         try:
             for chunk in stream:
-                self.out.write(chunk.text)
-                self.out.flush()
-                reply += chunk.text
+                shown.feed(chunk.text)
                 out = chunk.output or out
                 if self._stop:
                     break
@@ -63,9 +72,11 @@ class Chat:
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
         elapsed = time.perf_counter() - start
-        self.out.write("\n")
-        self.out.flush()
-        self.messages += [{"role": "user", "content": text}, {"role": "assistant", "content": reply}]
+        shown.finish()
+        answer = {"role": "assistant", "content": shown.content}
+        if shown.reasoning:  # (under the names templates read it by: Qwen3's, GPT-OSS's)
+            answer["reasoning_content"] = answer["thinking"] = shown.reasoning
+        self.messages += [{"role": "user", "content": text}, answer]
         if out is None:
             print("(stopped)", file=self.err)
         else:
@@ -76,6 +87,45 @@ class Chat:
 
     def _interrupt(self, signum, frame) -> None:
         self._stop = True
+
+    def _reader(self, ids: list[int]):
+        from treeflash.reasoning import HARMONY, HarmonyStream, ReasoningStream, starts_in_reasoning
+
+        if self.reasoning_parser is None:
+            return None
+        if self.reasoning_parser == HARMONY:
+            return HarmonyStream()
+        return ReasoningStream(starts_in_reasoning(self.llm.tokenizer.decode(ids[-32:])))
+
+
+class _Shown:
+    """A reply as it is written out: its reasoning (dimmed on a terminal) and then its answer, a line apart;
+    everything as it came where there is no reader."""
+
+    def __init__(self, out, reader):
+        self.out, self.reader = out, reader
+        self.reasoning = self.content = ""
+        self.dim = ("\x1b[2m", "\x1b[0m") if getattr(out, "isatty", lambda: False)() else ("", "")
+
+    def feed(self, text: str) -> None:
+        self._write(*(self.reader.feed(text) if self.reader is not None else ("", text)))
+
+    def finish(self) -> None:
+        if self.reader is not None:
+            self._write(*self.reader.finish())
+        self.out.write("\n")
+        self.out.flush()
+
+    def _write(self, reasoning: str, content: str) -> None:
+        if reasoning:
+            self.out.write(self.dim[0] + reasoning + self.dim[1])
+            self.reasoning += reasoning
+        if content:
+            if self.reasoning and not self.content:
+                self.out.write("\n\n")
+            self.out.write(content)
+            self.content += content
+        self.out.flush()
 
 
 def _main_thread() -> bool:
