@@ -126,25 +126,13 @@ class Hermes(ToolCallFormat):
     name = "hermes"
 
     def split(self, text: str, final: bool) -> tuple[str, list[ToolCall]]:
-        content, calls, pos = [], [], 0
-        while True:
-            start = text.find(OPEN, pos)
-            if start < 0:
-                tail = text[pos:]
-                content.append(tail if final else tail[:len(tail) - _tag_prefix(tail, OPEN)])
-                return "".join(content), calls
-            content.append(text[pos:start])
-            end = self._end(text, start + len(OPEN))
-            if end < 0:  # the reply stops inside a block: not a call
-                if final:
-                    content.append(text[start:])
-                return "".join(content), calls
-            call = self._call(text[start + len(OPEN):end])
-            if call is None:
-                content.append(text[start:end + len(CLOSE)])
-            else:
-                calls.append(call)
-            pos = end + len(CLOSE)
+        return _split_blocks(text, final, OPEN, self._block)
+
+    def _block(self, text: str, start: int, final: bool) -> tuple[int, ToolCall | None] | None:
+        end = self._end(text, start + len(OPEN))
+        if end < 0:  # (the reply stops inside a block: not a call)
+            return None
+        return end + len(CLOSE), self._call(text[start + len(OPEN):end])
 
     @staticmethod
     def _end(text: str, pos: int) -> int:
@@ -400,31 +388,22 @@ class Harmony(ToolCallFormat):
     can_force = False
 
     def split(self, text: str, final: bool) -> tuple[str, list[ToolCall]]:
-        content, calls, pos = [], [], 0
-        while True:
-            start = text.find(HARMONY_START, pos)
-            if start < 0:
-                tail = text[pos:]
-                content.append(tail if final else tail[:len(tail) - _tag_prefix(tail, HARMONY_START)])
-                return "".join(content), calls
-            content.append(text[pos:start])
-            begin = text.find(HARMONY_MESSAGE, start)
-            ends = [(i, m) for m in HARMONY_ENDS if begin >= 0 and (i := text.find(m, begin)) >= 0]
-            if not ends and not final:  # a call still being written
-                return "".join(content), calls
-            end, marker = min(ends) if ends else (len(text), "")
-            call, recipient = None, harmony_recipient(text[start:begin]) if begin >= 0 else None
-            if recipient is not None and recipient.startswith("functions."):
-                try:
-                    arguments = json.loads(text[begin + len(HARMONY_MESSAGE):end])
-                except ValueError:
-                    arguments = None
-                call = _call_of(self, {"name": recipient.removeprefix("functions."), "arguments": arguments})
-            if call is None:
-                content.append(text[start:end + len(marker)])
-            else:
-                calls.append(call)
-            pos = end + len(marker)
+        return _split_blocks(text, final, HARMONY_START, self._block)
+
+    def _block(self, text: str, start: int, final: bool) -> tuple[int, ToolCall | None] | None:
+        begin = text.find(HARMONY_MESSAGE, start)
+        ends = [(i, m) for m in HARMONY_ENDS if begin >= 0 and (i := text.find(m, begin)) >= 0]
+        if not ends and (not final or begin < 0):  # (a message still being written, or a header cut off)
+            return None
+        end, marker = min(ends) if ends else (len(text), "")  # (the reply's end: its <|call|> was an EOS)
+        recipient = harmony_recipient(text[start:begin])
+        if recipient is None or not recipient.startswith("functions."):
+            return end + len(marker), None
+        try:
+            arguments = json.loads(text[begin + len(HARMONY_MESSAGE):end])
+        except ValueError:
+            arguments = None
+        return end + len(marker), _call_of(self, {"name": recipient.removeprefix("functions."), "arguments": arguments})
 
     def calls_pattern(self, call: str, several: bool) -> str:
         raise ValueError("GPT-OSS's calls cannot be forced (tool_choice \"required\" or a named function): a call's "
@@ -509,6 +488,31 @@ def call_structure(tools: list[dict], name: str | None = None, several: bool = F
     more calls; `fmt.forced()` reads the reply. A ValueError where a schema cannot be held to."""
     functions = [f for f in (t["function"] for t in tools) if name is None or f["name"] == name]
     return StructuredOutputsParams(regex=_format(fmt).forced_pattern(functions, several))
+
+
+def _split_blocks(text: str, final: bool, opener: str, block) -> tuple[str, list[ToolCall]]:
+    """A format's split where calls are blocks that begin with `opener`: `block(text, start, final)` gives
+    where the block at `start` stops and its call (None: not one, its text stays content), or None while the
+    block is still open (held back; at the reply's end, content as written)."""
+    content, calls, pos = [], [], 0
+    while True:
+        start = text.find(opener, pos)
+        if start < 0:
+            tail = text[pos:]
+            content.append(tail if final else tail[:len(tail) - _tag_prefix(tail, opener)])
+            return "".join(content), calls
+        content.append(text[pos:start])
+        found = block(text, start, final)
+        if found is None:
+            if final:
+                content.append(text[start:])
+            return "".join(content), calls
+        stop, call = found
+        if call is None:
+            content.append(text[start:stop])
+        else:
+            calls.append(call)
+        pos = stop
 
 
 def _call_of(fmt: ToolCallFormat, obj) -> ToolCall | None:
