@@ -228,3 +228,15 @@ def test_harmony_streams_reasoning_before_its_message_ends():
     assert stream.feed("<|channel|>analysis<|mess") == ("", "")
     assert stream.feed("age|>First step <|e") == ("First step ", "")  # (a marker's start held back)
     assert stream.feed("nd|><|start|>assistant<|channel|>final<|message|>Do") == ("", "Do")
+
+
+def test_a_harmony_model_served_without_its_parser_is_warned_about():
+    """treeflash serve and chat warn where the chat template writes harmony (GPT-OSS's names its analysis
+    channel) and --reasoning-parser openai_gptoss is not given: its replies would run both channels together."""
+    from treeflash.reasoning import harmony_unread
+
+    template = "{{- '<|start|>assistant<|channel|>analysis<|message|>' + m.thinking + '<|end|>' }}"
+    assert "--reasoning-parser openai_gptoss" in harmony_unread(template, None)
+    assert harmony_unread(template, "qwen3") is not None
+    assert harmony_unread(template, "openai_gptoss") is None
+    assert harmony_unread("{{ messages }}<think>", None) is None and harmony_unread(None, None) is None

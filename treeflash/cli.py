@@ -604,6 +604,7 @@ def _serve(args) -> int:
     if args.shutdown_timeout < 0 or not 0 <= args.port < 65536 or args.max_request_bytes < 1:
         raise ValueError("--max-request-bytes must be >= 1, --shutdown-timeout >= 0 and --port in [0, 65535]")
     llm, name = _serving_llm(args)
+    _warn_harmony_unread(llm, args.reasoning_parser)
     if not args.no_warmup and llm.device.type == "cuda":
         start = time.perf_counter()
         print("treeflash: capturing CUDA graphs before serving (--no-warmup skips this)", file=sys.stderr, flush=True)
@@ -715,8 +716,17 @@ def _chat(args) -> int:
     llm, params = _terminal_llm(args, *_sampling_options(args))
     if llm.tokenizer is None or not llm.tokenizer.chat_template:
         raise ValueError("this model has no chat template to hold a conversation in (--chat-template gives one)")
+    _warn_harmony_unread(llm, args.reasoning_parser)
     name = Path(str(args.model)).name if args.model else "SmolLM2-135M-Instruct"
     return run(Chat(llm, params, system=args.system, reasoning_parser=args.reasoning_parser), name)
+
+
+def _warn_harmony_unread(llm, reasoning_parser: str | None) -> None:
+    from treeflash.reasoning import harmony_unread
+
+    hint = harmony_unread(llm.tokenizer.chat_template if llm.tokenizer is not None else None, reasoning_parser)
+    if hint is not None:
+        warnings.warn(hint, stacklevel=2)
 
 
 def _generate(args) -> int:

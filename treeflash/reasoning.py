@@ -114,6 +114,15 @@ def reasoning_structure(structure: StructuredOutputsParams, inside: bool) -> Str
     return StructuredOutputsParams(regex=f"{block}{SPACE}(?:{structure.pattern()})")
 
 
+def harmony_unread(chat_template, reasoning_parser: str | None) -> str | None:
+    """What a user should know where a model writes harmony (its chat template names the analysis channel)
+    and its replies are not read as such, else None."""
+    if reasoning_parser != HARMONY and f"{CHANNEL}analysis" in str(chat_template or ""):
+        return ("this model writes GPT-OSS's harmony channels: without --reasoning-parser openai_gptoss its "
+                "analysis (reasoning) and its final answer come back run together as one text")
+    return None
+
+
 def split_harmony(text: str) -> tuple[str | None, str | None]:
     """A finished GPT-OSS reply's (special tokens kept) reasoning and content, None where empty."""
     reasoning, content = _harmony(text, final=True)
