@@ -348,7 +348,7 @@ def test_serve_says_which_options_to_lower_when_the_warm_up_runs_out_of_memory(c
         def __init__(self, *args, max_num_seqs, tree_budget, **kwargs):
             self.device, self.max_num_seqs = torch.device("cuda"), max_num_seqs
             self.spec = types.SimpleNamespace(method="ddtree", tree_budget=tree_budget)
-            self.default_sampling = {}
+            self.default_sampling, self.tokenizer = {}, None
 
         def warm_up(self):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.00 GiB")
