@@ -145,12 +145,19 @@ class HarmonyStream(ReasoningStream):
         return self._new(*_harmony(self.text, final=True, calls=self.calls))
 
 
-def harmony_recipient(header: str) -> str | None:
-    """Whom a message header addresses (`functions.get_weather`, `browser.search`), None where no one: the
-    recipient is written after the channel (`<|channel|>commentary to=functions.f <|constrain|>json`) or
-    before it (`<|start|>assistant to=functions.f<|channel|>commentary json`)."""
+def harmony_function(header: str) -> str | None:
+    """The function a message header calls (`get_weather` of `to=functions.get_weather`), None where it
+    addresses none (no recipient, or a built-in tool such as `browser.search`): the recipient is written
+    after the channel (`<|channel|>commentary to=functions.f <|constrain|>json`) or before it
+    (`<|start|>assistant to=functions.f<|channel|>commentary json`)."""
     m = _RECIPIENT.search(header)
-    return m.group(1) if m else None
+    return m.group(1).removeprefix("functions.") if m and m.group(1).startswith("functions.") else None
+
+
+def check_parser(name: str | None) -> None:
+    """A ValueError unless `name` is one of PARSERS (or None: no parser)."""
+    if name not in (None, *PARSERS):
+        raise ValueError(f"reasoning_parser must be one of {', '.join(PARSERS)} (or None), got {name!r}")
 
 
 def _harmony(text: str, final: bool, calls: bool = False) -> tuple[str, str]:
@@ -173,7 +180,7 @@ def _harmony(text: str, final: bool, calls: bool = False) -> tuple[str, str]:
         ends = [(i, m) for m in MESSAGE_ENDS if (i := text.find(m, begin)) >= 0]
         end, marker = min(ends) if ends else (len(text), "")
         body, pos = text[begin:end], end + len(marker)
-        if calls and (harmony_recipient(header) or "").startswith("functions."):
+        if calls and harmony_function(header) is not None:
             if marker or final:  # (whole, with its header written as the format reads it)
                 parts[False].append(("" if header.startswith("<|start|>") else START) + header + MESSAGE + body
                                     + marker)

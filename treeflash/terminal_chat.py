@@ -27,11 +27,9 @@ class Chat:
 
     def __init__(self, llm, params, system: str | None = None, out=None, err=None,
                  reasoning_parser: str | None = None):
-        from treeflash.reasoning import HARMONY, PARSERS
+        from treeflash.reasoning import HARMONY, check_parser
 
-        if reasoning_parser not in (None, *PARSERS):
-            raise ValueError(f"reasoning_parser must be one of {', '.join(PARSERS)} (or None), got "
-                             f"{reasoning_parser!r}")
+        check_parser(reasoning_parser)
         if reasoning_parser == HARMONY:  # (its channels' markers are special tokens)
             params = dataclasses.replace(params, skip_special_tokens=False)
         self.llm, self.params, self.system, self.reasoning_parser = llm, params, system, reasoning_parser

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from treeflash.reasoning import MESSAGE as HARMONY_MESSAGE
 from treeflash.reasoning import MESSAGE_ENDS as HARMONY_ENDS
 from treeflash.reasoning import START as HARMONY_START
-from treeflash.reasoning import harmony_recipient
+from treeflash.reasoning import harmony_function
 from treeflash.structured import StructuredOutputsParams
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"  # Hermes
@@ -396,14 +396,14 @@ class Harmony(ToolCallFormat):
         if not ends and (not final or begin < 0):  # (a message still being written, or a header cut off)
             return None
         end, marker = min(ends) if ends else (len(text), "")  # (the reply's end: its <|call|> was an EOS)
-        recipient = harmony_recipient(text[start:begin])
-        if recipient is None or not recipient.startswith("functions."):
+        name = harmony_function(text[start:begin])
+        if name is None:
             return end + len(marker), None
         try:
             arguments = json.loads(text[begin + len(HARMONY_MESSAGE):end])
         except ValueError:
             arguments = None
-        return end + len(marker), _call_of(self, {"name": recipient.removeprefix("functions."), "arguments": arguments})
+        return end + len(marker), _call_of(self, {"name": name, "arguments": arguments})
 
     def calls_pattern(self, call: str, several: bool) -> str:
         raise ValueError("GPT-OSS's calls cannot be forced (tool_choice \"required\" or a named function): a call's "

@@ -16,7 +16,7 @@ from treeflash.checkpoint import load_tokenizer
 from treeflash.engine import Request
 from treeflash.llm import LLM, ChatFieldError
 from treeflash.logprobs import MAX_LOGPROBS
-from treeflash.reasoning import HARMONY, PARSERS, HarmonyStream, ReasoningStream, reasoning_structure, \
+from treeflash.reasoning import HARMONY, HarmonyStream, ReasoningStream, check_parser, reasoning_structure, \
     starts_in_reasoning
 from treeflash.sampling import SamplingParams, truncate_prompt
 from treeflash.server.errors import APIError, bad_request
@@ -52,9 +52,7 @@ class Prompt:
 
 class Frontend:
     def __init__(self, llm: LLM, config: ServerConfig):
-        if config.reasoning_parser not in (None, *PARSERS):
-            raise ValueError(f"reasoning_parser must be one of {', '.join(PARSERS)} (or None), got "
-                             f"{config.reasoning_parser!r}")
+        check_parser(config.reasoning_parser)
         if config.tool_call_parser == "openai" and config.reasoning_parser != HARMONY:
             raise ValueError("tool_call_parser 'openai' reads GPT-OSS's harmony messages, which needs "
                              "reasoning_parser 'openai_gptoss' as well")
