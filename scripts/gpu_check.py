@@ -7,7 +7,7 @@ the round eagerly and graphed. Prints the results and writes a JSON file (update
                               [--sections TEFLABCR] [--timings qwen3-8b,smollm2-135m] [--budget-s SECONDS]
 
 A. tiny random Llama / Qwen2 / Qwen3 / Mistral with an 8-token window / GPT-OSS (windows, sinks, biased experts)
-   (float32): greedy tokens identical to transformers on the GPU.
+   / SmolLM3 (a NoPE layer with a window) (float32): greedy tokens identical to transformers on the GPU.
 B. tiny random DFlash drafter: dflash and ddtree greedy identical to plain decoding; seeded sampling
    reproducible alone and inside a mixed batch, and identical to plain sampling with the same seed.
 C. no host synchronisation inside an eager round: every round runs under
@@ -84,7 +84,8 @@ DEVICE = "cuda"  # --device cpu runs A, B and D here, to check the script itself
 
 def tiny_targets(root: Path) -> dict[str, Path]:
     from transformers import (GptOssConfig, GptOssForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,
-                              MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+                              MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
+                              SmolLM3Config, SmolLM3ForCausalLM)
 
     out = {}
     # (windows of 8 positions, shorter than the prompts and their tokens; GPT-OSS's on layers 0 and 2)
@@ -93,7 +94,11 @@ def tiny_targets(root: Path) -> dict[str, Path]:
             ("qwen3", Qwen3Config, Qwen3ForCausalLM, {}), ("mistral", MistralConfig, MistralForCausalLM,
                                                           {"sliding_window": 8}),
             ("gpt_oss", GptOssConfig, GptOssForCausalLM, {"sliding_window": 8, "num_local_experts": 8,
-                                                          "num_experts_per_tok": 2, "intermediate_size": 64})]:
+                                                          "num_experts_per_tok": 2, "intermediate_size": 64}),
+            # (layer 1 NoPE, with the window)
+            ("smollm3", SmolLM3Config, SmolLM3ForCausalLM, {
+                "no_rope_layers": [1, 0, 1], "use_sliding_window": True, "sliding_window": 8, "pad_token_id": None,
+                "bos_token_id": None, "eos_token_id": None})]:
         torch.manual_seed(0)
         cfg = config_cls(**{"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
                             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 300,
@@ -965,9 +970,9 @@ def main() -> int:
     ap.add_argument("--smollm2", type=Path, default=None, help="path of the SmolLM2 GGUF on the GPU machine")
     ap.add_argument("--out", type=Path, default=Path("gpu_check.json"))
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--target", default="qwen3", choices=("llama", "qwen2", "qwen3", "mistral", "gpt_oss"),
-                    help="the tiny target of B, C, E and F (default qwen3; mistral and gpt_oss have sliding windows, "
-                         "which the flex and hybrid attentions refuse: pass --attentions sdpa,splitkv)")
+    ap.add_argument("--target", default="qwen3", choices=("llama", "qwen2", "qwen3", "mistral", "gpt_oss", "smollm3"),
+                    help="the tiny target of B, C, E and F (default qwen3; mistral, gpt_oss and smollm3 have sliding "
+                         "windows, which the flex and hybrid attentions refuse: pass --attentions sdpa,splitkv)")
     ap.add_argument("--sections", default="ABCEFLPRS", help="which of A B C E F L P R S T to run (default all but T)")
     ap.add_argument("--attentions", default="flex,sdpa,splitkv,hybrid",
                     help="attention backends section E checks (C and F: the first)")

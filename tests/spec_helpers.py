@@ -20,15 +20,15 @@ def make_target(path: Path, arch: str = "qwen3", vocab: int = 64, hidden: int = 
                 window: int | None = None) -> Path:
     """A random float32 HF checkpoint (Qwen3ForCausalLM, LlamaForCausalLM, MistralForCausalLM, or the mixtures
     Qwen3MoeForCausalLM, MixtralForCausalLM and GptOssForCausalLM with `experts` experts of width intermediate / 2,
-    two per token) saved at `path`. window: Mistral's and GPT-OSS's sliding window (GPT-OSS's on every other
-    layer, with its attention sinks).
+    two per token, or SmolLM3ForCausalLM with its first layer NoPE) saved at `path`. window: Mistral's and GPT-OSS's
+    sliding window (GPT-OSS's on every other layer, with its attention sinks; SmolLM3's on its NoPE layer).
 
     init_std: the normal init of every linear and embedding weight; head_scale multiplies the output
     head (peakier next-token distributions). No eos/bos, so generation never stops early.
     """
     from transformers import (GptOssConfig, GptOssForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,
                               MistralForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen3Config, Qwen3ForCausalLM,
-                              Qwen3MoeConfig, Qwen3MoeForCausalLM)
+                              Qwen3MoeConfig, Qwen3MoeForCausalLM, SmolLM3Config, SmolLM3ForCausalLM)
 
     common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
                   num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hidden // heads,
@@ -54,6 +54,10 @@ def make_target(path: Path, arch: str = "qwen3", vocab: int = 64, hidden: int = 
             for name, p in model.named_parameters():
                 if name.endswith(("bias", "sinks")):
                     p.normal_(0, 0.5)
+    elif arch == "smollm3":
+        model = SmolLM3ForCausalLM(SmolLM3Config(**common, no_rope_layers=[0] + [1] * (layers - 1),
+                                                 use_sliding_window=window is not None, sliding_window=window,
+                                                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0}))
     else:
         raise ValueError(arch)
     model = model.float().eval()

@@ -55,6 +55,12 @@ VARIANTS = {
     "mixtral": ("mixtral", {"num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 16}),
     # A sliding window (every layer) shorter than the prompts: each token sees its last 24 positions.
     "mistral_window": ("mistral", {"sliding_window": 24}),
+    # SmolLM3: layer 1 without rotary embeddings (NoPE); then windows on the NoPE layers 0 and 2, as
+    # use_sliding_window gives them.
+    "smollm3": ("smollm3", {"no_rope_layers": [1, 0, 1], "tie": True,
+                            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
+    "smollm3_window": ("smollm3", {"no_rope_layers": [0, 1, 0], "use_sliding_window": True, "sliding_window": 24,
+                                   "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
     # GPT-OSS: windows on layers 0 and 2, attention sinks, biased router and experts with the clamped SwiGLU
     # (the experts' weights at init_std 0.3 reach the clamp), YaRN.
     "gpt_oss": ("gpt_oss", {"num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 16,
@@ -308,6 +314,34 @@ def test_gpt_oss_windows_as_transformers_reads_them(tmp_path):
         ModelConfig.from_hf(raw | {"layer_types": ["full_attention", "sliding_attention"]})
     with pytest.raises(UnsupportedModelError, match="chunked_attention"):
         ModelConfig.from_hf(raw | {"layer_types": ["chunked_attention"] * 4})
+
+
+def test_smollm3_nope_layers_theta_and_windows_as_transformers_reads_them(tmp_path):
+    """Every fourth layer without rotary embeddings where no_rope_layers is absent (else the 0s it holds), a
+    RoPE base of 2,000,000 where none is given, windows only on sliding layers with use_sliding_window; masks
+    and attention that transformers would run with different windows are refused, a malformed list named."""
+    import transformers
+
+    from treeflash.config import ModelConfig
+
+    raw = {**json.loads((write_config(tmp_path / "m") / "config.json").read_text()), "num_hidden_layers": 8,
+           "architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3"}
+    raw.pop("rope_theta", None)
+    config = ModelConfig.from_hf(raw)
+    theirs = transformers.SmolLM3Config(**{k: v for k, v in raw.items() if k != "architectures"},
+                                        pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    assert config.nope_layers == (3, 7) == tuple(i for i, f in enumerate(theirs.no_rope_layers) if not f)
+    assert config.rope.theta == 2_000_000.0 == theirs.rope_parameters["rope_theta"]
+    assert config.window_layers == () and config.max_position_embeddings == theirs.max_position_embeddings
+    given = ModelConfig.from_hf(raw | {"no_rope_layers": [1, 0] * 4 + [1, 1], "no_rope_layer_interval": 3})
+    assert given.nope_layers == (1, 3, 5, 7)
+    windowed = ModelConfig.from_hf(raw | {"use_sliding_window": True, "sliding_window": 16})
+    assert [windowed.window(i) for i in range(8)] == [None] * 3 + [16] + [None] * 3 + [16]
+    with pytest.raises(UnsupportedModelError, match="would disagree"):
+        ModelConfig.from_hf(raw | {"sliding_window": 16, "layer_types": ["sliding_attention"] * 8})
+    for bad in ([1, 0], [1, 2] * 4, [True] * 8):
+        with pytest.raises(ConfigError, match="no_rope_layers"):
+            ModelConfig.from_hf(raw | {"no_rope_layers": bad})
 
 
 def test_config_json_read_as_transformers_reads_it(tmp_path):

@@ -49,6 +49,9 @@ TARGETS = {  # name -> make_target kwargs
     # GPT-OSS: a window on layer 0, attention sinks, biased experts with the clamped SwiGLU, YaRN by default.
     "gptoss-66": dict(arch="gpt_oss", vocab=66, hidden=32, layers=2, heads=4, kv_heads=2, init_std=0.1,
                       seed=7, experts=6, window=6),
+    # SmolLM3: layer 0 without rotary embeddings (NoPE) and with a window; layer 1 rotated, whole context.
+    "smollm3-68": dict(arch="smollm3", vocab=68, hidden=32, layers=2, heads=4, kv_heads=2, init_std=0.1,
+                       seed=8, window=6),
 }
 PROMPTS = [[5, 9, 2], [11], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8], [7, 7, 8, 20, 13, 6, 1], [30, 2, 17, 4, 44]]
 MAX_TOKENS = [24, 9, 30, 17, 1]
@@ -121,6 +124,7 @@ GREEDY_CASES = [  # target, spec, budget, block size, drafter layers, max_num_se
     ("mistral-70-window", "ddtree", 16, 8, 1, 3),
     ("gptoss-66", "ddtree", 32, 8, 1, 3),
     ("gptoss-66", "dflash", 0, 4, 1, 2),
+    ("smollm3-68", "ddtree", 16, 8, 1, 3),
 ]
 
 
@@ -167,6 +171,7 @@ ORACLE_CASES = [  # target, spec, budget, block size, max_num_seqs, decoy rate
     ("mixtral-72", "ddtree", 16, 8, 2, 0.3),
     ("mistral-70-window", "ddtree", 16, 8, 2, 0.3),
     ("gptoss-66", "ddtree", 16, 8, 3, 0.3),
+    ("smollm3-68", "ddtree", 16, 8, 2, 0.3),
 ]
 
 

@@ -25,6 +25,7 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen3MoeForCausalLM": "qwen3",
     "MixtralForCausalLM": "llama",
     "GptOssForCausalLM": "gpt_oss",
+    "SmolLM3ForCausalLM": "smollm3",
 }
 # Those whose MLPs are mixtures of experts (`ExpertsConfig`); any other with experts is refused.
 MIXTURE_ARCHITECTURES = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM", "GptOssForCausalLM")
@@ -112,17 +113,17 @@ class RopeConfig:
     truncate: bool = True
 
     @staticmethod
-    def from_hf(cfg: dict[str, Any]) -> "RopeConfig":
+    def from_hf(cfg: dict[str, Any], default_theta: float = 10000.0) -> "RopeConfig":
         # transformers < 5 writes rope_theta + rope_scaling; transformers >= 5 writes rope_parameters. A file
         # with both (a v5 config with rope_scaling added as a model card says) is read as transformers 5 reads
         # it: rope_scaling alone, with its theta or the top-level rope_theta.
         params = config_value(cfg, "rope_parameters", dict, {})
         scaling = config_value(cfg, "rope_scaling", dict, {})
         if not scaling:
-            return RopeConfig._of(params, cfg)
-        rope = RopeConfig._of(scaling, cfg)
+            return RopeConfig._of(params, cfg, default_theta)
+        rope = RopeConfig._of(scaling, cfg, default_theta)
         try:
-            same = not params or RopeConfig._of(params, cfg) == rope
+            same = not params or RopeConfig._of(params, cfg, default_theta) == rope
         except (UnsupportedModelError, ValueError):
             same = False
         if not same:
@@ -131,9 +132,10 @@ class RopeConfig:
         return rope
 
     @staticmethod
-    def _of(params: dict[str, Any], cfg: dict[str, Any]) -> "RopeConfig":
+    def _of(params: dict[str, Any], cfg: dict[str, Any], default_theta: float) -> "RopeConfig":
         where = "config.json rope parameters"
-        theta = config_value(params, "rope_theta", float, config_value(cfg, "rope_theta", float, 10000.0), where=where)
+        theta = config_value(params, "rope_theta", float, config_value(cfg, "rope_theta", float, default_theta),
+                             where=where)
         # "type": the older name of "rope_type"
         kind = config_value(params, "rope_type", str, config_value(params, "type", str, "default", where=where),
                             where=where)
@@ -275,6 +277,7 @@ class ModelConfig:
     sliding_window: int | None = None  # the window of the layers in window_layers (`window`)
     window_layers: tuple[int, ...] = ()
     attention_sinks: bool = False  # GPT-OSS: a learnt logit per query head that every softmax's sum includes
+    nope_layers: tuple[int, ...] = ()  # SmolLM3: layers whose queries and keys are not rotated (no position code)
 
     @staticmethod
     def from_hf(cfg: dict[str, Any]) -> "ModelConfig":
@@ -327,7 +330,7 @@ class ModelConfig:
             num_kv_heads=kv_heads,
             head_dim=head_dim or hidden // heads,
             rms_norm_eps=config_value(cfg, "rms_norm_eps", float, 1e-6),
-            rope=RopeConfig.from_hf(cfg),
+            rope=RopeConfig.from_hf(cfg, _DEFAULT_THETA.get(arch, 10000.0)),
             qkv_bias=qkv_bias if family == "qwen2" else attention_bias,
             o_bias=False if family == "qwen2" else attention_bias,
             mlp_bias=config_value(cfg, "mlp_bias", bool, False),
@@ -340,6 +343,7 @@ class ModelConfig:
             sliding_window=window,
             window_layers=window_layers,
             attention_sinks=family == "gpt_oss",
+            nope_layers=_nope_layers(cfg, num_layers) if family == "smollm3" else (),
         )
 
     def window(self, layer: int) -> int | None:
@@ -354,25 +358,43 @@ class ModelConfig:
 
 _MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                 "mistral": "MistralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-                "mixtral": "MixtralForCausalLM", "gpt_oss": "GptOssForCausalLM"}
+                "mixtral": "MixtralForCausalLM", "gpt_oss": "GptOssForCausalLM", "smollm3": "SmolLM3ForCausalLM"}
 # transformers' defaults where config.json gives no max_position_embeddings.
 _MAX_POSITIONS = {"LlamaForCausalLM": 2048, "MistralForCausalLM": 4096 * 32, "Qwen2ForCausalLM": 32768,
                   "Qwen3ForCausalLM": 32768, "Qwen2MoeForCausalLM": 32768, "Qwen3MoeForCausalLM": 32768,
-                  "MixtralForCausalLM": 4096 * 32, "GptOssForCausalLM": 131072}
+                  "MixtralForCausalLM": 4096 * 32, "GptOssForCausalLM": 131072, "SmolLM3ForCausalLM": 32768}
+# transformers' RoPE base where config.json gives none (10,000 for the others).
+_DEFAULT_THETA = {"SmolLM3ForCausalLM": 2_000_000.0}
+
+
+def _nope_layers(cfg: dict[str, Any], num_layers: int) -> tuple[int, ...]:
+    """SmolLM3's layers without rotary embeddings, as transformers reads them: `no_rope_layers` holds a 1 for
+    each layer that rotates and a 0 for each that does not (at least one entry a layer; extra ones unread);
+    absent, every `no_rope_layer_interval`-th layer (4) goes without."""
+    flags = config_value(cfg, "no_rope_layers", list, None)
+    if flags is None:
+        interval = config_value(cfg, "no_rope_layer_interval", int, 4, minimum=1)
+        flags = [int((i + 1) % interval != 0) for i in range(num_layers)]
+    if len(flags) < num_layers or any(f not in (0, 1) or isinstance(f, bool) for f in flags):
+        raise ConfigError(f"config.json: 'no_rope_layers' must hold a 0 or 1 for each of the {num_layers} layers, "
+                          f"got {flags!r}")
+    return tuple(i for i in range(num_layers) if flags[i] == 0)
 
 
 def _sliding_windows(arch: str, family: str, cfg: dict[str, Any], num_layers: int,
                      max_positions: int) -> tuple[int | None, tuple[int, ...]]:
     """The sliding window and the layers it applies to, as transformers reads them: GPT-OSS's `layer_types`
     (every other layer from the first where absent) over a window of `sliding_window` (128); Mistral's and
-    Mixtral's every layer (Mistral's window 4096 where config.json has none, Mixtral's none). A window that
-    covers every position changes nothing and is dropped. Other families' windows are refused."""
+    Mixtral's every layer (Mistral's window 4096 where config.json has none, Mixtral's none); SmolLM3's
+    sliding layers with `use_sliding_window`. A window that covers every position changes nothing and is
+    dropped. Other families' windows are refused."""
     layer_types = config_value(cfg, "layer_types", list, [])
+    typed = family in ("gpt_oss", "smollm3")  # (the families whose layer_types may name sliding layers)
     if any(t not in ("full_attention", "sliding_attention") for t in layer_types) or (
-            family != "gpt_oss" and any(t != "full_attention" for t in layer_types)):
+            not typed and any(t != "full_attention" for t in layer_types)):
         raise UnsupportedModelError(
             f"{arch} with layer types {sorted(set(map(str, layer_types)))}: only full attention is supported"
-            + (" (and GPT-OSS's sliding_attention)" if family == "gpt_oss" else ""))
+            + (" (and sliding_attention)" if typed else ""))
     if layer_types and len(layer_types) != num_layers:
         raise ConfigError(f"config.json: layer_types names {len(layer_types)} layers, num_hidden_layers is "
                           f"{num_layers}")
@@ -384,6 +406,20 @@ def _sliding_windows(arch: str, family: str, cfg: dict[str, Any], num_layers: in
     elif mistral:
         window = cfg.get("sliding_window", 4096 if arch == "MistralForCausalLM" else None)
         layers = list(range(num_layers))
+    elif family == "smollm3":
+        # A window only with use_sliding_window, on the layers layer_types names sliding (where absent, the NoPE
+        # layers); transformers' masks follow layer_types, its attention use_sliding_window: refused where they
+        # disagree.
+        if not layer_types:
+            nope = _nope_layers(cfg, num_layers)
+            slide = bool(cfg.get("use_sliding_window")) and cfg.get("sliding_window") is not None
+            layer_types = ["sliding_attention" if slide and i in nope else "full_attention" for i in range(num_layers)]
+        layers = [i for i in range(num_layers) if layer_types[i] == "sliding_attention"]
+        window = cfg.get("sliding_window") if layers else None
+        if bool(layers) != bool(cfg.get("use_sliding_window") and window is not None):
+            raise UnsupportedModelError(f"{arch} with use_sliding_window {cfg.get('use_sliding_window')!r}, "
+                                        f"sliding_window {window!r} and sliding layers {layers}: transformers' masks "
+                                        f"and its attention would disagree")
     else:
         # Qwen's windows apply only where use_sliding_window is set (then to some layers, differently in each
         # family); Llama's configs carry none.

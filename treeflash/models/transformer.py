@@ -1,4 +1,4 @@
-"""The target decoder: Llama / Mistral / Qwen2 / Qwen3 (and the mixtures of experts Qwen2-MoE, Qwen3-MoE,
+"""The target decoder: Llama / Mistral / Qwen2 / Qwen3 / SmolLM3 (and the mixtures of experts Qwen2-MoE, Qwen3-MoE,
 Mixtral and GPT-OSS) in one implementation.
 
 One forward takes new tokens with arbitrary positions, writes their K/V at given cache rows and lets
@@ -107,11 +107,12 @@ def run_layers(layers: nn.ModuleList, norm: RMSNorm, x, cos, sin, cache, rows, m
     in `capture_layers` (HF `hidden_states[i + 1]`). `mask` is every layer's, or a list of one per layer. A
     layer's last residual sum happens in the next norm's kernel (`DecoderLayer.forward`): one launch per layer
     fewer; eagerly the same values, bit for bit (tests/test_kernels.py), compiled whatever Inductor's fused
-    add + norm rounds."""
+    add + norm rounds. `cos` and `sin` too may be one per layer (a tuple)."""
     delta, captured = None, {}
     for i, layer in enumerate(layers):
         layer_mask = mask[i] if isinstance(mask, list) else mask
-        layer_input, x, delta = layer(x, delta, cos, sin, cache, i, rows, layer_mask)
+        layer_cos, layer_sin = (cos[i], sin[i]) if isinstance(cos, tuple) else (cos, sin)
+        layer_input, x, delta = layer(x, delta, layer_cos, layer_sin, cache, i, rows, layer_mask)
         if i - 1 in capture_layers:
             captured[i - 1] = layer_input
     out, normed = norm.add(x, delta)
@@ -151,6 +152,11 @@ class Transformer(nn.Module):
         if c.window_layers:
             narrow = windowed(mask, positions, rows, c.sliding_window)
             mask = [narrow if i in c.window_layers else mask for i in range(c.num_layers)]
+        if c.nope_layers:
+            # A NoPE layer's tables rotate by nothing: x * 1 + rotate_half(x) * 0 is x, bit for bit, so its
+            # queries and keys go through the same (fused) kernels as the other layers'.
+            still = (torch.ones_like(cos), torch.zeros_like(sin))
+            cos, sin = zip(*[still if i in c.nope_layers else (cos, sin) for i in range(c.num_layers)])
         return run_layers(self.layers, self.norm, x, cos, sin, cache, rows, mask, capture_layers)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
