@@ -7,7 +7,8 @@ the round eagerly and graphed. Prints the results and writes a JSON file (update
                               [--sections TEFLABCR] [--timings qwen3-8b,smollm2-135m] [--budget-s SECONDS]
 
 A. tiny random Llama / Qwen2 / Qwen3 / Mistral with an 8-token window / GPT-OSS (windows, sinks, biased experts)
-   / SmolLM3 (a NoPE layer with a window) (float32): greedy tokens identical to transformers on the GPU.
+   / SmolLM3 (a NoPE layer with a window) / Phi-3 (fused projections, half of each head rotated, LongRoPE)
+   (float32): greedy tokens identical to transformers on the GPU.
 B. tiny random DFlash drafter: dflash and ddtree greedy identical to plain decoding; seeded sampling
    reproducible alone and inside a mixed batch, and identical to plain sampling with the same seed.
 C. no host synchronisation inside an eager round: every round runs under
@@ -85,7 +86,7 @@ DEVICE = "cuda"  # --device cpu runs A, B and D here, to check the script itself
 def tiny_targets(root: Path) -> dict[str, Path]:
     from transformers import (GptOssConfig, GptOssForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,
                               MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
-                              SmolLM3Config, SmolLM3ForCausalLM)
+                              Phi3Config, Phi3ForCausalLM, SmolLM3Config, SmolLM3ForCausalLM)
 
     out = {}
     # (windows of 8 positions, shorter than the prompts and their tokens; GPT-OSS's on layers 0 and 2)
@@ -98,7 +99,13 @@ def tiny_targets(root: Path) -> dict[str, Path]:
             # (layer 1 NoPE, with the window)
             ("smollm3", SmolLM3Config, SmolLM3ForCausalLM, {
                 "no_rope_layers": [1, 0, 1], "use_sliding_window": True, "sliding_window": 8, "pad_token_id": None,
-                "bos_token_id": None, "eos_token_id": None})]:
+                "bos_token_id": None, "eos_token_id": None}),
+            # (fused projections, half of each head rotated with LongRoPE's short factors and cos/sin scale)
+            ("phi3", Phi3Config, Phi3ForCausalLM, {
+                "sliding_window": 8, "partial_rotary_factor": 0.5, "original_max_position_embeddings": 512,
+                "pad_token_id": None, "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0, "factor": 8.0,
+                                                          "short_factor": [1.0, 1.5, 2.0, 4.0],
+                                                          "long_factor": [1.0, 2.0, 4.0, 8.0]}})]:
         torch.manual_seed(0)
         cfg = config_cls(**{"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
                             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 300,
@@ -970,9 +977,11 @@ def main() -> int:
     ap.add_argument("--smollm2", type=Path, default=None, help="path of the SmolLM2 GGUF on the GPU machine")
     ap.add_argument("--out", type=Path, default=Path("gpu_check.json"))
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--target", default="qwen3", choices=("llama", "qwen2", "qwen3", "mistral", "gpt_oss", "smollm3"),
-                    help="the tiny target of B, C, E and F (default qwen3; mistral, gpt_oss and smollm3 have sliding "
-                         "windows, which the flex and hybrid attentions refuse: pass --attentions sdpa,splitkv)")
+    ap.add_argument("--target", default="qwen3", choices=("llama", "qwen2", "qwen3", "mistral", "gpt_oss", "smollm3",
+                                                                   "phi3"),
+                    help="the tiny target of B, C, E and F (default qwen3; mistral, gpt_oss, smollm3 and phi3 have "
+                         "sliding windows, which the flex and hybrid attentions refuse: pass --attentions "
+                         "sdpa,splitkv)")
     ap.add_argument("--sections", default="ABCEFLPRS", help="which of A B C E F L P R S T to run (default all but T)")
     ap.add_argument("--attentions", default="flex,sdpa,splitkv,hybrid",
                     help="attention backends section E checks (C and F: the first)")

@@ -20,15 +20,17 @@ def make_target(path: Path, arch: str = "qwen3", vocab: int = 64, hidden: int = 
                 window: int | None = None) -> Path:
     """A random float32 HF checkpoint (Qwen3ForCausalLM, LlamaForCausalLM, MistralForCausalLM, or the mixtures
     Qwen3MoeForCausalLM, MixtralForCausalLM and GptOssForCausalLM with `experts` experts of width intermediate / 2,
-    two per token, or SmolLM3ForCausalLM with its first layer NoPE) saved at `path`. window: Mistral's and GPT-OSS's
-    sliding window (GPT-OSS's on every other layer, with its attention sinks; SmolLM3's on its NoPE layer).
+    two per token, or SmolLM3ForCausalLM with its first layer NoPE, or Phi3ForCausalLM with half of each head rotated
+    and LongRoPE) saved at `path`. window: Mistral's, Phi-3's and GPT-OSS's sliding window (GPT-OSS's on every other
+    layer, with its attention sinks; SmolLM3's on its NoPE layer).
 
     init_std: the normal init of every linear and embedding weight; head_scale multiplies the output
     head (peakier next-token distributions). No eos/bos, so generation never stops early.
     """
     from transformers import (GptOssConfig, GptOssForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,
                               MistralForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen3Config, Qwen3ForCausalLM,
-                              Qwen3MoeConfig, Qwen3MoeForCausalLM, SmolLM3Config, SmolLM3ForCausalLM)
+                              Phi3Config, Phi3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM, SmolLM3Config,
+                              SmolLM3ForCausalLM)
 
     common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
                   num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hidden // heads,
@@ -58,6 +60,13 @@ def make_target(path: Path, arch: str = "qwen3", vocab: int = 64, hidden: int = 
         model = SmolLM3ForCausalLM(SmolLM3Config(**common, no_rope_layers=[0] + [1] * (layers - 1),
                                                  use_sliding_window=window is not None, sliding_window=window,
                                                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0}))
+    elif arch == "phi3":
+        half = hidden // heads // 4  # the rotated frequencies of half a head
+        model = Phi3ForCausalLM(Phi3Config(**common, sliding_window=window, partial_rotary_factor=0.5,
+                                           original_max_position_embeddings=512, rope_parameters={
+                                               "rope_type": "longrope", "rope_theta": 10000.0, "factor": 8.0,
+                                               "short_factor": [1.0 + i for i in range(half)],
+                                               "long_factor": [2.0 + i for i in range(half)]}))
     else:
         raise ValueError(arch)
     model = model.float().eval()

@@ -61,6 +61,14 @@ VARIANTS = {
                             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
     "smollm3_window": ("smollm3", {"no_rope_layers": [0, 1, 0], "use_sliding_window": True, "sliding_window": 24,
                                    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
+    # Phi-3: fused q/k/v and gate/up weights, a window on every layer (Phi-3-mini-4k's kind).
+    "phi3_window": ("phi3", {"sliding_window": 24}),
+    # Phi-4-mini's kind: half of each head rotated, LongRoPE's short factors and its cos/sin scale.
+    "phi3_longrope": ("phi3", {"tie": True, "num_heads": 2, "num_kv_heads": 1, "head_dim": 16,
+                               "partial_rotary_factor": 0.5, "rope_parameters": {
+                                   "rope_type": "longrope", "rope_theta": 10000.0, "factor": 4.0,
+                                   "short_factor": [1.0, 1.5, 2.0, 4.0], "long_factor": [1.0, 2.0, 4.0, 8.0]},
+                               "original_max_position_embeddings": 256}),
     # GPT-OSS: windows on layers 0 and 2, attention sinks, biased router and experts with the clamped SwiGLU
     # (the experts' weights at init_std 0.3 reach the clamp), YaRN.
     "gpt_oss": ("gpt_oss", {"num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 16,
@@ -342,6 +350,45 @@ def test_smollm3_nope_layers_theta_and_windows_as_transformers_reads_them(tmp_pa
     for bad in ([1, 0], [1, 2] * 4, [True] * 8):
         with pytest.raises(ConfigError, match="no_rope_layers"):
             ModelConfig.from_hf(raw | {"no_rope_layers": bad})
+
+
+def test_phi3_rope_as_transformers_reads_it(tmp_path):
+    """Phi-3.5-mini's kind of config: LongRoPE without a factor (max_position_embeddings over the top-level
+    original context), a partial rotation: frequencies and cos/sin scale as transformers
+    computes them for sequences within the original context, to which the context is limited (with a warning);
+    factors of the wrong length, other scalings and tensor parallelism refused by name."""
+    import transformers
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from treeflash.config import ModelConfig
+    from treeflash.models.layers import rope_inv_freq
+    from treeflash.models.parallel import TensorParallelConfigError, check_shardable
+
+    raw = {**json.loads((write_config(tmp_path / "m") / "config.json").read_text()), "hidden_size": 64,
+           "num_attention_heads": 2, "num_key_value_heads": 1, "architectures": ["Phi3ForCausalLM"],
+           "model_type": "phi3", "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
+           "partial_rotary_factor": 0.75, "rope_theta": 10000.0, "attention_bias": True,
+           "rope_scaling": {"type": "longrope", "short_factor": [1.0 + i / 8 for i in range(12)],
+                            "long_factor": [2.0 + i for i in range(12)]}}
+    with pytest.warns(UserWarning, match="limited to its short factors' 4096 positions"):
+        config = ModelConfig.from_hf(raw)
+    theirs = transformers.Phi3Config(**{k: v for k, v in raw.items() if k != "architectures"})
+    inv_freq, scale = ROPE_INIT_FUNCTIONS["longrope"](theirs, "cpu", seq_len=4096)
+    assert config.rope.kind == "longrope" and config.rope.partial == 0.75
+    assert config.rope.attention_factor == pytest.approx(scale, rel=1e-12)
+    ours = rope_inv_freq(config.rope, config.head_dim)
+    assert torch.equal(ours[:12], inv_freq) and not ours[12:].any()
+    assert config.max_position_embeddings == 4096 and not config.qkv_bias and config.window_layers == ()
+    with pytest.warns(UserWarning, match="limited"):  # (transformers 5 maps "su" to longrope, then fails to read it)
+        assert ModelConfig.from_hf(raw | {"rope_scaling": raw["rope_scaling"] | {"type": "su"}}).rope == config.rope
+    with pytest.raises(TensorParallelConfigError, match="fused"):
+        check_shardable(config, 2)
+    with pytest.raises(ConfigError, match="short_factor must be a list of 12"):
+        ModelConfig.from_hf(raw | {"rope_scaling": raw["rope_scaling"] | {"short_factor": [1.0] * 16}})
+    with pytest.raises(UnsupportedModelError, match="'dynamic' for Phi3ForCausalLM"):
+        ModelConfig.from_hf(raw | {"rope_scaling": {"type": "dynamic", "factor": 2.0}})
+    with pytest.raises(ConfigError, match="partial_rotary_factor 0.3 rotates 9"):
+        ModelConfig.from_hf(raw | {"partial_rotary_factor": 0.3, "rope_scaling": None})
 
 
 def test_config_json_read_as_transformers_reads_it(tmp_path):

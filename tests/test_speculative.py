@@ -52,6 +52,9 @@ TARGETS = {  # name -> make_target kwargs
     # SmolLM3: layer 0 without rotary embeddings (NoPE) and with a window; layer 1 rotated, whole context.
     "smollm3-68": dict(arch="smollm3", vocab=68, hidden=32, layers=2, heads=4, kv_heads=2, init_std=0.1,
                        seed=8, window=6),
+    # Phi-3: fused projections, half of each head rotated (LongRoPE's short factors), a window on every layer.
+    "phi3-62": dict(arch="phi3", vocab=62, hidden=32, layers=2, heads=2, kv_heads=1, init_std=0.1, seed=9,
+                    window=9),
 }
 PROMPTS = [[5, 9, 2], [11], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8], [7, 7, 8, 20, 13, 6, 1], [30, 2, 17, 4, 44]]
 MAX_TOKENS = [24, 9, 30, 17, 1]
@@ -125,6 +128,8 @@ GREEDY_CASES = [  # target, spec, budget, block size, drafter layers, max_num_se
     ("gptoss-66", "ddtree", 32, 8, 1, 3),
     ("gptoss-66", "dflash", 0, 4, 1, 2),
     ("smollm3-68", "ddtree", 16, 8, 1, 3),
+    ("phi3-62", "ddtree", 16, 8, 1, 3),
+    ("phi3-62", "dflash", 0, 4, 1, 2),
 ]
 
 
@@ -172,6 +177,7 @@ ORACLE_CASES = [  # target, spec, budget, block size, max_num_seqs, decoy rate
     ("mistral-70-window", "ddtree", 16, 8, 2, 0.3),
     ("gptoss-66", "ddtree", 16, 8, 3, 0.3),
     ("smollm3-68", "ddtree", 16, 8, 2, 0.3),
+    ("phi3-62", "ddtree", 16, 8, 2, 0.3),
 ]
 
 

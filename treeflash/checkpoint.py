@@ -210,6 +210,13 @@ def load_target(model_dir: Path, device: torch.device | str, dtype: torch.dtype,
             tensors = _unstack_gpt_oss_experts(tensors)
         except ValueError as e:
             raise ValueError(f"{model_dir}: {e}") from None
+    if cfg.architecture == "Phi3ForCausalLM":
+        try:
+            tensors = _unfuse_phi3(tensors, cfg)
+        except ValueError as e:
+            raise ValueError(f"{model_dir}: {e}") from None
+    if cfg.rope.partial != 1.0:
+        tensors = _rotated_first(tensors, cfg)
     if cfg.tie_word_embeddings and "lm_head.weight" in tensors:
         head, embed = tensors.pop("lm_head.weight"), tensors.get("embed_tokens.weight")
         if embed is None or head.shape != embed.shape or not torch.equal(head, embed):
@@ -224,6 +231,45 @@ def load_target(model_dir: Path, device: torch.device | str, dtype: torch.dtype,
     model.rotary.to(device)
     stack_experts(model)
     return model.eval(), cfg
+
+
+def _unfuse_phi3(tensors: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Phi-3's fused projections as the separate ones the decoder has: qkv_proj's rows are q's, then k's, then
+    v's; gate_up_proj's the gate's, then up's (transformers' Phi3MLP chunks it in two)."""
+    q_rows, kv_rows = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    out = {}
+    for name, t in tensors.items():
+        if name.endswith(".self_attn.qkv_proj.weight"):
+            parts, width = ("q_proj", "k_proj", "v_proj"), (q_rows, kv_rows, kv_rows)
+        elif name.endswith(".mlp.gate_up_proj.weight"):
+            parts, width = ("gate_proj", "up_proj"), (cfg.intermediate_size,) * 2
+        else:
+            out[name] = t
+            continue
+        if t.ndim != 2 or t.shape[0] != sum(width):
+            raise ValueError(f"tensor {name} has shape {tuple(t.shape)}, config.json implies {sum(width)} rows")
+        prefix = name.rsplit(".", 2)[0]
+        out |= {f"{prefix}.{part}.weight": piece for part, piece in zip(parts, t.split(width))}
+    return out
+
+
+def _rotated_first(tensors: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """With a partial rotation (r of a head's d dimensions), reorder every head's query and key dimensions so
+    that the rotated ones' halves sit at [0, r/2) and [d/2, d/2 + r/2) and the others fill the rest: rotate-half
+    over the whole head then rotates exactly them (models/layers.py: rope_inv_freq). The same reordering of q
+    and k leaves every score q.k as it is (up to the order of the sum)."""
+    d, r = cfg.head_dim, int(cfg.head_dim * cfg.rope.partial)
+    passed = list(range(r, d))
+    order = torch.tensor(list(range(r // 2)) + passed[: d // 2 - r // 2] + list(range(r // 2, r))
+                         + passed[d // 2 - r // 2:])
+    out = dict(tensors)
+    for name, t in tensors.items():
+        if re.search(r"\.self_attn\.(q|k)_(proj\.(weight|bias)|norm\.weight)$", name):
+            if name.endswith("norm.weight"):
+                out[name] = t[order]
+            else:  # one block of d rows a head
+                out[name] = t.reshape(-1, d, *t.shape[1:])[:, order].reshape(t.shape)
+    return out
 
 
 def stack_experts(model: nn.Module) -> None:

@@ -26,6 +26,7 @@ SUPPORTED_ARCHITECTURES = {
     "MixtralForCausalLM": "llama",
     "GptOssForCausalLM": "gpt_oss",
     "SmolLM3ForCausalLM": "smollm3",
+    "Phi3ForCausalLM": "phi3",
 }
 # Those whose MLPs are mixtures of experts (`ExpertsConfig`); any other with experts is refused.
 MIXTURE_ARCHITECTURES = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM", "GptOssForCausalLM")
@@ -101,7 +102,7 @@ def _recurrent_reason(arch: str, cfg: dict[str, Any]) -> str | None:
 @dataclass(frozen=True)
 class RopeConfig:
     theta: float = 10000.0
-    kind: str = "default"  # "default", "linear", "llama3" or "yarn"
+    kind: str = "default"  # "default", "linear", "llama3", "yarn" or "longrope" (Phi-3's; its short factors)
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
@@ -111,19 +112,24 @@ class RopeConfig:
     beta_slow: float = 1.0
     attention_factor: float = 1.0
     truncate: bool = True
+    # LongRoPE (Phi-3): a divisor per frequency for sequences of at most original_max_position_embeddings tokens
+    # (the short factors, used here) and one for longer ones (kept for to_hf, never used: models/layers.py)
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
+    partial: float = 1.0  # the share of each head's dimensions rotated (Phi-4-mini: 0.75; the rest pass through)
 
     @staticmethod
-    def from_hf(cfg: dict[str, Any], default_theta: float = 10000.0) -> "RopeConfig":
+    def from_hf(cfg: dict[str, Any], default_theta: float = 10000.0, phi3: bool = False) -> "RopeConfig":
         # transformers < 5 writes rope_theta + rope_scaling; transformers >= 5 writes rope_parameters. A file
         # with both (a v5 config with rope_scaling added as a model card says) is read as transformers 5 reads
         # it: rope_scaling alone, with its theta or the top-level rope_theta.
         params = config_value(cfg, "rope_parameters", dict, {})
         scaling = config_value(cfg, "rope_scaling", dict, {})
         if not scaling:
-            return RopeConfig._of(params, cfg, default_theta)
-        rope = RopeConfig._of(scaling, cfg, default_theta)
+            return RopeConfig._of(params, cfg, default_theta, phi3)
+        rope = RopeConfig._of(scaling, cfg, default_theta, phi3)
         try:
-            same = not params or RopeConfig._of(params, cfg, default_theta) == rope
+            same = not params or RopeConfig._of(params, cfg, default_theta, phi3) == rope
         except (UnsupportedModelError, ValueError):
             same = False
         if not same:
@@ -132,16 +138,19 @@ class RopeConfig:
         return rope
 
     @staticmethod
-    def _of(params: dict[str, Any], cfg: dict[str, Any], default_theta: float) -> "RopeConfig":
+    def _of(params: dict[str, Any], cfg: dict[str, Any], default_theta: float, phi3: bool) -> "RopeConfig":
         where = "config.json rope parameters"
         theta = config_value(params, "rope_theta", float, config_value(cfg, "rope_theta", float, default_theta),
                              where=where)
         # "type": the older name of "rope_type"
         kind = config_value(params, "rope_type", str, config_value(params, "type", str, "default", where=where),
                             where=where)
+        if phi3:
+            return RopeConfig._phi3(params, cfg, theta, kind, where)
         if kind not in ("default", "linear", "llama3", "yarn"):
             raise UnsupportedModelError(
                 f"unsupported rope scaling {kind!r}: supported are default, linear, llama3 and yarn"
+                + (" (and Phi-3's longrope)" if kind in ("longrope", "su") else "")
             )
         # Read as transformers (5.x) reads them: the scaled kinds need their factors (it fails without them,
         # and a default here would run another RoPE than the one meant); llama3's pre-training context is
@@ -166,6 +175,44 @@ class RopeConfig:
             **(RopeConfig._yarn(params, factor, where) if kind == "yarn" else {}),
         )
 
+    @staticmethod
+    def _phi3(params: dict[str, Any], cfg: dict[str, Any], theta: float, kind: str, where: str) -> "RopeConfig":
+        """Phi-3's RoPE, as transformers' Phi3Config reads it: "su" and "yarn" are older names of longrope; the
+        rotated share `partial_rotary_factor` (the rope parameters', else config.json's, else all); LongRoPE's
+        pre-training context is config.json's original_max_position_embeddings (4,096 where absent), and its
+        cos/sin scale the given attention_factor, else sqrt(1 + ln(factor) / ln(that context)) with factor
+        max_position_embeddings / that context where not given."""
+        kind = "longrope" if kind in ("su", "yarn") else kind
+        if kind not in ("default", "longrope"):
+            raise UnsupportedModelError(f"unsupported rope scaling {kind!r} for Phi3ForCausalLM: supported are "
+                                        f"default and longrope")
+        partial = config_value(params, "partial_rotary_factor", float,
+                               config_value(cfg, "partial_rotary_factor", float, 1.0), where=where)
+        heads = config_value(cfg, "num_attention_heads", int, minimum=1)
+        head_dim = config_value(cfg, "head_dim", int, None) or config_value(cfg, "hidden_size", int, minimum=1) // heads
+        rotated = int(head_dim * partial)
+        if not 0 < partial <= 1 or rotated < 2 or rotated % 2:
+            raise ConfigError(f"{where}: partial_rotary_factor {partial} rotates {rotated} of a head's {head_dim} "
+                              f"dimensions; rotary embeddings rotate a positive, even number of them")
+        if kind == "default":
+            return RopeConfig(theta=theta, partial=partial)
+        original = config_value(cfg, "original_max_position_embeddings", int, 4096, minimum=2)
+        factors = {}
+        for key in ("short_factor", "long_factor"):
+            value = params.get(key)
+            if (not isinstance(value, list) or len(value) != rotated // 2
+                    or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in value)):
+                raise ConfigError(f"{where}: longrope's {key} must be a list of {rotated // 2} positive numbers (one "
+                                  f"per rotated frequency), got {value!r}")
+            factors[key] = tuple(float(v) for v in value)
+        given = config_value(params, "attention_factor", float, None, where=where)
+        factor = config_value(params, "factor", float, None, where=where) or (
+            config_value(cfg, "max_position_embeddings", int, 4096) / original)
+        scale = given if given is not None else (
+            1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original)))
+        return RopeConfig(theta=theta, kind="longrope", factor=factor, original_max_position_embeddings=original,
+                          attention_factor=float(scale), partial=partial, **factors)
+
     def to_hf(self) -> dict[str, Any]:
         """This RoPE as transformers 5's `rope_parameters` says it, every scaling field kept (a drafter's
         config.json that said "default" whatever it ran would run another RoPE once read back)."""
@@ -179,6 +226,12 @@ class RopeConfig:
         if self.kind == "yarn":
             params |= {"beta_fast": self.beta_fast, "beta_slow": self.beta_slow,
                        "attention_factor": self.attention_factor, "truncate": self.truncate}
+        if self.kind == "longrope":
+            params |= {"original_max_position_embeddings": self.original_max_position_embeddings,
+                       "attention_factor": self.attention_factor, "short_factor": list(self.short_factor),
+                       "long_factor": list(self.long_factor)}
+        if self.partial != 1.0:
+            params["partial_rotary_factor"] = self.partial
         return params
 
     @staticmethod
@@ -299,6 +352,14 @@ class ModelConfig:
             raise UnsupportedModelError(f"quantised checkpoints are not supported (quantization_config: {method}); "
                                         f"use an unquantised one (float32, float16 or bfloat16) or a GGUF file")
         max_positions = config_value(cfg, "max_position_embeddings", int, _MAX_POSITIONS[arch], minimum=2)
+        rope = RopeConfig.from_hf(cfg, _DEFAULT_THETA.get(arch, 10000.0), phi3=family == "phi3")
+        if rope.kind == "longrope" and max_positions > rope.original_max_position_embeddings:
+            # Past that many tokens transformers switches to the long factors and computes the whole cache
+            # again (Phi3ForCausalLM.prepare_inputs_for_generation): positions already cached would change.
+            warnings.warn(f"{arch}: LongRoPE's long factors are not supported; the context is limited to its "
+                          f"short factors' {rope.original_max_position_embeddings} positions (of "
+                          f"max_position_embeddings {max_positions})", stacklevel=2)
+            max_positions = rope.original_max_position_embeddings
         hidden_act = config_value(cfg, "hidden_act", str, "silu")
         if hidden_act != "silu":
             raise UnsupportedModelError(f"hidden_act {hidden_act!r} is not supported (only silu)")
@@ -315,7 +376,8 @@ class ModelConfig:
         if heads % kv_heads:
             raise ConfigError(f"config.json: num_attention_heads {heads} is not a multiple of num_key_value_heads "
                               f"{kv_heads} (each key/value head serves a whole group of query heads)")
-        attention_bias = config_value(cfg, "attention_bias", bool, family == "gpt_oss")
+        # (Phi-3's projections have no biases whatever config.json says)
+        attention_bias = family != "phi3" and config_value(cfg, "attention_bias", bool, family == "gpt_oss")
         num_layers = config_value(cfg, "num_hidden_layers", int, minimum=1)
         window, window_layers = _sliding_windows(arch, family, cfg, num_layers, max_positions)
         # (Qwen2-MoE names its q/k/v bias; Qwen2 always has one)
@@ -329,11 +391,11 @@ class ModelConfig:
             num_heads=heads,
             num_kv_heads=kv_heads,
             head_dim=head_dim or hidden // heads,
-            rms_norm_eps=config_value(cfg, "rms_norm_eps", float, 1e-6),
-            rope=RopeConfig.from_hf(cfg, _DEFAULT_THETA.get(arch, 10000.0)),
+            rms_norm_eps=config_value(cfg, "rms_norm_eps", float, 1e-5 if family == "phi3" else 1e-6),
+            rope=rope,
             qkv_bias=qkv_bias if family == "qwen2" else attention_bias,
             o_bias=False if family == "qwen2" else attention_bias,
-            mlp_bias=config_value(cfg, "mlp_bias", bool, False),
+            mlp_bias=family != "phi3" and config_value(cfg, "mlp_bias", bool, False),
             qk_norm=family == "qwen3",
             tie_word_embeddings=config_value(cfg, "tie_word_embeddings", bool, False),
             max_position_embeddings=max_positions,
@@ -358,11 +420,13 @@ class ModelConfig:
 
 _MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                 "mistral": "MistralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-                "mixtral": "MixtralForCausalLM", "gpt_oss": "GptOssForCausalLM", "smollm3": "SmolLM3ForCausalLM"}
+                "mixtral": "MixtralForCausalLM", "gpt_oss": "GptOssForCausalLM", "smollm3": "SmolLM3ForCausalLM",
+                "phi3": "Phi3ForCausalLM"}
 # transformers' defaults where config.json gives no max_position_embeddings.
 _MAX_POSITIONS = {"LlamaForCausalLM": 2048, "MistralForCausalLM": 4096 * 32, "Qwen2ForCausalLM": 32768,
                   "Qwen3ForCausalLM": 32768, "Qwen2MoeForCausalLM": 32768, "Qwen3MoeForCausalLM": 32768,
-                  "MixtralForCausalLM": 4096 * 32, "GptOssForCausalLM": 131072, "SmolLM3ForCausalLM": 32768}
+                  "MixtralForCausalLM": 4096 * 32, "GptOssForCausalLM": 131072, "SmolLM3ForCausalLM": 32768,
+                  "Phi3ForCausalLM": 4096}
 # transformers' RoPE base where config.json gives none (10,000 for the others).
 _DEFAULT_THETA = {"SmolLM3ForCausalLM": 2_000_000.0}
 
@@ -385,7 +449,7 @@ def _sliding_windows(arch: str, family: str, cfg: dict[str, Any], num_layers: in
                      max_positions: int) -> tuple[int | None, tuple[int, ...]]:
     """The sliding window and the layers it applies to, as transformers reads them: GPT-OSS's `layer_types`
     (every other layer from the first where absent) over a window of `sliding_window` (128); Mistral's and
-    Mixtral's every layer (Mistral's window 4096 where config.json has none, Mixtral's none); SmolLM3's
+    Mixtral's and Phi-3's every layer (Mistral's window 4096 where config.json has none, the others' none); SmolLM3's
     sliding layers with `use_sliding_window`. A window that covers every position changes nothing and is
     dropped. Other families' windows are refused."""
     layer_types = config_value(cfg, "layer_types", list, [])
@@ -398,13 +462,13 @@ def _sliding_windows(arch: str, family: str, cfg: dict[str, Any], num_layers: in
     if layer_types and len(layer_types) != num_layers:
         raise ConfigError(f"config.json: layer_types names {len(layer_types)} layers, num_hidden_layers is "
                           f"{num_layers}")
-    mistral = arch in ("MistralForCausalLM", "MixtralForCausalLM")
+    mistral = arch in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM")
     if family == "gpt_oss":
         window = cfg.get("sliding_window", 128)
         layers = [i for i in range(num_layers)
                   if (layer_types[i] == "sliding_attention" if layer_types else i % 2 == 0)]
     elif mistral:
-        window = cfg.get("sliding_window", 4096 if arch == "MistralForCausalLM" else None)
+        window = cfg.get("sliding_window", 4096 if arch == "MistralForCausalLM" else None)  # (Phi-3's: none)
         layers = list(range(num_layers))
     elif family == "smollm3":
         # A window only with use_sliding_window, on the layers layer_types names sliding (where absent, the NoPE

@@ -84,9 +84,10 @@ def qk_norm_rotary(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tens
     return norm_rotary(x, weight, eps, cos, sin)
 
 
-def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, scale: float = 1.0
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    # positions: [N] -> cos, sin: [N, head_dim], times `scale` (YaRN's; 1.0 leaves every bit as it is)
+def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype,
+                  scale: float | torch.Tensor = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    # positions: [N] -> cos, sin: [N, head_dim], times `scale` (YaRN's or LongRoPE's; 1.0 leaves every bit as it is;
+    # a [head_dim] tensor where only some dimensions rotate)
     freqs = positions.float()[..., None] * inv_freq.float()
     emb = torch.cat([freqs, freqs], dim=-1)
     return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)

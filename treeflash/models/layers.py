@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 
@@ -255,8 +256,20 @@ def _grouped_product_runs(weight: torch.Tensor) -> bool:
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
-    """Per-frequency inverse wavelengths, with linear, Llama-3 or YaRN scaling applied."""
-    inv_freq = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim))
+    """Per-frequency inverse wavelengths [head_dim / 2], with linear, Llama-3, YaRN or LongRoPE scaling applied.
+
+    With a partial rotation (Phi-4-mini) the rotated dimensions' frequencies come first and the rest are 0,
+    which rotates by nothing (cos 1, sin 0, bit for bit): rotate-half over the whole head then pairs dimension
+    i with i + head_dim / 2, so the loader moves each head's rotated halves to [0, r/2) and [head_dim/2,
+    head_dim/2 + r/2) (checkpoint.py: `_rotated_first`) and the kernels rotate whole heads as for any model."""
+    rotated = int(head_dim * rope.partial)
+    if rotated != head_dim:
+        inv_freq = rope_inv_freq(dataclasses.replace(rope, partial=1.0), rotated)
+        return torch.cat([inv_freq, inv_freq.new_zeros((head_dim - rotated) // 2)])
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
+    if rope.kind == "longrope":  # (the short factors: config.py limits the context to them)
+        return 1.0 / (torch.tensor(rope.short_factor, dtype=torch.float32, device="cpu") * rope.theta ** exponents)
+    inv_freq = 1.0 / (rope.theta ** exponents)
     if rope.kind == "linear":
         return inv_freq / rope.factor
     if rope.kind == "yarn":
@@ -304,7 +317,12 @@ class Rotary(nn.Module):
     def __init__(self, rope: RopeConfig, head_dim: int):
         super().__init__()
         self.register_buffer("inv_freq", rope_inv_freq(rope, head_dim), persistent=False)
-        self.scale = rope.attention_factor  # YaRN's cos/sin scale (1 for the others)
+        if rope.partial != 1.0 and rope.attention_factor != 1.0:
+            # only the rotated dimensions' tables are scaled: the others pass through as they are (cos 1, sin 0)
+            rotated = (rope_inv_freq(rope, head_dim) != 0).repeat(2)
+            self.register_buffer("scale", torch.where(rotated, rope.attention_factor, 1.0), persistent=False)
+        else:
+            self.scale = rope.attention_factor  # YaRN's and LongRoPE's cos/sin scale (1 for the others)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         # positions: [B, T] -> cos, sin: [B, T, head_dim]

@@ -1,5 +1,5 @@
-"""The target decoder: Llama / Mistral / Qwen2 / Qwen3 / SmolLM3 (and the mixtures of experts Qwen2-MoE, Qwen3-MoE,
-Mixtral and GPT-OSS) in one implementation.
+"""The target decoder: Llama / Mistral / Qwen2 / Qwen3 / SmolLM3 / Phi-3 (and the mixtures of experts Qwen2-MoE,
+Qwen3-MoE, Mixtral and GPT-OSS) in one implementation.
 
 One forward takes new tokens with arbitrary positions, writes their K/V at given cache rows and lets
 each attend to the cache through an arbitrary visibility mask. A prompt (causal mask), one decode
