@@ -11,6 +11,7 @@ drafter is the shape of the one this package ships for it (treeflash/default_dra
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -72,6 +73,26 @@ def _llama(layers, hidden, heads, kv_heads, intermediate, vocab, tie, theta, max
             "hidden_act": "silu"}
 
 
+def _smollm3() -> dict[str, Any]:
+    """SmolLM3-3B: a Llama of 36 layers, every fourth without rotary embeddings (NoPE), tied embeddings."""
+    return {**_llama(36, 2048, 16, 4, 11008, 128256, tie=True, theta=5000000.0, max_pos=65536),
+            "architectures": ["SmolLM3ForCausalLM"], "rms_norm_eps": 1e-6, "no_rope_layer_interval": 4}
+
+
+def _phi4_mini() -> dict[str, Any]:
+    """Phi-4-mini: 32 layers, 24 query heads of 128 over 8 KV heads, three quarters of each head rotated with
+    LongRoPE, tied embeddings of a 200,064-token vocabulary. Its LongRoPE factors are placeholders (the shape and
+    the kernels are what a round's time depends on); the context is the short factors' 4,096 positions, as
+    loading the model gives it, with the cos/sin scale its 131,072 / 4,096 positions give."""
+    return {"architectures": ["Phi3ForCausalLM"], "vocab_size": 200064, "hidden_size": 3072,
+            "intermediate_size": 8192, "num_hidden_layers": 32, "num_attention_heads": 24, "num_key_value_heads": 8,
+            "rms_norm_eps": 1e-5, "tie_word_embeddings": True, "max_position_embeddings": 4096,
+            "original_max_position_embeddings": 4096, "partial_rotary_factor": 0.75, "hidden_act": "silu",
+            "rope_scaling": {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 48,
+                             "long_factor": [1.0] * 48,
+                             "attention_factor": math.sqrt(1 + math.log(32) / math.log(4096))}}
+
+
 # Qwen3's DFlash drafters use <|MASK|> (id 151669, an embedding row past the tokenizer's last id);
 # Llama 3 has reserved special ids from 128002; SmolLM2's ids 3-16 are unused special tokens.
 SHAPES: dict[str, Shape] = {
@@ -83,6 +104,10 @@ SHAPES: dict[str, Shape] = {
     "mixtral-8x7b": Shape("mixtral-8x7b", _mixtral(32, 4096, 32, 8, 14336, 8, 2), mask_token_id=0),
     # GPT-OSS-20B (its experts bfloat16, as OpenAI's MXFP4 ones load): MASK a reserved id of its vocabulary.
     "gpt-oss-20b": Shape("gpt-oss-20b", _gpt_oss(24, 32), mask_token_id=200017),
+    # SmolLM3-3B (MASK a reserved id of its Llama-3 vocabulary, as llama3-8b's) and Phi-4-mini (its padded
+    # vocabulary's last row): no public DFlash drafter exists for either; the drafters are z-lab's recipe.
+    "smollm3-3b": Shape("smollm3-3b", _smollm3(), mask_token_id=128002),
+    "phi4-mini": Shape("phi4-mini", _phi4_mini(), mask_token_id=200063),
     "llama3-8b": Shape("llama3-8b", _llama(32, 4096, 32, 8, 14336, 128256, tie=False, theta=500000.0,
                                            max_pos=8192), mask_token_id=128002),
     # The shipped drafter's shape (treeflash/default_drafter/config.json), not z-lab's five layers: rounds at this
