@@ -8,6 +8,7 @@ the round eagerly and graphed. Prints the results and writes a JSON file (update
 
 A. tiny random Llama / Qwen2 / Qwen3 / Mistral with an 8-token window / GPT-OSS (windows, sinks, biased experts)
    / SmolLM3 (a NoPE layer with a window) / Phi-3 (fused projections, half of each head rotated, LongRoPE)
+   / Gemma 3 (windows with their own RoPE, (1 + w) norms around attention and MLP, a scaled embedding, GELU)
    (float32): greedy tokens identical to transformers on the GPU.
 B. tiny random DFlash drafter: dflash and ddtree greedy identical to plain decoding; seeded sampling
    reproducible alone and inside a mixed batch, and identical to plain sampling with the same seed.
@@ -84,9 +85,10 @@ DEVICE = "cuda"  # --device cpu runs A, B and D here, to check the script itself
 
 
 def tiny_targets(root: Path) -> dict[str, Path]:
-    from transformers import (GptOssConfig, GptOssForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,
-                              MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
-                              Phi3Config, Phi3ForCausalLM, SmolLM3Config, SmolLM3ForCausalLM)
+    from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, GptOssConfig, GptOssForCausalLM, LlamaConfig,
+                              LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM,
+                              Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM, SmolLM3Config,
+                              SmolLM3ForCausalLM)
 
     out = {}
     # (windows of 8 positions, shorter than the prompts and their tokens; GPT-OSS's on layers 0 and 2)
@@ -105,7 +107,11 @@ def tiny_targets(root: Path) -> dict[str, Path]:
                 "sliding_window": 8, "partial_rotary_factor": 0.5, "original_max_position_embeddings": 512,
                 "pad_token_id": None, "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0, "factor": 8.0,
                                                           "short_factor": [1.0, 1.5, 2.0, 4.0],
-                                                          "long_factor": [1.0, 2.0, 4.0, 8.0]}})]:
+                                                          "long_factor": [1.0, 2.0, 4.0, 8.0]}}),
+            # (layers 0 and 1 windows with their own RoPE, layer 2 full; (1 + w) norms around attention and MLP)
+            ("gemma3", Gemma3TextConfig, Gemma3ForCausalLM, {
+                "sliding_window": 8, "query_pre_attn_scalar": 16, "pad_token_id": None, "bos_token_id": None,
+                "eos_token_id": None, "layer_types": ["sliding_attention", "sliding_attention", "full_attention"]})]:
         torch.manual_seed(0)
         cfg = config_cls(**{"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
                             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 300,
@@ -113,7 +119,7 @@ def tiny_targets(root: Path) -> dict[str, Path]:
         model = model_cls(cfg)
         with torch.no_grad():  # (GPT-OSS starts its biases and sinks at zero: a model ignoring them would pass)
             for pname, p in model.named_parameters():
-                if pname.endswith(("bias", "sinks")):
+                if pname.endswith(("bias", "sinks")) or (name == "gemma3" and "norm" in pname):
                     p.normal_(0, 0.5)
         model.save_pretrained(root / name)
         out[name] = root / name
@@ -978,10 +984,10 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("gpu_check.json"))
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--target", default="qwen3", choices=("llama", "qwen2", "qwen3", "mistral", "gpt_oss", "smollm3",
-                                                                   "phi3"),
-                    help="the tiny target of B, C, E and F (default qwen3; mistral, gpt_oss, smollm3 and phi3 have "
-                         "sliding windows, which the flex and hybrid attentions refuse: pass --attentions "
-                         "sdpa,splitkv)")
+                                                                   "phi3", "gemma3"),
+                    help="the tiny target of B, C, E and F (default qwen3; mistral, gpt_oss, smollm3, phi3 and "
+                         "gemma3 have sliding windows, which the flex and hybrid attentions refuse: pass "
+                         "--attentions sdpa,splitkv)")
     ap.add_argument("--sections", default="ABCEFLPRS", help="which of A B C E F L P R S T to run (default all but T)")
     ap.add_argument("--attentions", default="flex,sdpa,splitkv,hybrid",
                     help="attention backends section E checks (C and F: the first)")

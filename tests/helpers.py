@@ -20,7 +20,7 @@ import torch
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                  "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM",
                  "mistral": "MistralForCausalLM", "gpt_oss": "GptOssForCausalLM", "smollm3": "SmolLM3ForCausalLM",
-                 "phi3": "Phi3ForCausalLM"}
+                 "phi3": "Phi3ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
 
 # A character-level vocabulary: id 0 is EOS_TOKEN, id i > 0 is the character CHARS[i - 1], so decoded
 # text is exact and deterministic.
@@ -45,7 +45,7 @@ def tiny_hf_config(arch: str, *, vocab_size: int = 64, hidden_size: int = 32, nu
            "qwen2_moe": transformers.Qwen2MoeConfig, "qwen3_moe": transformers.Qwen3MoeConfig,
            "mixtral": transformers.MixtralConfig, "mistral": transformers.MistralConfig,
            "gpt_oss": transformers.GptOssConfig, "smollm3": transformers.SmolLM3Config,
-           "phi3": transformers.Phi3Config}[arch]
+           "phi3": transformers.Phi3Config, "gemma3": transformers.Gemma3TextConfig}[arch]
     fields = dict(vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers,
                   num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
                   head_dim=head_dim or hidden_size // num_heads, intermediate_size=intermediate_size,

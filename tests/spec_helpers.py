@@ -18,16 +18,18 @@ def make_target(path: Path, arch: str = "qwen3", vocab: int = 64, hidden: int = 
                 heads: int = 4, kv_heads: int = 2, intermediate: int = 64, seed: int = 0,
                 init_std: float = 0.02, head_scale: float = 1.0, tie: bool = False, experts: int = 8,
                 window: int | None = None) -> Path:
-    """A random float32 HF checkpoint (Qwen3ForCausalLM, LlamaForCausalLM, MistralForCausalLM, or the mixtures
+    """A random float32 HF checkpoint (Qwen3ForCausalLM, LlamaForCausalLM, MistralForCausalLM, the mixtures
     Qwen3MoeForCausalLM, MixtralForCausalLM and GptOssForCausalLM with `experts` experts of width intermediate / 2,
-    two per token, or SmolLM3ForCausalLM with its first layer NoPE, or Phi3ForCausalLM with half of each head rotated
-    and LongRoPE) saved at `path`. window: Mistral's, Phi-3's and GPT-OSS's sliding window (GPT-OSS's on every other
-    layer, with its attention sinks; SmolLM3's on its NoPE layer).
+    two per token, SmolLM3ForCausalLM with its first layer NoPE, Phi3ForCausalLM with half of each head rotated and
+    LongRoPE, or Gemma3ForCausalLM) saved at `path`. window: Mistral's, Phi-3's and GPT-OSS's sliding window
+    (GPT-OSS's on every other layer, with its attention sinks; SmolLM3's on its NoPE layer; Gemma 3's on its first
+    layer, with its local RoPE).
 
     init_std: the normal init of every linear and embedding weight; head_scale multiplies the output
     head (peakier next-token distributions). No eos/bos, so generation never stops early.
     """
-    from transformers import (GptOssConfig, GptOssForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,
+    from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, GptOssConfig, GptOssForCausalLM, LlamaConfig,
+                              LlamaForCausalLM, MistralConfig,
                               MistralForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen3Config, Qwen3ForCausalLM,
                               Phi3Config, Phi3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM, SmolLM3Config,
                               SmolLM3ForCausalLM)
@@ -67,6 +69,14 @@ def make_target(path: Path, arch: str = "qwen3", vocab: int = 64, hidden: int = 
                                                "rope_type": "longrope", "rope_theta": 10000.0, "factor": 8.0,
                                                "short_factor": [1.0 + i for i in range(half)],
                                                "long_factor": [2.0 + i for i in range(half)]}))
+    elif arch == "gemma3":
+        types = ["sliding_attention"] + ["full_attention"] * (layers - 1)
+        model = Gemma3ForCausalLM(Gemma3TextConfig(**common, sliding_window=window or 4096,
+                                                   query_pre_attn_scalar=hidden // heads, layer_types=types))
+        with torch.no_grad():  # (transformers starts Gemma's norm weights at zero: 1 + w is then 1 everywhere)
+            for name, p in model.named_parameters():
+                if "norm" in name:
+                    p.normal_(0, 0.3)
     else:
         raise ValueError(arch)
     model = model.float().eval()

@@ -333,10 +333,11 @@ PUBLISHED = {"smollm2-135m": 134_515_008, "qwen3-8b": 8_190_735_360, "llama3-8b"
              "qwen3-4b": 4_022_468_096, "qwen3-30b-a3b": 30_532_122_624, "mixtral-8x7b": 46_702_792_704}
 
 
-def test_the_smollm3_and_phi4_mini_shapes_have_their_model_cards_parameter_counts():
-    """SmolLM3-3B 3.08B parameters, Phi-4-mini 3.84B (their hub pages; both tied); the NoPE layers and the partial
-    rotation read as their checkpoints' are."""
-    for name, count, billions in (("smollm3-3b", 3_075_098_624, 3.08), ("phi4-mini", 3_836_021_760, 3.84)):
+def test_the_smollm3_phi4_mini_and_gemma3_shapes_have_their_model_cards_parameter_counts():
+    """SmolLM3-3B 3.08B parameters, Phi-4-mini 3.84B, Gemma 3 1B 1.00B (their hub pages; all tied); the NoPE layers,
+    the partial rotation and Gemma's sandwich norms read as their checkpoints' are."""
+    for name, count, billions in (("smollm3-3b", 3_075_098_624, 3.08), ("phi4-mini", 3_836_021_760, 3.84),
+                                  ("gemma3-1b", 999_885_952, 1.00)):
         cfg = target_config(shape(name))
         assert target_params(cfg) == count and round(count / 1e9, 2) == billions
         model = build_target(cfg, "meta", torch.bfloat16)

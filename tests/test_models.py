@@ -69,6 +69,13 @@ VARIANTS = {
                                    "rope_type": "longrope", "rope_theta": 10000.0, "factor": 4.0,
                                    "short_factor": [1.0, 1.5, 2.0, 4.0], "long_factor": [1.0, 2.0, 4.0, 8.0]},
                                "original_max_position_embeddings": 256}),
+    # Gemma 3: (1 + w) norms around attention and MLP, q/k norms, a scaled embedding, a GELU gate; windows on
+    # layers 0 and 1 with their own RoPE base, layer 2 full with linear scaling.
+    "gemma3": ("gemma3", {"tie": True, "sliding_window": 24, "query_pre_attn_scalar": 8,
+                          "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+                          "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 2.0,
+                                                                 "rope_theta": 100000.0},
+                                              "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}}}),
     # GPT-OSS: windows on layers 0 and 2, attention sinks, biased router and experts with the clamped SwiGLU
     # (the experts' weights at init_std 0.3 reach the clamp), YaRN.
     "gpt_oss": ("gpt_oss", {"num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 16,
@@ -237,8 +244,8 @@ def write_config(path: Path, **cfg) -> Path:
     return path
 
 
-@pytest.mark.parametrize("arch", ["DeepseekV3ForCausalLM", "MambaForCausalLM", "Gemma3ForCausalLM",
-                                  "Qwen3NextForCausalLM", "GPT2LMHeadModel"])
+@pytest.mark.parametrize("arch", ["DeepseekV3ForCausalLM", "MambaForCausalLM", "Gemma2ForCausalLM",
+                                  "Qwen3NextForCausalLM", "GPT2LMHeadModel", "Gemma3ForConditionalGeneration"])
 def test_unsupported_architecture_is_refused_naming_it_and_the_supported_ones(tmp_path, arch):
     path = write_config(tmp_path / "m", architectures=[arch])
     with pytest.raises(UnsupportedModelError) as err:
@@ -381,7 +388,7 @@ def test_phi3_rope_as_transformers_reads_it(tmp_path):
     assert config.max_position_embeddings == 4096 and not config.qkv_bias and config.window_layers == ()
     with pytest.warns(UserWarning, match="limited"):  # (transformers 5 maps "su" to longrope, then fails to read it)
         assert ModelConfig.from_hf(raw | {"rope_scaling": raw["rope_scaling"] | {"type": "su"}}).rope == config.rope
-    with pytest.raises(TensorParallelConfigError, match="fused"):
+    with pytest.raises(TensorParallelConfigError, match="does not split Phi3ForCausalLM"):
         check_shardable(config, 2)
     with pytest.raises(ConfigError, match="short_factor must be a list of 12"):
         ModelConfig.from_hf(raw | {"rope_scaling": raw["rope_scaling"] | {"short_factor": [1.0] * 16}})
@@ -389,6 +396,47 @@ def test_phi3_rope_as_transformers_reads_it(tmp_path):
         ModelConfig.from_hf(raw | {"rope_scaling": {"type": "dynamic", "factor": 2.0}})
     with pytest.raises(ConfigError, match="partial_rotary_factor 0.3 rotates 9"):
         ModelConfig.from_hf(raw | {"partial_rotary_factor": 0.3, "rope_scaling": None})
+
+
+def test_gemma3_config_as_transformers_reads_it(tmp_path):
+    """Gemma 3 1B's kind of config.json (transformers 4's keys): every sixth layer full, the others a window with
+    the local RoPE base; the global base and scaling from rope_theta and rope_scaling; transformers 5's
+    per-layer-type rope_parameters read alike; what the decoder does not run refused by name."""
+    import transformers
+
+    from treeflash.config import ModelConfig
+    from treeflash.models.parallel import TensorParallelConfigError, check_shardable
+
+    raw = {**json.loads((write_config(tmp_path / "m") / "config.json").read_text()), "num_hidden_layers": 12,
+           "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "head_dim": 16,
+           "query_pre_attn_scalar": 16, "sliding_window": 512, "sliding_window_pattern": 6,
+           "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "rope_scaling": {"rope_type": "linear",
+                                                                                    "factor": 8.0},
+           "max_position_embeddings": 32768, "hidden_activation": "gelu_pytorch_tanh"}
+    raw.pop("hidden_act", None)
+    config = ModelConfig.from_hf(raw)
+    theirs = transformers.Gemma3TextConfig(**{k: v for k, v in raw.items() if k != "architectures"},
+                                           pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    sliding = tuple(i for i, t in enumerate(theirs.layer_types) if t == "sliding_attention")
+    assert config.local_rope_layers == config.window_layers == sliding == (0, 1, 2, 3, 4, 6, 7, 8, 9, 10)
+    assert config.sliding_window == theirs.sliding_window == 512
+    full, local = theirs.rope_parameters["full_attention"], theirs.rope_parameters["sliding_attention"]
+    assert (config.rope.kind, config.rope.factor, config.rope.theta) == (full["rope_type"], full["factor"],
+                                                                         full["rope_theta"])
+    assert (config.local_rope.kind, config.local_rope.theta) == (local["rope_type"], local["rope_theta"])
+    assert config.norm_offset and config.sandwich_norms and config.qk_norm and config.tie_word_embeddings
+    assert config.embed_scale == raw["hidden_size"] ** 0.5 and config.activation == "gelu_tanh"
+    v5 = {k: v for k, v in raw.items() if k not in ("rope_theta", "rope_local_base_freq", "rope_scaling")}
+    assert ModelConfig.from_hf(v5 | {"rope_parameters": theirs.rope_parameters}) == config
+    for bad, match in (({"query_pre_attn_scalar": 12}, "query_pre_attn_scalar 12"),
+                       ({"final_logit_softcapping": 30.0}, "final_logit_softcapping"),
+                       ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
+                       ({"use_bidirectional_attention": True}, "bidirectional"),
+                       ({"hidden_activation": "relu"}, "hidden_activation 'relu'")):
+        with pytest.raises(UnsupportedModelError, match=match):
+            ModelConfig.from_hf(raw | bad)
+    with pytest.raises(TensorParallelConfigError, match="Gemma3ForCausalLM"):
+        check_shardable(config, 2)
 
 
 def test_config_json_read_as_transformers_reads_it(tmp_path):

@@ -55,6 +55,9 @@ TARGETS = {  # name -> make_target kwargs
     # Phi-3: fused projections, half of each head rotated (LongRoPE's short factors), a window on every layer.
     "phi3-62": dict(arch="phi3", vocab=62, hidden=32, layers=2, heads=2, kv_heads=1, init_std=0.1, seed=9,
                     window=9),
+    # Gemma 3: (1 + w) norms around attention and MLP, a scaled embedding, GELU; a window and its own RoPE on layer 0.
+    "gemma3-70": dict(arch="gemma3", vocab=70, hidden=32, layers=2, heads=4, kv_heads=2, init_std=0.1, seed=10,
+                      tie=True, window=7),
 }
 PROMPTS = [[5, 9, 2], [11], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8], [7, 7, 8, 20, 13, 6, 1], [30, 2, 17, 4, 44]]
 MAX_TOKENS = [24, 9, 30, 17, 1]
@@ -130,6 +133,8 @@ GREEDY_CASES = [  # target, spec, budget, block size, drafter layers, max_num_se
     ("smollm3-68", "ddtree", 16, 8, 1, 3),
     ("phi3-62", "ddtree", 16, 8, 1, 3),
     ("phi3-62", "dflash", 0, 4, 1, 2),
+    ("gemma3-70", "ddtree", 16, 8, 1, 3),
+    ("gemma3-70", "dflash", 0, 4, 1, 2),
 ]
 
 
@@ -178,6 +183,7 @@ ORACLE_CASES = [  # target, spec, budget, block size, max_num_seqs, decoy rate
     ("gptoss-66", "ddtree", 16, 8, 3, 0.3),
     ("smollm3-68", "ddtree", 16, 8, 2, 0.3),
     ("phi3-62", "ddtree", 16, 8, 2, 0.3),
+    ("gemma3-70", "ddtree", 16, 8, 2, 0.3),
 ]
 
 

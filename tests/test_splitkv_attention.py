@@ -209,6 +209,9 @@ def test_launch_for_follows_the_measured_rule():
     assert launch_for(128, 4 * 17, batch=8) == FEW_ROWS_WIDE_HEADS  # 544: programs enough without
     # float32: the same launch with KV steps half as wide (the same tile bytes)
     assert launch_for(128, 4 * 65, 4) == Launch(64, 64, 4, 2, 1) and launch_for(64, 1, 4).block_n == 32
+    # heads of 256 (Gemma 3): the same, KV steps half as wide again (float32 a quarter)
+    assert launch_for(256, 4 * 65) == Launch(64, 64, 4, 2, 1) and launch_for(256, 4 * 65, 4).block_n == 32
+    assert launch_for(256, 4).block_n == 16
 
 
 def test_a_prefill_of_pieces_in_any_slots_attends_and_stores_as_sdpa_does(tmp_path):

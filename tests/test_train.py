@@ -43,13 +43,14 @@ def target_dir(tmp_path_factory) -> Path:
                        heads=4, kv_heads=2, init_std=0.15, seed=7)
 
 
-@pytest.fixture(scope="module", params=["qwen3", "qwen3_moe"])
+@pytest.fixture(scope="module", params=["qwen3", "qwen3_moe", "gemma3"])
 def dense_or_moe_target_dir(request, target_dir, tmp_path_factory) -> Path:
-    """target_dir, and a mixture of experts of its size: training reads a target's features as inference does."""
+    """target_dir, and a mixture of experts and a Gemma 3 (a window with its own RoPE on layer 0, scaled
+    embedding, sandwich norms) of its size: training reads a target's features as inference does."""
     if request.param == "qwen3":
         return target_dir
-    return make_target(tmp_path_factory.mktemp("train_moe") / "target", arch="qwen3_moe", vocab=VOCAB, hidden=32,
-                       layers=4, heads=4, kv_heads=2, init_std=0.15, seed=7)
+    return make_target(tmp_path_factory.mktemp(f"train_{request.param}") / "target", arch=request.param, vocab=VOCAB,
+                       hidden=32, layers=4, heads=4, kv_heads=2, init_std=0.15, seed=7, window=3)
 
 
 @pytest.fixture(scope="module")
@@ -151,6 +152,31 @@ def test_loss_equals_per_block_inference_through_the_speculator(dense_or_moe_tar
     assert out.labels == int(counted.sum())
     torch.testing.assert_close(out.loss.detach(), torch.tensor(num / den), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out.accuracy, correct / counted.clamp_min(1))
+
+
+def test_a_drafter_for_a_gemma3_target_is_dense_qwen3_layers_with_its_embedding_scale(tmp_path):
+    """Whatever the target's layers (Gemma 3: windows with their own RoPE, (1 + w) sandwich norms, a scaled
+    embedding, GELU), the drafter train-drafter builds is plain Qwen3 layers; it scales the raw embedding of its
+    block as Gemma scales its inputs (the z-lab format's input_embedding_scale); its final norm starts as the
+    target's (1 + w), and it saves and loads back as the same function."""
+    from treeflash.train.config import TrainDrafterOptions
+    from treeflash.train.pipeline import drafter_config, init_drafter
+
+    target_dir = make_target(tmp_path / "gemma", arch="gemma3", vocab=VOCAB, hidden=32, layers=4, heads=4, kv_heads=2,
+                             init_std=0.15, seed=7, window=3)
+    target, target_cfg = load_target(target_dir, "cpu", torch.float32)
+    cfg = drafter_config(target_cfg, TrainDrafterOptions(out=str(tmp_path / "out"), num_layers=2, block_size=4))
+    layers = cfg.layers
+    assert cfg.input_embedding_scale == target_cfg.embed_scale == 32 ** 0.5
+    assert not (layers.norm_offset or layers.sandwich_norms or layers.window_layers or layers.local_rope_layers)
+    assert layers.embed_scale is None and layers.activation == "silu" and layers.qk_norm
+    drafter = init_drafter(cfg, 0.02, 0, target)
+    torch.testing.assert_close(drafter.norm.weight, 1 + target.norm.weight)
+    save_drafter(drafter, tmp_path / "drafter", torch.float32)
+    loaded = load_drafter(tmp_path / "drafter", "cpu", torch.float32)
+    assert loaded.config.to_hf() == cfg.to_hf()
+    block = torch.tensor([[5, 9]])
+    torch.testing.assert_close(loaded.embed_block(target, block[:, 0]), drafter.embed_block(target, block[:, 0]))
 
 
 def test_padding_and_chunking_change_no_value(target_dir):

@@ -229,6 +229,8 @@ def load_target(model_dir: Path, device: torch.device | str, dtype: torch.dtype,
         model = Transformer(cfg) if shard is None else shard.build(cfg)
     load_weights(model, tensors, model_dir, dtype, device)
     model.rotary.to(device)
+    if model.local_rotary is not None:
+        model.local_rotary.to(device)
     stack_experts(model)
     return model.eval(), cfg
 

@@ -27,6 +27,7 @@ SUPPORTED_ARCHITECTURES = {
     "GptOssForCausalLM": "gpt_oss",
     "SmolLM3ForCausalLM": "smollm3",
     "Phi3ForCausalLM": "phi3",
+    "Gemma3ForCausalLM": "gemma3",
 }
 # Those whose MLPs are mixtures of experts (`ExpertsConfig`); any other with experts is refused.
 MIXTURE_ARCHITECTURES = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM", "GptOssForCausalLM")
@@ -331,6 +332,16 @@ class ModelConfig:
     window_layers: tuple[int, ...] = ()
     attention_sinks: bool = False  # GPT-OSS: a learnt logit per query head that every softmax's sum includes
     nope_layers: tuple[int, ...] = ()  # SmolLM3: layers whose queries and keys are not rotated (no position code)
+    # Gemma 3: norms that scale by (1 + weight) in float32 before the cast back; the attention's and the MLP's
+    # outputs normed before their residual sums; the embedding times sqrt(hidden_size) (rounded to its dtype);
+    # a tanh-approximated GELU gate; the sliding layers' own RoPE (a base of 10,000 against the others' 1,000,000),
+    # theirs even where their window covers the whole context
+    norm_offset: bool = False
+    sandwich_norms: bool = False
+    embed_scale: float | None = None
+    activation: str = "silu"  # or "gelu_tanh"
+    local_rope: RopeConfig | None = None
+    local_rope_layers: tuple[int, ...] = ()
 
     @staticmethod
     def from_hf(cfg: dict[str, Any]) -> "ModelConfig":
@@ -338,7 +349,9 @@ class ModelConfig:
         family = SUPPORTED_ARCHITECTURES.get(arch)
         recurrent = _recurrent_reason(arch, cfg)
         if family is None or recurrent:
-            raise unsupported_architecture(arch, recurrent or "")
+            multimodal = " (a multimodal checkpoint; its text decoder alone is not read)" if arch.endswith(
+                "ForConditionalGeneration") else ""
+            raise unsupported_architecture(arch, recurrent or multimodal)
         mixture = arch in MIXTURE_ARCHITECTURES
         if not mixture and (cfg.get("num_local_experts") or cfg.get("num_experts")):
             raise unsupported_architecture(f"{arch} with experts (MoE)")
@@ -352,7 +365,11 @@ class ModelConfig:
             raise UnsupportedModelError(f"quantised checkpoints are not supported (quantization_config: {method}); "
                                         f"use an unquantised one (float32, float16 or bfloat16) or a GGUF file")
         max_positions = config_value(cfg, "max_position_embeddings", int, _MAX_POSITIONS[arch], minimum=2)
-        rope = RopeConfig.from_hf(cfg, _DEFAULT_THETA.get(arch, 10000.0), phi3=family == "phi3")
+        gemma = family == "gemma3"
+        if gemma:
+            rope, window_rope = _gemma3_ropes(cfg)
+        else:
+            rope, window_rope = RopeConfig.from_hf(cfg, _DEFAULT_THETA.get(arch, 10000.0), phi3=family == "phi3"), None
         if rope.kind == "longrope" and max_positions > rope.original_max_position_embeddings:
             # Past that many tokens transformers switches to the long factors and computes the whole cache
             # again (Phi3ForCausalLM.prepare_inputs_for_generation): positions already cached would change.
@@ -360,12 +377,18 @@ class ModelConfig:
                           f"short factors' {rope.original_max_position_embeddings} positions (of "
                           f"max_position_embeddings {max_positions})", stacklevel=2)
             max_positions = rope.original_max_position_embeddings
-        hidden_act = config_value(cfg, "hidden_act", str, "silu")
-        if hidden_act != "silu":
-            raise UnsupportedModelError(f"hidden_act {hidden_act!r} is not supported (only silu)")
+        # (Gemma 3 names its activation hidden_activation)
+        act_key = "hidden_activation" if gemma else "hidden_act"
+        hidden_act = config_value(cfg, act_key, str, "gelu_pytorch_tanh" if gemma else "silu")
+        activation = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}.get(hidden_act)
+        if activation is None or (activation != "silu" and not gemma):
+            raise UnsupportedModelError(f"{act_key} {hidden_act!r} is not supported (only silu"
+                                        + (" and gelu_pytorch_tanh)" if gemma else ")"))
         heads = config_value(cfg, "num_attention_heads", int, minimum=1)
         hidden = config_value(cfg, "hidden_size", int, minimum=1)
-        head_dim = config_value(cfg, "head_dim", int, None, minimum=1)
+        head_dim = config_value(cfg, "head_dim", int, 256 if gemma else None, minimum=1)
+        if gemma:
+            _check_gemma3(cfg, head_dim)
         if head_dim is None and hidden % heads:
             raise ConfigError(f"config.json: hidden_size {hidden} is not a multiple of num_attention_heads {heads} "
                               f"and no 'head_dim' is given")
@@ -396,8 +419,8 @@ class ModelConfig:
             qkv_bias=qkv_bias if family == "qwen2" else attention_bias,
             o_bias=False if family == "qwen2" else attention_bias,
             mlp_bias=family != "phi3" and config_value(cfg, "mlp_bias", bool, False),
-            qk_norm=family == "qwen3",
-            tie_word_embeddings=config_value(cfg, "tie_word_embeddings", bool, False),
+            qk_norm=family in ("qwen3", "gemma3"),
+            tie_word_embeddings=config_value(cfg, "tie_word_embeddings", bool, gemma),
             max_position_embeddings=max_positions,
             bos_token_id=config_value(cfg, "bos_token_id", int, None),
             eos_token_ids=config_int_list(cfg, "eos_token_id"),
@@ -406,6 +429,12 @@ class ModelConfig:
             window_layers=window_layers,
             attention_sinks=family == "gpt_oss",
             nope_layers=_nope_layers(cfg, num_layers) if family == "smollm3" else (),
+            norm_offset=gemma,
+            sandwich_norms=gemma,
+            embed_scale=hidden ** 0.5 if gemma else None,
+            activation=activation,
+            local_rope=window_rope,
+            local_rope_layers=_gemma3_sliding_layers(cfg, num_layers) if gemma else (),
         )
 
     def window(self, layer: int) -> int | None:
@@ -421,14 +450,51 @@ class ModelConfig:
 _MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                 "mistral": "MistralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
                 "mixtral": "MixtralForCausalLM", "gpt_oss": "GptOssForCausalLM", "smollm3": "SmolLM3ForCausalLM",
-                "phi3": "Phi3ForCausalLM"}
+                "phi3": "Phi3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
 # transformers' defaults where config.json gives no max_position_embeddings.
 _MAX_POSITIONS = {"LlamaForCausalLM": 2048, "MistralForCausalLM": 4096 * 32, "Qwen2ForCausalLM": 32768,
                   "Qwen3ForCausalLM": 32768, "Qwen2MoeForCausalLM": 32768, "Qwen3MoeForCausalLM": 32768,
                   "MixtralForCausalLM": 4096 * 32, "GptOssForCausalLM": 131072, "SmolLM3ForCausalLM": 32768,
-                  "Phi3ForCausalLM": 4096}
+                  "Phi3ForCausalLM": 4096, "Gemma3ForCausalLM": 131072}
 # transformers' RoPE base where config.json gives none (10,000 for the others).
 _DEFAULT_THETA = {"SmolLM3ForCausalLM": 2_000_000.0}
+
+
+def _gemma3_ropes(cfg: dict[str, Any]) -> tuple[RopeConfig, RopeConfig]:
+    """Gemma 3's two RoPEs, as transformers' Gemma3TextConfig reads them: the full-attention layers' from
+    rope_parameters["full_attention"] (older files: rope_theta, 1,000,000 where absent, and rope_scaling), the
+    window layers' from rope_parameters["sliding_attention"] (older files: rope_local_base_freq, 10,000)."""
+    params = config_value(cfg, "rope_parameters", dict, {})
+    per_type = bool(params) and set(params) <= {"full_attention", "sliding_attention"}
+    full = dict(params.get("full_attention") or {}) if per_type else dict(params)
+    local = dict(params.get("sliding_attention") or {}) if per_type else {}
+    full.update(config_value(cfg, "rope_scaling", dict, {}))
+    full.setdefault("rope_theta", config_value(cfg, "rope_theta", float, 1_000_000.0))
+    local.setdefault("rope_theta", config_value(cfg, "rope_local_base_freq", float, 10_000.0))
+    return RopeConfig._of(full, cfg, 1_000_000.0, False), RopeConfig._of(local, cfg, 10_000.0, False)
+
+
+def _gemma3_sliding_layers(cfg: dict[str, Any], num_layers: int) -> tuple[int, ...]:
+    """Gemma 3's sliding layers: those layer_types names so, else all but every sliding_window_pattern-th (6)."""
+    layer_types = config_value(cfg, "layer_types", list, [])
+    if layer_types:
+        return tuple(i for i, t in enumerate(layer_types) if t == "sliding_attention")
+    pattern = config_value(cfg, "sliding_window_pattern", int, 6, minimum=1)
+    return tuple(i for i in range(num_layers) if (i + 1) % pattern)
+
+
+def _check_gemma3(cfg: dict[str, Any], head_dim: int) -> None:
+    """Refuse what Gemma 3's text decoder may set and this one does not run."""
+    scalar = config_value(cfg, "query_pre_attn_scalar", float, 256.0)
+    if scalar != head_dim:  # (Gemma 3 27B: 168 over heads of 128)
+        raise UnsupportedModelError(f"Gemma3ForCausalLM with query_pre_attn_scalar {scalar:g} over heads of "
+                                    f"{head_dim}: only a score scale of 1/sqrt(head_dim) is supported")
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if cfg.get(key) is not None:
+            raise UnsupportedModelError(f"Gemma3ForCausalLM with {key} {cfg[key]!r} is not supported")
+    if cfg.get("use_bidirectional_attention"):
+        raise UnsupportedModelError("Gemma3ForCausalLM with use_bidirectional_attention is not supported (an "
+                                    "encoder's attention, not a decoder's)")
 
 
 def _nope_layers(cfg: dict[str, Any], num_layers: int) -> tuple[int, ...]:
@@ -450,10 +516,11 @@ def _sliding_windows(arch: str, family: str, cfg: dict[str, Any], num_layers: in
     """The sliding window and the layers it applies to, as transformers reads them: GPT-OSS's `layer_types`
     (every other layer from the first where absent) over a window of `sliding_window` (128); Mistral's and
     Mixtral's and Phi-3's every layer (Mistral's window 4096 where config.json has none, the others' none); SmolLM3's
-    sliding layers with `use_sliding_window`. A window that covers every position changes nothing and is
-    dropped. Other families' windows are refused."""
+    sliding layers with `use_sliding_window`; Gemma 3's sliding layers (`_gemma3_sliding_layers`, a window of 4096
+    where absent). A window that covers every position changes nothing and is dropped. Other families' windows
+    are refused."""
     layer_types = config_value(cfg, "layer_types", list, [])
-    typed = family in ("gpt_oss", "smollm3")  # (the families whose layer_types may name sliding layers)
+    typed = family in ("gpt_oss", "smollm3", "gemma3")  # (the families whose layer_types may name sliding layers)
     if any(t not in ("full_attention", "sliding_attention") for t in layer_types) or (
             not typed and any(t != "full_attention" for t in layer_types)):
         raise UnsupportedModelError(
@@ -470,6 +537,9 @@ def _sliding_windows(arch: str, family: str, cfg: dict[str, Any], num_layers: in
     elif mistral:
         window = cfg.get("sliding_window", 4096 if arch == "MistralForCausalLM" else None)  # (Phi-3's: none)
         layers = list(range(num_layers))
+    elif family == "gemma3":
+        window = cfg.get("sliding_window", 4096)
+        layers = list(_gemma3_sliding_layers(cfg, num_layers))
     elif family == "smollm3":
         # A window only with use_sliding_window, on the layers layer_types names sliding (where absent, the NoPE
         # layers); transformers' masks follow layer_types, its attention use_sliding_window: refused where they

@@ -79,17 +79,19 @@ MOST_ROWS_WIDE_HEADS = Launch(max_block_m=32, block_n=128, num_warps=4, num_stag
 
 def launch_for(head_dim: int, rows: int, itemsize: int = 2, batch: int = 1) -> Launch:
     """The launch measured best for `rows` folded query rows a slot (query heads per KV head x new tokens) over
-    `batch` slots, in 16-bit elements; for wider ones (float32) KV steps as much narrower, so the tiles' shared
-    memory stays as measured (a float32 [128, 128] K and V tile, double-buffered, would not fit an H200 SM's)."""
+    `batch` slots, in 16-bit elements at head_dim <= 128; for wider elements (float32) or heads (Gemma 3's 256) KV
+    steps as much narrower, so the tiles' shared memory stays as measured (a float32 [128, 128] K and V tile,
+    double-buffered, would not fit an H200 SM's; nor would a bfloat16 [128, 256] one)."""
     if head_dim < 128:
         launch = DEFAULT_LAUNCH
     elif rows <= MAX_BLOCK_M or (batch > 1 and batch * rows > 512):
         launch = FEW_ROWS_WIDE_HEADS
     else:
         launch = MANY_ROWS_WIDE_HEADS if rows <= 512 else MOST_ROWS_WIDE_HEADS
-    if itemsize <= 2:
+    wider = max(1, itemsize // 2) * max(1, head_dim // 128)
+    if wider == 1:
         return launch
-    return dataclasses.replace(launch, block_n=max(16, launch.block_n * 2 // itemsize))
+    return dataclasses.replace(launch, block_n=max(16, launch.block_n // wider))
 
 
 @triton.jit

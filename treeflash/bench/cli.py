@@ -138,7 +138,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     s = p.add_argument_group("synthetic")
     s.add_argument("--synthetic", default=None, metavar="SHAPE",
                    help="random weights at a real shape: qwen3-8b, llama3-8b, qwen3-4b, smollm2-135m, smollm3-3b, "
-                        "phi4-mini, or the "
+                        "phi4-mini, gemma3-1b, or the "
                         "mixtures of experts qwen3-30b-a3b, gpt-oss-20b (sliding windows, attention sinks) and "
                         "mixtral-8x7b (93 GB in bfloat16: an H200's)")
     s.add_argument("--context", type=int, default=1024, help="committed tokens per slot (default 1024)")

@@ -93,6 +93,16 @@ def _phi4_mini() -> dict[str, Any]:
                              "attention_factor": math.sqrt(1 + math.log(32) / math.log(4096))}}
 
 
+def _gemma3_1b() -> dict[str, Any]:
+    """Gemma 3 1B: 26 layers, 4 query heads of 256 over 1 KV head, every sixth layer full and the others a 512-token
+    window with a RoPE base of 10,000 (the full ones 1,000,000), tied embeddings of a 262,144-token vocabulary."""
+    return {"architectures": ["Gemma3ForCausalLM"], "vocab_size": 262144, "hidden_size": 1152,
+            "intermediate_size": 6912, "num_hidden_layers": 26, "num_attention_heads": 4, "num_key_value_heads": 1,
+            "head_dim": 256, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+            "max_position_embeddings": 32768, "sliding_window": 512, "sliding_window_pattern": 6,
+            "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "hidden_activation": "gelu_pytorch_tanh"}
+
+
 # Qwen3's DFlash drafters use <|MASK|> (id 151669, an embedding row past the tokenizer's last id);
 # Llama 3 has reserved special ids from 128002; SmolLM2's ids 3-16 are unused special tokens.
 SHAPES: dict[str, Shape] = {
@@ -108,6 +118,8 @@ SHAPES: dict[str, Shape] = {
     # vocabulary's last row): no public DFlash drafter exists for either; the drafters are z-lab's recipe.
     "smollm3-3b": Shape("smollm3-3b", _smollm3(), mask_token_id=128002),
     "phi4-mini": Shape("phi4-mini", _phi4_mini(), mask_token_id=200063),
+    # Gemma 3 1B (MASK its <mask> token, id 4)
+    "gemma3-1b": Shape("gemma3-1b", _gemma3_1b(), mask_token_id=4),
     "llama3-8b": Shape("llama3-8b", _llama(32, 4096, 32, 8, 14336, 128256, tie=False, theta=500000.0,
                                            max_pos=8192), mask_token_id=128002),
     # The shipped drafter's shape (treeflash/default_drafter/config.json), not z-lab's five layers: rounds at this
@@ -165,7 +177,7 @@ def _layer_params(c: ModelConfig) -> int:
     if c.attention_sinks:
         attention += c.num_heads
     mlp = 3 * c.hidden_size * c.intermediate_size + (2 * c.intermediate_size + c.hidden_size if c.mlp_bias else 0)
-    return attention + mlp + 2 * c.hidden_size  # + the two RMSNorms
+    return attention + mlp + (4 if c.sandwich_norms else 2) * c.hidden_size  # + the RMSNorms
 
 
 def _experts_params(c: ModelConfig, experts: int) -> int:
@@ -212,6 +224,8 @@ def _materialize(module, rope, head_dim, device, dtype, std, seed):
         return module.eval()
     module = module.to_empty(device=device)
     module.rotary = Rotary(rope, head_dim).to(device)  # to_empty leaves the frequency buffer unset
+    if getattr(module, "local_rotary", None) is not None:  # (Gemma 3's sliding layers')
+        module.local_rotary = Rotary(module.config.local_rope, head_dim).to(device)
     _randomize(module, std, seed)
     stack_experts(module)
     return module.eval()

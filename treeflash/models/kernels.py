@@ -45,19 +45,22 @@ from torch import nn
 
 
 # --- the pieces, over rows: x [N, ...], N = tokens of the batch (a reshape of [B, T, ...], no copy) ----------
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # x: [..., D]. Normalise in float32 and cast back before the weight, as the HF checkpoints were trained.
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool = False) -> torch.Tensor:
+    # x: [..., D]. Normalise in float32 and cast back before the weight, as the HF checkpoints were trained;
+    # offset (Gemma): times 1 + weight in float32, then the cast.
     dtype = x.dtype
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    if offset:
+        return (h * (1.0 + weight.float())).to(dtype)
     return weight * h.to(dtype)
 
 
-def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool = False
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """The residual sum x + delta (rounded to x's dtype, as eagerly) and its norm: one kernel compiled."""
     x = x + delta
-    return x, rms_norm(x, weight, eps)
+    return x, rms_norm(x, weight, eps, offset)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -68,20 +71,20 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 def norm_rotary(x: torch.Tensor, weight: torch.Tensor | None, eps: float, cos: torch.Tensor,
-                sin: torch.Tensor) -> torch.Tensor:
-    # x: [N, H, D]; cos, sin: [N, 1, D]. Per-head norm (Qwen3; weight None: none), then rotary.
+                sin: torch.Tensor, offset: bool = False) -> torch.Tensor:
+    # x: [N, H, D]; cos, sin: [N, 1, D]. Per-head norm (Qwen3, Gemma; weight None: none), then rotary.
     if weight is not None:
-        x = rms_norm(x, weight, eps)
+        x = rms_norm(x, weight, eps, offset)
     return apply_rotary(x, cos, sin)
 
 
 def qk_norm_rotary(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, q_heads: int, eps: float,
-                   cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+                   cos: torch.Tensor, sin: torch.Tensor, offset: bool = False) -> torch.Tensor:
     # x: [N, Hq + Hk, D], queries' heads then keys'. One weight row per head, so both norms are one reduction
     # over every head (per slice, Inductor made a reduction each and two pointwise kernels).
     h, d = x.shape[1:]
     weight = torch.cat([q_weight.expand(q_heads, d), k_weight.expand(h - q_heads, d)])
-    return norm_rotary(x, weight, eps, cos, sin)
+    return norm_rotary(x, weight, eps, cos, sin, offset)
 
 
 def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype,
@@ -96,6 +99,11 @@ def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     # gate, up: [N, I] (with fused projections, two halves of one GEMM's output)
     return F.silu(gate) * up
+
+
+def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    # Gemma's gate: GELU with the tanh approximation (transformers' gelu_pytorch_tanh)
+    return F.gelu(gate, approximate="tanh") * up
 
 
 def pin_triton_cache_dir() -> str:
@@ -153,32 +161,35 @@ class Kernels:
         with torch._dynamo.config.patch(recompile_limit=64):
             return _compiled(fn)(*args)
 
-    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool = False) -> torch.Tensor:
         # x: [..., D] -> [..., D]
-        return self._call(rms_norm, x.reshape(-1, x.shape[-1]), weight, eps).view(x.shape)
+        return self._call(rms_norm, x.reshape(-1, x.shape[-1]), weight, eps, offset).view(x.shape)
 
-    def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float,
+                     offset: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         # x, delta: [..., D] -> (x + delta, its norm), both [..., D]
         d = x.shape[-1]
-        total, normed = self._call(add_rms_norm, x.reshape(-1, d), delta.reshape(-1, d), weight, eps, rows=(0, 1))
+        total, normed = self._call(add_rms_norm, x.reshape(-1, d), delta.reshape(-1, d), weight, eps, offset,
+                                   rows=(0, 1))
         return total.view(x.shape), normed.view(x.shape)
 
-    def _over_heads(self, fn: Callable, x: torch.Tensor, args: tuple, cos: torch.Tensor, sin: torch.Tensor
-                    ) -> torch.Tensor:
-        # fn(rows [B*T, H, D], *args, cos, sin) on x: [B, T, H, D]; cos, sin: [B, T, D] -> [B, H, T, D] (a view)
+    def _over_heads(self, fn: Callable, x: torch.Tensor, args: tuple, cos: torch.Tensor, sin: torch.Tensor,
+                    offset: bool = False) -> torch.Tensor:
+        # fn(rows [B*T, H, D], *args, cos, sin, offset) on x: [B, T, H, D]; cos, sin: [B, T, D] -> [B, H, T, D]
+        # (a view)
         b, t, h, d = x.shape
         cos, sin = (c.expand(b, t, d).reshape(b * t, 1, d) for c in (cos, sin))
         rows = (0, len(args) + 1, len(args) + 2)  # x, cos, sin
-        return self._call(fn, x.reshape(b * t, h, d), *args, cos, sin, rows=rows).view(b, t, h, d).transpose(1, 2)
+        out = self._call(fn, x.reshape(b * t, h, d), *args, cos, sin, offset, rows=rows)
+        return out.view(b, t, h, d).transpose(1, 2)
 
     def norm_rotary(self, x: torch.Tensor, weight: torch.Tensor | None, eps: float, cos: torch.Tensor,
-                    sin: torch.Tensor) -> torch.Tensor:
+                    sin: torch.Tensor, offset: bool = False) -> torch.Tensor:
         # x: [B, T, H, D]; cos, sin: [B, T, D] -> [B, H, T, D] (a transposed view)
-        return self._over_heads(norm_rotary, x, (weight, eps), cos, sin)
+        return self._over_heads(norm_rotary, x, (weight, eps), cos, sin, offset)
 
     def qk_norm_rotary(self, x: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
-                       eps: float, cos: torch.Tensor, sin: torch.Tensor, q_heads: int
+                       eps: float, cos: torch.Tensor, sin: torch.Tensor, q_heads: int, offset: bool = False
                        ) -> tuple[torch.Tensor, torch.Tensor]:
         # x: [B, T, Hq + Hk, D], the queries' heads then the keys' (adjacent in the fused q/k/v output);
         # cos, sin: [B, T, D] -> q [B, Hq, T, D], k [B, Hk, T, D] (transposed views). One piece for both:
@@ -188,7 +199,7 @@ class Kernels:
         if q_weight is None:
             out = self.norm_rotary(x, None, eps, cos, sin)
         else:
-            out = self._over_heads(qk_norm_rotary, x, (q_weight, k_weight, q_heads, eps), cos, sin)
+            out = self._over_heads(qk_norm_rotary, x, (q_weight, k_weight, q_heads, eps), cos, sin, offset)
         return out[:, :q_heads], out[:, q_heads:]
 
     def rotary_tables(self, positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, scale: float = 1.0
@@ -197,10 +208,11 @@ class Kernels:
         cos, sin = self._call(rotary_tables, positions.reshape(-1), inv_freq, dtype, scale)
         return cos.view(*positions.shape, -1), sin.view(*positions.shape, -1)
 
-    def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        # gate, up: [..., I] -> [..., I]
+    def silu_mul(self, gate: torch.Tensor, up: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+        # gate, up: [..., I] -> [..., I]; activation "gelu_tanh": Gemma's gate
         width = gate.shape[-1]
-        return self._call(silu_mul, gate.reshape(-1, width), up.reshape(-1, width), rows=(0, 1)).view(gate.shape)
+        fn = gelu_tanh_mul if activation == "gelu_tanh" else silu_mul
+        return self._call(fn, gate.reshape(-1, width), up.reshape(-1, width), rows=(0, 1)).view(gate.shape)
 
 
 EAGER = Kernels(compiled=False)

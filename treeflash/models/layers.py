@@ -18,19 +18,21 @@ from treeflash.models.kernels import (EAGER, Kernels, Linear, apply_rotary,  # n
 class RMSNorm(nn.Module):
     kernels: Kernels = EAGER  # the pieces the forward calls (models/kernels.py: use_fast_path)
 
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, offset: bool = False):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
+        # offset (Gemma): the checkpoint's weight w scales by 1 + w, in float32 before the cast back
+        self.weight = nn.Parameter(torch.zeros(dim) if offset else torch.ones(dim))
         self.eps = eps
+        self.offset = offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.kernels.rms_norm(x, self.weight, self.eps)
+        return self.kernels.rms_norm(x, self.weight, self.eps, self.offset)
 
     def add(self, x: torch.Tensor, delta: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The residual sum x + delta and its norm, made by one kernel compiled (delta None: x and its norm)."""
         if delta is None:
             return x, self(x)
-        return self.kernels.add_rms_norm(x, delta, self.weight, self.eps)
+        return self.kernels.add_rms_norm(x, delta, self.weight, self.eps, self.offset)
 
 
 class MLP(nn.Module):
@@ -38,18 +40,19 @@ class MLP(nn.Module):
     gate_up: tuple[torch.Tensor, torch.Tensor | None] | None = None  # fused weight, bias (models/kernels.py)
     use_fused: bool = False
 
-    def __init__(self, hidden: int, intermediate: int, bias: bool = False):
+    def __init__(self, hidden: int, intermediate: int, bias: bool = False, activation: str = "silu"):
         super().__init__()
         self.gate_proj = Linear(hidden, intermediate, bias=bias)
         self.up_proj = Linear(hidden, intermediate, bias=bias)
         self.down_proj = Linear(intermediate, hidden, bias=bias)
+        self.activation = activation  # the gate's: "silu", or Gemma's "gelu_tanh"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.use_fused and not torch.is_grad_enabled():  # fused weights carry no gradient
             gate, up = linear(x, *self.gate_up).chunk(2, dim=-1)  # one GEMM, gate then up
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(self.kernels.silu_mul(gate, up))
+        return self.down_proj(self.kernels.silu_mul(gate, up, self.activation))
 
 
 class Expert(nn.Module):

@@ -42,9 +42,10 @@ def check_shardable(cfg: ModelConfig, size: int) -> None:
     if cfg.experts is not None and size > 1:
         raise TensorParallelConfigError(f"tensor parallelism does not split a mixture of experts ({cfg.architecture}) "
                                         f"yet: run it on one device (tensor_parallel_size=1)")
-    if cfg.architecture == "Phi3ForCausalLM" and size > 1:  # (its q/k/v and gate/up weights are fused)
-        raise TensorParallelConfigError("tensor parallelism does not split Phi3ForCausalLM's fused projections yet: "
-                                        "run it on one device (tensor_parallel_size=1)")
+    if cfg.architecture in ("Phi3ForCausalLM", "Gemma3ForCausalLM") and size > 1:
+        # (Phi-3's q/k/v and gate/up weights are fused; Gemma 3's split is not tested)
+        raise TensorParallelConfigError(f"tensor parallelism does not split {cfg.architecture} yet: run it on one "
+                                        f"device (tensor_parallel_size=1)")
     problems = []  # (each as _uneven checks it)
     if cfg.num_heads % size:
         problems.append(f"{cfg.num_heads} attention heads")

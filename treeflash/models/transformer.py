@@ -1,5 +1,5 @@
-"""The target decoder: Llama / Mistral / Qwen2 / Qwen3 / SmolLM3 / Phi-3 (and the mixtures of experts Qwen2-MoE,
-Qwen3-MoE, Mixtral and GPT-OSS) in one implementation.
+"""The target decoder: Llama / Mistral / Qwen2 / Qwen3 / SmolLM3 / Phi-3 / Gemma 3 (and the mixtures of experts
+Qwen2-MoE, Qwen3-MoE, Mixtral and GPT-OSS) in one implementation.
 
 One forward takes new tokens with arbitrary positions, writes their K/V at given cache rows and lets
 each attend to the cache through an arbitrary visibility mask. A prompt (causal mask), one decode
@@ -34,8 +34,8 @@ class Attention(nn.Module):
         self.v_proj = Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.o_proj = Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
         if cfg.qk_norm:
-            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
-            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.norm_offset)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.norm_offset)
         else:
             self.q_norm = self.k_norm = None
 
@@ -43,8 +43,9 @@ class Attention(nn.Module):
         # x: [B, T, H * D] -> [B, H, T, D], per-head normed (Qwen3) and rotated
         b, t, _ = x.shape
         x = x.view(b, t, -1, self.head_dim)
-        return self.kernels.norm_rotary(x, None if norm is None else norm.weight,
-                                        0.0 if norm is None else norm.eps, cos, sin)
+        if norm is None:
+            return self.kernels.norm_rotary(x, None, 0.0, cos, sin)
+        return self.kernels.norm_rotary(x, norm.weight, norm.eps, cos, sin, norm.offset)
 
     def _kv(self, x, k, v, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
         b, t, _ = x.shape
@@ -71,7 +72,7 @@ class Attention(nn.Module):
             q, k = self.kernels.qk_norm_rotary(
                 qk.view(b, t, -1, self.head_dim), None if q_norm is None else q_norm.weight,
                 None if k_norm is None else k_norm.weight, 0.0 if q_norm is None else q_norm.eps, cos, sin,
-                self.num_heads)
+                self.num_heads, q_norm is not None and q_norm.offset)
             v = v.view(b, t, -1, self.head_dim).transpose(1, 2)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -86,9 +87,16 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(cfg)
         experts = cfg.experts
         self.mlp = (SparseMoE(cfg.hidden_size, experts) if experts is not None and index in experts.sparse_layers
-                    else MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias))
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+                    else MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, cfg.activation))
+        norm = (cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset)
+        self.input_layernorm = RMSNorm(*norm)
+        self.post_attention_layernorm = RMSNorm(*norm)
+        if cfg.sandwich_norms:
+            # Gemma (its names): post_attention_layernorm norms the attention's output, pre_feedforward_layernorm
+            # the MLP's input, post_feedforward_layernorm its output
+            self.pre_feedforward_layernorm = RMSNorm(*norm)
+            self.post_feedforward_layernorm = RMSNorm(*norm)
+        self.sandwich = cfg.sandwich_norms
 
     def forward(self, x, delta, cos, sin, cache, layer, rows, mask):
         """x + delta: this layer's input [B, T, hidden], delta the previous layer's MLP output not yet added
@@ -97,6 +105,9 @@ class DecoderLayer(nn.Module):
         and this layer's MLP output (the next layer's delta)."""
         x, h = self.input_layernorm.add(x, delta)
         attn = self.self_attn(h, cos, sin, cache, layer, rows, mask)
+        if self.sandwich:
+            mid, h = self.pre_feedforward_layernorm.add(x, self.post_attention_layernorm(attn))
+            return x, mid, self.post_feedforward_layernorm(self.mlp(h))
         mid, h = self.post_attention_layernorm.add(x, attn)
         return x, mid, self.mlp(h)
 
@@ -129,9 +140,11 @@ class Transformer(nn.Module):
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset)
         self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary = Rotary(cfg.rope, cfg.head_dim)
+        # Gemma 3: its sliding layers' RoPE
+        self.local_rotary = None if cfg.local_rope is None else Rotary(cfg.local_rope, cfg.head_dim)
 
     @property
     def output_weight(self) -> torch.Tensor:
@@ -146,18 +159,30 @@ class Transformer(nn.Module):
         Returns the final-normed hidden states [B, T, hidden] and the outputs of the decoder layers
         listed in `capture_layers` (HF `hidden_states[i + 1]`), which condition the drafter.
         """
-        x = self.embed_tokens(tokens)
+        x = self.embed(tokens)
         cos, sin = self.rotary(positions, x.dtype)
         c = self.config
         if c.window_layers:
             narrow = windowed(mask, positions, rows, c.sliding_window)
             mask = [narrow if i in c.window_layers else mask for i in range(c.num_layers)]
-        if c.nope_layers:
+        if c.nope_layers or self.local_rotary is not None:
             # A NoPE layer's tables rotate by nothing: x * 1 + rotate_half(x) * 0 is x, bit for bit, so its
             # queries and keys go through the same (fused) kernels as the other layers'.
-            still = (torch.ones_like(cos), torch.zeros_like(sin))
-            cos, sin = zip(*[still if i in c.nope_layers else (cos, sin) for i in range(c.num_layers)])
+            still = (torch.ones_like(cos), torch.zeros_like(sin)) if c.nope_layers else None
+            local = None if self.local_rotary is None else self.local_rotary(positions, x.dtype)
+            per_layer = [still if i in c.nope_layers else local if i in c.local_rope_layers else (cos, sin)
+                         for i in range(c.num_layers)]
+            cos, sin = zip(*per_layer)
         return run_layers(self.layers, self.norm, x, cos, sin, cache, rows, mask, capture_layers)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The input embeddings of tokens (Gemma's times sqrt(hidden_size), the scale rounded to the weights'
+        dtype as transformers rounds it)."""
+        x = self.embed_tokens(tokens)
+        if self.config.embed_scale is None:
+            return x
+        # (a host scalar: a graph's capture keeps its value, and no copy to the device is made)
+        return x * torch.tensor(self.config.embed_scale, dtype=x.dtype, device="cpu")
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The lm_head over hidden states [..., H] -> logits [..., V] in the weights' dtype: greedy takes their

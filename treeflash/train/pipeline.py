@@ -42,14 +42,20 @@ SAVE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": 
 
 def drafter_config(target: ModelConfig, opts: TrainDrafterOptions) -> DrafterConfig:
     """Qwen3-style layers of the target's width (its heads, MLP size, RoPE base) reading its features."""
+    # (dense layers with full attention whatever the target's are: no experts, windows, sinks, NoPE layers or
+    # Gemma's norms; a target whose embedding is scaled (Gemma's) gives the block's raw embedding the same scale,
+    # as the z-lab format says it, since the reference package embeds with the raw weights)
     layers = dataclasses.replace(
         target, architecture="Qwen3ForCausalLM", num_layers=opts.num_layers, qk_norm=True, qkv_bias=False,
         o_bias=False, mlp_bias=False, tie_word_embeddings=False, rope=RopeConfig(theta=target.rope.theta),
-        bos_token_id=None, eos_token_ids=())
+        bos_token_id=None, eos_token_ids=(), experts=None, sliding_window=None, window_layers=(),
+        attention_sinks=False, nope_layers=(), norm_offset=False, sandwich_norms=False, embed_scale=None,
+        activation="silu", local_rope=None, local_rope_layers=())
     ids = opts.target_layer_ids or default_target_layer_ids(target.num_layers, opts.num_layers)
     mask = target.vocab_size - 1 if opts.mask_token_id is None else opts.mask_token_id
     cfg = DrafterConfig(layers=layers, block_size=opts.block_size, mask_token_id=mask,
-                        target_layer_ids=tuple(ids), num_target_layers=target.num_layers)
+                        target_layer_ids=tuple(ids), num_target_layers=target.num_layers,
+                        input_embedding_scale=target.embed_scale or 1.0)
     cfg.check_target(target)
     return cfg
 
@@ -63,7 +69,8 @@ def init_drafter(cfg: DrafterConfig, std: float, seed: int, target: Transformer)
         for p in drafter.parameters():
             if p.ndim >= 2:
                 p.copy_(torch.randn(p.shape, generator=g) * std)
-        drafter.norm.weight.copy_(target.norm.weight.float().cpu())
+        # (a Gemma norm's weight w scales by 1 + w; the drafter's norms scale by their weight)
+        drafter.norm.weight.copy_(target.norm.weight.float().cpu() + (1.0 if target.norm.offset else 0.0))
     return drafter.to(target.embed_tokens.weight.device)
 
 
