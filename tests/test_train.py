@@ -179,6 +179,19 @@ def test_a_drafter_for_a_gemma3_target_is_dense_qwen3_layers_with_its_embedding_
     torch.testing.assert_close(loaded.embed_block(target, block[:, 0]), drafter.embed_block(target, block[:, 0]))
 
 
+def test_a_drafter_for_a_mixture_of_experts_is_dense(dense_or_moe_target_dir, tmp_path):
+    """train-drafter's drafter for a mixture of experts has dense MLPs (it once copied the target's experts into
+    its layers, which its config.json then did not describe)."""
+    from treeflash.models.layers import MLP
+    from treeflash.train.config import TrainDrafterOptions
+    from treeflash.train.pipeline import drafter_config, init_drafter
+
+    target, target_cfg = load_target(dense_or_moe_target_dir, "cpu", torch.float32)
+    cfg = drafter_config(target_cfg, TrainDrafterOptions(out=str(tmp_path / "out"), num_layers=2, block_size=4))
+    assert cfg.layers.experts is None
+    assert all(isinstance(layer.mlp, MLP) for layer in init_drafter(cfg, 0.02, 0, target).layers)
+
+
 def test_padding_and_chunking_change_no_value(target_dir):
     """A batch padded to a multiple, its lm_head loss made a few rows at a time, gives the unpadded, one-piece
     loss, accuracy and gradients (and the same anchors: they are drawn over the real positions)."""
