@@ -245,7 +245,7 @@ def write_config(path: Path, **cfg) -> Path:
 
 
 @pytest.mark.parametrize("arch", ["DeepseekV3ForCausalLM", "MambaForCausalLM", "Gemma2ForCausalLM",
-                                  "Qwen3NextForCausalLM", "GPT2LMHeadModel", "Gemma3ForConditionalGeneration"])
+                                  "Qwen3NextForCausalLM", "GPT2LMHeadModel", "LlavaForConditionalGeneration"])
 def test_unsupported_architecture_is_refused_naming_it_and_the_supported_ones(tmp_path, arch):
     path = write_config(tmp_path / "m", architectures=[arch])
     with pytest.raises(UnsupportedModelError) as err:
@@ -398,6 +398,45 @@ def test_phi3_rope_as_transformers_reads_it(tmp_path):
         ModelConfig.from_hf(raw | {"partial_rotary_factor": 0.3, "rope_scaling": None})
 
 
+def test_a_multimodal_gemma3_checkpoints_text_decoder_is_transformers_on_text(tmp_path):
+    """Gemma 3 4B and up ship as Gemma3ForConditionalGeneration (a vision tower beside the text decoder): its text
+    decoder is read (the vision tensors are not), and on text its logits and greedy tokens are transformers'."""
+    import transformers
+
+    from helpers import tiny_hf_config
+
+    text = tiny_hf_config("gemma3", vocab_size=VOCAB, num_layers=3, sliding_window=24, query_pre_attn_scalar=8,
+                          tie=True, layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                          rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e5},
+                                           "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}})
+    vision = transformers.SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                             num_attention_heads=2, image_size=28, patch_size=14)
+    cfg = transformers.Gemma3Config(text_config=text.to_dict(), vision_config=vision.to_dict(), mm_tokens_per_image=4,
+                                    image_token_index=VOCAB - 1, boi_token_index=VOCAB - 3, eoi_token_index=VOCAB - 2)
+    with torch.random.fork_rng():
+        torch.manual_seed(4)
+        theirs = transformers.Gemma3ForConditionalGeneration(cfg).eval()
+    with torch.no_grad():  # (Gemma's norm weights start at zero: 1 + w is then 1 everywhere)
+        for name, p in theirs.named_parameters():
+            if "norm" in name:
+                p.normal_(0, 0.3)
+    theirs.save_pretrained(tmp_path / "mm")
+    model, config = load_target(tmp_path / "mm", "cpu", torch.float32)
+    assert config.architecture == "Gemma3ForConditionalGeneration" and config.local_rope_layers == (0, 1)
+    ids = torch.randint(0, VOCAB - 3, (40,), generator=torch.Generator().manual_seed(2)).tolist()
+    with torch.no_grad():
+        expected = theirs(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(prefill(model, ids)[0], expected, atol=2e-5, rtol=2e-5)
+    llm = LLM(str(tmp_path / "mm"), device="cpu", dtype="float32", spec="none")
+    out = llm.generate(prompt_token_ids=[ids[:12]], sampling_params=SamplingParams(temperature=0.0, max_tokens=20,
+                                                                                   ignore_eos=True))[0]
+    x = torch.tensor([ids[:12]])
+    with torch.no_grad():
+        reference = theirs.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=20,
+                                    eos_token_id=None, pad_token_id=0)[0, 12:].tolist()
+    assert out.token_ids == reference
+
+
 def test_gemma3_config_as_transformers_reads_it(tmp_path):
     """Gemma 3 1B's kind of config.json (transformers 4's keys): every sixth layer full, the others a window with
     the local RoPE base; the global base and scaling from rope_theta and rope_scaling; transformers 5's
@@ -437,6 +476,20 @@ def test_gemma3_config_as_transformers_reads_it(tmp_path):
             ModelConfig.from_hf(raw | bad)
     with pytest.raises(TensorParallelConfigError, match="Gemma3ForCausalLM"):
         check_shardable(config, 2)
+    # a multimodal checkpoint's text_config (Gemma 3 4B's keys): the rest at transformers' defaults
+    text = {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text", "num_hidden_layers": 34,
+            "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024}
+    mm = ModelConfig.from_hf({"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+                              "eos_token_id": [1, 106], "text_config": text})
+    theirs = transformers.Gemma3TextConfig(**text)
+    for ours, key in ((mm.vocab_size, "vocab_size"), (mm.num_heads, "num_attention_heads"), (mm.head_dim, "head_dim"),
+                      (mm.num_kv_heads, "num_key_value_heads"), (mm.max_position_embeddings, "max_position_embeddings"),
+                      (mm.rms_norm_eps, "rms_norm_eps"), (mm.tie_word_embeddings, "tie_word_embeddings")):
+        assert ours == getattr(theirs, key), key
+    assert mm.eos_token_ids == (1, 106) and mm.rope.factor == 8.0 and mm.local_rope.theta == 10000.0
+    assert len(mm.window_layers) == 34 - 34 // 6 and mm.sliding_window == 1024
+    with pytest.raises(ConfigError, match="text_config"):
+        ModelConfig.from_hf({"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3"})
 
 
 def test_config_json_read_as_transformers_reads_it(tmp_path):

@@ -74,15 +74,21 @@ def _index_shards(model_dir: Path, index: Path) -> list[str]:
     return names
 
 
-def read_safetensors(model_dir: Path, strip_prefix: str = "", read=None) -> dict[str, torch.Tensor]:
+def read_safetensors(model_dir: Path, strip_prefix: str = "", read=None, select=None) -> dict[str, torch.Tensor]:
     """Every tensor of a directory's safetensors files by name; `read(key, slice)`, when given, reads
-    only part of each (a tensor-parallel rank's shard, `models/parallel.py: Shard.read`)."""
+    only part of each (a tensor-parallel rank's shard, `models/parallel.py: Shard.read`); `select(name)`, when
+    given, names the key each tensor is read as, None for one not to read (in place of strip_prefix)."""
     tensors: dict[str, torch.Tensor] = {}
     for file in safetensors_files(model_dir):
         try:
             with safe_open(str(file), framework="pt") as f:
                 for name in f.keys():
-                    key = name[len(strip_prefix):] if strip_prefix and name.startswith(strip_prefix) else name
+                    if select is not None:
+                        key = select(name)
+                        if key is None:
+                            continue
+                    else:
+                        key = name[len(strip_prefix):] if strip_prefix and name.startswith(strip_prefix) else name
                     if key in tensors:  # two files with one tensor: which to use is not ours to guess
                         raise _Refused(f"{file}: tensor {name} is also in another file of {model_dir}")
                     tensors[key] = f.get_tensor(name) if read is None else _read_part(read, key, f.get_slice(name))
@@ -201,7 +207,8 @@ def load_target(model_dir: Path, device: torch.device | str, dtype: torch.dtype,
 
     cfg = ModelConfig.from_dir(model_dir)
     read = None if shard is None else (lambda key, part: shard.read(key, cfg, part))
-    tensors = read_safetensors(model_dir, strip_prefix="model.", read=read)
+    select = _language_model if cfg.architecture == "Gemma3ForConditionalGeneration" else None
+    tensors = read_safetensors(model_dir, strip_prefix="model.", read=read, select=select)
     renames = _RENAMES.get(cfg.architecture, ())
     for pattern, replacement in renames:
         tensors = {re.sub(pattern, replacement, name): t for name, t in tensors.items()}
@@ -233,6 +240,15 @@ def load_target(model_dir: Path, device: torch.device | str, dtype: torch.dtype,
         model.local_rotary.to(device)
     stack_experts(model)
     return model.eval(), cfg
+
+
+def _language_model(name: str) -> str | None:
+    """A multimodal Gemma 3 checkpoint's text decoder tensors, by the decoder's names (transformers 4 saved them
+    under language_model.model., 5 under model.language_model.); the vision tower's and projector's are not read."""
+    for prefix in ("language_model.model.", "model.language_model."):
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    return "lm_head.weight" if name in ("language_model.lm_head.weight", "lm_head.weight") else None
 
 
 def _unfuse_phi3(tensors: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:

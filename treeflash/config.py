@@ -28,6 +28,7 @@ SUPPORTED_ARCHITECTURES = {
     "SmolLM3ForCausalLM": "smollm3",
     "Phi3ForCausalLM": "phi3",
     "Gemma3ForCausalLM": "gemma3",
+    "Gemma3ForConditionalGeneration": "gemma3",  # (its text decoder alone: text in, text out)
 }
 # Those whose MLPs are mixtures of experts (`ExpertsConfig`); any other with experts is refused.
 MIXTURE_ARCHITECTURES = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM", "GptOssForCausalLM")
@@ -352,6 +353,8 @@ class ModelConfig:
             multimodal = " (a multimodal checkpoint; its text decoder alone is not read)" if arch.endswith(
                 "ForConditionalGeneration") else ""
             raise unsupported_architecture(arch, recurrent or multimodal)
+        if family == "gemma3":
+            cfg = _gemma3_text_config(cfg, arch)
         mixture = arch in MIXTURE_ARCHITECTURES
         if not mixture and (cfg.get("num_local_experts") or cfg.get("num_experts")):
             raise unsupported_architecture(f"{arch} with experts (MoE)")
@@ -450,14 +453,36 @@ class ModelConfig:
 _MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                 "mistral": "MistralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
                 "mixtral": "MixtralForCausalLM", "gpt_oss": "GptOssForCausalLM", "smollm3": "SmolLM3ForCausalLM",
-                "phi3": "Phi3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
+                "phi3": "Phi3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
+                "gemma3": "Gemma3ForConditionalGeneration"}
 # transformers' defaults where config.json gives no max_position_embeddings.
 _MAX_POSITIONS = {"LlamaForCausalLM": 2048, "MistralForCausalLM": 4096 * 32, "Qwen2ForCausalLM": 32768,
                   "Qwen3ForCausalLM": 32768, "Qwen2MoeForCausalLM": 32768, "Qwen3MoeForCausalLM": 32768,
                   "MixtralForCausalLM": 4096 * 32, "GptOssForCausalLM": 131072, "SmolLM3ForCausalLM": 32768,
-                  "Phi3ForCausalLM": 4096, "Gemma3ForCausalLM": 131072}
+                  "Phi3ForCausalLM": 4096, "Gemma3ForCausalLM": 131072,
+                  "Gemma3ForConditionalGeneration": 131072}
 # transformers' RoPE base where config.json gives none (10,000 for the others).
 _DEFAULT_THETA = {"SmolLM3ForCausalLM": 2_000_000.0}
+
+
+# transformers' Gemma3TextConfig defaults: the multimodal checkpoints' text_config gives only what differs from them
+_GEMMA3_TEXT_DEFAULTS = {
+    "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 131_072,
+    "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "query_pre_attn_scalar": 256, "sliding_window": 4096,
+    "bos_token_id": 2, "eos_token_id": 1}
+
+
+def _gemma3_text_config(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
+    """The config Gemma 3's text decoder is built from, its absent keys at transformers' defaults: config.json
+    itself, or a multimodal checkpoint's text_config (with the top level's token ids where it has none)."""
+    if arch == "Gemma3ForCausalLM":
+        return {**_GEMMA3_TEXT_DEFAULTS, **cfg}
+    text = cfg.get("text_config")
+    if not isinstance(text, dict):
+        raise ConfigError(f"config.json: {arch} needs a 'text_config' object, got {text!r}")
+    ids = {k: cfg[k] for k in ("bos_token_id", "eos_token_id") if cfg.get(k) is not None}
+    return {**_GEMMA3_TEXT_DEFAULTS, **ids, **text}
 
 
 def _gemma3_ropes(cfg: dict[str, Any]) -> tuple[RopeConfig, RopeConfig]:
@@ -487,13 +512,13 @@ def _check_gemma3(cfg: dict[str, Any], head_dim: int) -> None:
     """Refuse what Gemma 3's text decoder may set and this one does not run."""
     scalar = config_value(cfg, "query_pre_attn_scalar", float, 256.0)
     if scalar != head_dim:  # (Gemma 3 27B: 168 over heads of 128)
-        raise UnsupportedModelError(f"Gemma3ForCausalLM with query_pre_attn_scalar {scalar:g} over heads of "
+        raise UnsupportedModelError(f"Gemma 3 with query_pre_attn_scalar {scalar:g} over heads of "
                                     f"{head_dim}: only a score scale of 1/sqrt(head_dim) is supported")
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):
         if cfg.get(key) is not None:
-            raise UnsupportedModelError(f"Gemma3ForCausalLM with {key} {cfg[key]!r} is not supported")
+            raise UnsupportedModelError(f"Gemma 3 with {key} {cfg[key]!r} is not supported")
     if cfg.get("use_bidirectional_attention"):
-        raise UnsupportedModelError("Gemma3ForCausalLM with use_bidirectional_attention is not supported (an "
+        raise UnsupportedModelError("Gemma 3 with use_bidirectional_attention is not supported (an "
                                     "encoder's attention, not a decoder's)")
 
 
