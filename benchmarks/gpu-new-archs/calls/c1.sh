@@ -11,13 +11,13 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 timeout 200 python3 scripts/gpu_check.py --sections ABEF --target gemma3 --attentions sdpa,splitkv \
   --out $OUT/gpu_check_gemma3.json >> $OUT/checks.log 2>&1; echo "ABEF gemma3 rc $?"
 for t in phi3 smollm3; do
-  timeout 110 python3 scripts/gpu_check.py --sections EF --target $t --attentions splitkv \
+  timeout 90 python3 scripts/gpu_check.py --sections EF --target $t --attentions splitkv \
     --out $OUT/gpu_check_$t.json >> $OUT/checks.log 2>&1; echo "EF $t rc $?"
 done
 grep -a "checks passed\|FAIL\|Error" $OUT/checks.log | head
 for shape in gemma3-1b smollm3-3b phi4-mini; do
   echo "== $shape" >> $OUT/bench.log
-  timeout 70 python3 -m treeflash.cli bench --synthetic $shape --context 1024 --rounds 20 --stage-rounds 2 \
+  timeout 60 python3 -m treeflash.cli bench --synthetic $shape --context 1024 --rounds 20 --stage-rounds 2 \
     --no-plots --batch-methods "1=none,dflash,ddtree:16,ddtree:64" --out $OUT/$shape.json \
     >> $OUT/bench.log 2>&1; echo "$shape rc $?"
 done
