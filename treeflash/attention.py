@@ -139,10 +139,12 @@ def default_backend(device: torch.device | str, head_dim: int, flex: bool = True
     trees faster than FlexAttention's, whole rounds 0.97-1.00x hybrid's, benchmarks/h200-splitkv-tree),
     "flex" where they do not fit, "sdpa" below FlexAttention's smallest head dimension (16: a tiny test
     model's 8 failed to compile on an H100, benchmarks/gpu-moe/). flex False (a model with sliding windows or
-    attention sinks, which FlexAttention's masks here do not take): "sdpa" where splitkv does not fit."""
+    attention sinks, which FlexAttention's masks here do not take): "sdpa" where splitkv does not fit. Heads
+    wider than 128 (Gemma 3's 256) are taken as not fitting until the kernels have run at that width on a GPU
+    (benchmarks/gpu-new-archs: not yet); attention="splitkv" still asks for them."""
     if torch.device(device).type != "cuda" or head_dim < FLEX_MIN_HEAD_DIM:
         return "sdpa"
-    return "splitkv" if splitkv_fits(head_dim) else "flex" if flex else "sdpa"
+    return "splitkv" if splitkv_fits(head_dim) and head_dim <= 128 else "flex" if flex else "sdpa"
 
 
 FLEX_MIN_HEAD_DIM = 16  # (Inductor's FlexAttention kernels: "embedding dimension ... must be at least 16")
