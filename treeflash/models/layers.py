@@ -322,7 +322,7 @@ class Rotary(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(rope, head_dim), persistent=False)
         if rope.partial != 1.0 and rope.attention_factor != 1.0:
             # only the rotated dimensions' tables are scaled: the others pass through as they are (cos 1, sin 0)
-            rotated = (rope_inv_freq(rope, head_dim) != 0).repeat(2)
+            rotated = (self.inv_freq != 0).repeat(2)
             self.register_buffer("scale", torch.where(rotated, rope.attention_factor, 1.0), persistent=False)
         else:
             self.scale = rope.attention_factor  # YaRN's and LongRoPE's cos/sin scale (1 for the others)
