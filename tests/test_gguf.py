@@ -54,9 +54,21 @@ def tiny_vocab() -> tuple[list[str], list[str], list[int]]:
     return tokens, merges, types
 
 
+def tiny_sentencepiece_vocab() -> tuple[list[str], list[float], list[int]]:
+    """A 300-token SentencePiece vocabulary as llama.cpp stores one: <unk> <s> </s>, 256 byte tokens, pieces."""
+    pieces = ["▁", "e", "t", "a", "n", "▁t", "en", "ea", "▁te", "▁ten"]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)] + pieces
+    tokens += [f"x{i}" for i in range(300 - len(tokens))]
+    scores = [0.0] * 259 + [-float(i) for i in range(len(pieces))] + [-1e3] * (300 - 259 - len(pieces))
+    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL] + [gguf.TokenType.BYTE] * 256
+    return tokens, scores, types + [gguf.TokenType.NORMAL] * (300 - len(types))
+
+
 def write_gguf(path: Path, model: torch.nn.Module, arch: str, *, extra_tensors: dict | None = None,
-               extra_kv: dict | None = None) -> Path:
-    """Write an HF model as an F32 GGUF the way llama.cpp's converter does."""
+               extra_kv: dict | None = None, pre: str = "default", add_bos: bool | None = False,
+               sentencepiece: bool = False) -> Path:
+    """Write an HF model as an F32 GGUF the way llama.cpp's converter does (add_bos None: no such key;
+    sentencepiece: Llama 2's and Mistral's kind of vocabulary instead of a byte-level BPE)."""
     cfg = model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     w = gguf.GGUFWriter(str(path), arch)
@@ -73,15 +85,25 @@ def write_gguf(path: Path, model: torch.nn.Module, arch: str, *, extra_tensors: 
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_vocab_size(cfg.vocab_size)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    tokens, merges, types = tiny_vocab()
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(298)
-    w.add_eos_token_id(299)
-    w.add_add_bos_token(False)
+    if sentencepiece:
+        tokens, scores, types = tiny_sentencepiece_vocab()
+        w.add_tokenizer_model("llama")
+        w.add_token_list(tokens)
+        w.add_token_scores(scores)
+        w.add_token_types(types)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+    else:
+        tokens, merges, types = tiny_vocab()
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre(pre)
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        w.add_token_merges(merges)
+        w.add_bos_token_id(298)
+        w.add_eos_token_id(299)
+    if add_bos is not None:
+        w.add_add_bos_token(add_bos)
     w.add_chat_template(CHAT_TEMPLATE)
     for key, value in (extra_kv or {}).items():
         (w.add_string if isinstance(value, str) else w.add_float32)(key, value)
@@ -103,13 +125,13 @@ def write_gguf(path: Path, model: torch.nn.Module, arch: str, *, extra_tensors: 
     return path
 
 
-def tiny_model(arch: str) -> torch.nn.Module:
+def tiny_model(arch: str, rope: dict | None = None) -> torch.nn.Module:
     import transformers
 
     torch.manual_seed(0)
     common = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                  rms_norm_eps=1e-5, rope_theta=50000.0)
+                  rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 50000.0, **(rope or {})})
     if arch == "llama":
         cfg = transformers.LlamaConfig(**common, tie_word_embeddings=False)
         model = transformers.LlamaForCausalLM(cfg)
@@ -198,6 +220,47 @@ def test_tokenizer_and_chat_template(tmp_path: Path) -> None:
     assert ids[-1] == 299 and tok.decode(ids) == "ten tea<|im_end|>"
     # Merge ranks follow the GGUF order: "e n" outranks "t e".
     assert tok.convert_ids_to_tokens(ids) == ["t", "en", "Ġ", "t", "ea", "<|im_end|>"]
+
+
+def test_llama3_pre_tokenizer(tmp_path: Path) -> None:
+    """Llama 3's GGUFs (tokenizer.ggml.pre llama-bpe) split text as its own tokenizer.json does (cl100k's
+    pattern, digits in threes, no space joined to a number), not as transformers' GGUF import does (GPT-2's);
+    and they add a BOS to plain text, as llama.cpp does where the file does not say."""
+    from transformers import AutoTokenizer
+
+    src = write_gguf(tmp_path / "l3.gguf", tiny_model("llama"), "llama", pre="llama-bpe", add_bos=None)
+    tok = AutoTokenizer.from_pretrained(convert_gguf(src, tmp_path / "out"))
+    text = "In 2024, 12345 apples don'T\n\n  x"
+    split = [piece for piece, _ in tok.backend_tokenizer.pre_tokenizer.pre_tokenize_str(text)]
+    assert split == ["In", "Ġ", "202", "4", ",", "Ġ", "123", "45", "Ġapples", "Ġdon", "'T", "ĊĊ", "Ġ", "Ġx"]
+    ref = AutoTokenizer.from_pretrained(tmp_path, gguf_file="l3.gguf")  # (what transformers alone gives)
+    assert [p for p, _ in ref.backend_tokenizer.pre_tokenizer.pre_tokenize_str(text)][:2] == ["In", "Ġ2024"]
+    ids = tok(text).input_ids
+    assert ids[0] == 298 and ids[1:] == tok(text, add_special_tokens=False).input_ids
+    assert tok.decode(ids[1:]) == text
+    # a chat template writes its own BOS where it wants one: encoded without special tokens, none is added
+    chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    assert tok.encode(chat, add_special_tokens=False)[0] == 298 and chat.startswith("<|im_start|>")
+
+
+@pytest.mark.parametrize("sentencepiece, add_bos, bos", [
+    (True, None, 1),  # llama.cpp's default for SentencePiece vocabularies (Llama 2, Mistral)
+    (True, False, None),
+    (False, None, None),  # ... and for byte-level BPE ones (SmolLM2, Qwen)
+    (False, True, 298),
+    (False, False, None),
+])
+def test_add_bos_token_is_honoured(tmp_path: Path, sentencepiece: bool, add_bos: bool | None, bos: int | None
+                                   ) -> None:
+    """transformers' GGUF import drops tokenizer.ggml.add_bos_token: a plain prompt to a Mistral GGUF lost its
+    BOS. The converted tokenizer adds it where llama.cpp would."""
+    from transformers import AutoTokenizer
+
+    src = write_gguf(tmp_path / "t.gguf", tiny_model("llama"), "llama", add_bos=add_bos, sentencepiece=sentencepiece)
+    tok = AutoTokenizer.from_pretrained(convert_gguf(src, tmp_path / "out"))
+    ids, bare = tok("ten tea").input_ids, tok("ten tea", add_special_tokens=False).input_ids
+    assert ids == ([bos] if bos is not None else []) + bare
+    assert tok.decode(bare) == "ten tea"
 
 
 def test_cached_conversion_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
@@ -343,10 +406,88 @@ def test_a_llama_gguf_with_experts_is_refused_as_a_mixture(tmp_path: Path) -> No
 
 
 def test_unknown_tensor_is_refused(tmp_path: Path) -> None:
-    # Llama 3.1 GGUFs carry their rope scaling as rope_freqs.weight; dropping it would change the model.
+    src = write_gguf(tmp_path / "t.gguf", tiny_model("llama"), "llama",
+                     extra_tensors={"blk.0.attn_sinks.weight": np.ones(4, dtype=np.float32)})
+    with pytest.raises(UnsupportedModelError, match="attn_sinks"):
+        convert_gguf(src, tmp_path / "out", tokenizer=False)
+
+
+def llamacpp_rope_freqs(theta: float, head_dim: int, factor: float, low: float, high: float, original: int
+                        ) -> np.ndarray:
+    """llama.cpp convert_hf_to_gguf's rope_freqs.weight for a Llama 3.1 rope_scaling, written out one
+    frequency at a time as it does (float32 frequencies, Python floats for the rest)."""
+    out = []
+    for freq in (1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)).tolist():
+        wavelen = 2 * np.pi / freq
+        if wavelen < original / high:
+            out.append(1.0)
+        elif wavelen > original / low:
+            out.append(factor)
+        else:
+            smooth = (original / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+# head_dim 16, theta 50,000: wavelengths 6 to 82,000 positions. Meta's Llama 3.1 values leave one frequency on
+# the ramp (so the parameters come from the candidates); the others two (fitted to the ramp: low 1, high 8 and a
+# context of 2,048, which give the same divisors as the parameters written).
+@pytest.mark.parametrize("params", [
+    {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    {"factor": 32.0, "low_freq_factor": 2.0, "high_freq_factor": 16.0, "original_max_position_embeddings": 4096},
+])
+def test_llama3_rope_freqs_become_its_rope_scaling(tmp_path: Path, params: dict) -> None:
+    """Llama 3.1 / 3.2 / 3.3 GGUFs keep their RoPE scaling only as rope_freqs.weight: the converted
+    checkpoint must compute the original model's logits, where dropping the tensor would not."""
+    import transformers
+
+    model = tiny_model("llama", rope={"rope_type": "llama3", **params})
+    divisors = llamacpp_rope_freqs(50000.0, 16, params["factor"], params["low_freq_factor"],
+                                   params["high_freq_factor"], params["original_max_position_embeddings"])
+    assert ((divisors > 1) & (divisors < params["factor"])).sum() >= 1
+    src = write_gguf(tmp_path / "l3.gguf", model, "llama", extra_tensors={"rope_freqs.weight": divisors})
+    out = convert_gguf(src, tmp_path / "out", tokenizer=False)
+    scaling = json.loads((out / "config.json").read_text())["rope_scaling"]
+    ratio = params["low_freq_factor"]  # (parameters with the same ramp, low = 1)
+    assert scaling == {"rope_type": "llama3", "factor": params["factor"], "low_freq_factor": 1.0,
+                       "high_freq_factor": params["high_freq_factor"] / ratio,
+                       "original_max_position_embeddings": params["original_max_position_embeddings"] / ratio}
+    assert "rope_freqs.weight" not in load_file(out / "model.safetensors")
+
+    ids = torch.randint(0, 300, (1, 250), generator=torch.Generator().manual_seed(0))
+    converted = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = model(ids).logits
+        torch.testing.assert_close(converted(ids).logits, want, rtol=1e-6, atol=1e-6)  # (equal, here)
+        # (the check has teeth: the same weights without the scaling give other logits)
+        converted.config.rope_parameters = {"rope_type": "default", "rope_theta": 50000.0}
+        plain = transformers.LlamaForCausalLM(converted.config).eval()
+        plain.load_state_dict(converted.state_dict())
+        assert (plain(ids).logits - want).abs().max() > 1e-4  # (4e-4 and 2e-3 here)
+
+
+@pytest.mark.parametrize("divisors, message", [
+    (np.ones(5, dtype=np.float32), "shape"),
+    (np.linspace(1, 3, 8, dtype=np.float32)[::-1].copy(), "no Llama 3 rope scaling"),
+])
+def test_rope_freqs_no_llama3_scaling_gives_is_refused(tmp_path: Path, divisors: np.ndarray, message: str) -> None:
+    src = write_gguf(tmp_path / "t.gguf", tiny_model("llama"), "llama", extra_tensors={"rope_freqs.weight": divisors})
+    with pytest.raises(UnsupportedModelError, match=message):
+        convert_gguf(src, tmp_path / "out", tokenizer=False)
+
+
+def test_rope_freqs_of_ones_scale_nothing(tmp_path: Path) -> None:
     src = write_gguf(tmp_path / "t.gguf", tiny_model("llama"), "llama",
                      extra_tensors={"rope_freqs.weight": np.ones(8, dtype=np.float32)})
-    with pytest.raises(UnsupportedModelError, match="rope_freqs"):
+    assert "rope_scaling" not in json.loads((convert_gguf(src, tmp_path / "o", tokenizer=False) / "config.json")
+                                            .read_text())
+
+
+def test_rope_freqs_and_a_linear_factor_are_refused(tmp_path: Path) -> None:
+    divisors = llamacpp_rope_freqs(50000.0, 16, 8.0, 1.0, 4.0, 8192)
+    src = write_gguf(tmp_path / "t.gguf", tiny_model("llama"), "llama", extra_tensors={"rope_freqs.weight": divisors},
+                     extra_kv={"llama.rope.scaling.factor": 2.0})
+    with pytest.raises(UnsupportedModelError, match="both rope_freqs.weight and a linear"):
         convert_gguf(src, tmp_path / "out", tokenizer=False)
 
 

@@ -24,7 +24,8 @@ from treeflash.config import UnsupportedModelError, unsupported_architecture
 
 GGUF_MAGIC = b"GGUF"
 # Bump when the output layout changes, so stale cache entries are not reused.
-_CONVERTER_VERSION = 3  # 2: GGUF linear rope scaling read as llama.cpp reads it; 3: config.json names its writer
+_CONVERTER_VERSION = 4  # 2: GGUF linear rope scaling read as llama.cpp reads it; 3: config.json names its writer;
+# 4: Llama 3's rope_freqs and pre-tokenizer read
 _READ_BYTES = 1 << 22
 
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
@@ -141,7 +142,9 @@ def _architecture(reader: Any, path: Path) -> str:
     return arch
 
 
-def _hf_config(reader: Any, path: Path, tensor_shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
+def _hf_config(reader: Any, path: Path, tensor_shapes: dict[str, tuple[int, ...]],
+               divisors: np.ndarray | None = None) -> dict[str, Any]:
+    """config.json for the GGUF; `divisors`: its rope_freqs.weight (Llama 3.1 and later), if it has one."""
     arch = _architecture(reader, path)
 
     def key(name: str, default: Any = None, kind: type = int, minimum: float | None = 1) -> Any:
@@ -182,8 +185,16 @@ def _hf_config(reader: Any, path: Path, tensor_shapes: dict[str, tuple[int, ...]
     factor = key(factor_key, kind=float, minimum=0) if factor_key else 0.0
     if scaling not in ("linear", "none"):
         raise UnsupportedModelError(f"{path.name}: unsupported rope scaling {scaling!r}")
-    if scaling == "linear" and factor not in (0.0, 1.0):
+    linear = scaling == "linear" and factor not in (0.0, 1.0)
+    if linear:
         cfg["rope_scaling"] = {"rope_type": "linear", "factor": factor}
+    if divisors is not None:
+        llama3 = _llama3_rope_scaling(divisors, cfg["rope_theta"], head_dim, path)
+        if llama3 and linear:
+            raise UnsupportedModelError(f"{path.name}: both {_ROPE_FREQS} and a linear rope scaling factor "
+                                        f"({factor:g}); Llama 3's scaling is one or the other")
+        if llama3:
+            cfg["rope_scaling"] = llama3
     special = _special_token_ids(reader, path, cfg["vocab_size"])
     if "bos" in special:
         cfg["bos_token_id"] = special["bos"]
@@ -195,6 +206,50 @@ def _hf_config(reader: Any, path: Path, tensor_shapes: dict[str, tuple[int, ...]
     if eos:
         cfg["eos_token_id"] = eos[0] if len(eos) == 1 else eos
     return cfg
+
+
+_ROPE_FREQS = "rope_freqs.weight"
+
+
+def _llama3_divisors(theta: float, head_dim: int, factor: float, low: float, high: float, original: float
+                     ) -> np.ndarray:
+    """What llama.cpp's converter stores as rope_freqs.weight for a Llama 3.1 rope_scaling: each frequency's
+    divisor (1 for short wavelengths, `factor` for long ones, a ramp in 1 / wavelength between)."""
+    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    wavelen = 2 * np.pi / inv_freq
+    smooth = (original / wavelen - low) / (high - low)
+    ramp = 1.0 / ((1 - smooth) / factor + smooth)
+    return np.where(wavelen < original / high, 1.0, np.where(wavelen > original / low, factor, ramp))
+
+
+def _llama3_rope_scaling(divisors: np.ndarray, theta: float, head_dim: int, path: Path) -> dict[str, Any] | None:
+    """The Llama 3.1 rope_scaling (as config.json says it) whose divisors a GGUF stores in rope_freqs.weight.
+
+    llama.cpp keeps only the divisors. Parameters with the same ramp (its slope and intercept in 1 / wavelength)
+    give the same divisors, so Meta's values are tried first, then ones fitted to the ramp; either must
+    reproduce every divisor, or the file is refused: another RoPE would give other logits, silently."""
+    if divisors.shape != (head_dim // 2,) or not np.all(np.isfinite(divisors)) or np.any(divisors <= 0):
+        raise UnsupportedModelError(f"{path.name}: {_ROPE_FREQS} of shape {tuple(divisors.shape)} is not one "
+                                    f"positive divisor for each of the {head_dim // 2} rotary frequencies")
+    if np.all(divisors == 1):
+        return None
+    factor = _float32_value(float(divisors.max()))
+    candidates = [(1.0, 4.0, 8192)]  # Llama 3.1, 3.2 and 3.3 (only the factor differs)
+    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    ramp = (divisors > 1 + 1e-6) & (divisors < factor * (1 - 1e-6))
+    if ramp.sum() >= 2 and factor > 1:
+        smooth = (1 / divisors[ramp] - 1 / factor) / (1 - 1 / factor)
+        slope, intercept = np.polyfit(inv_freq[ramp] / (2 * np.pi), smooth, 1)
+        if slope > 0 and intercept < 0:  # (low = 1; then high and the context follow from the ramp)
+            original = int(round(-slope / intercept))
+            high = 1 + original / slope
+            candidates += [(1.0, round(high, 4), original), (1.0, high, original)]  # (the round one if it fits)
+    for low, high, original in candidates:
+        if np.allclose(_llama3_divisors(theta, head_dim, factor, low, high, original), divisors, rtol=1e-5, atol=0):
+            return {"rope_type": "llama3", "factor": factor, "low_freq_factor": low, "high_freq_factor": high,
+                    "original_max_position_embeddings": original}
+    raise UnsupportedModelError(f"{path.name}: {_ROPE_FREQS} is no Llama 3 rope scaling (no factor, low/high "
+                                f"frequency factors and pre-training context reproduce its divisors)")
 
 
 def _special_token_ids(reader: Any, path: Path, vocab_size: int) -> dict[str, int]:
@@ -219,6 +274,8 @@ def _hf_tensors(reader: Any, path: Path) -> dict[str, np.ndarray]:
     kv_heads = _scalar(reader, path, f"{arch}.attention.head_count_kv", int, heads)
     tensors: dict[str, np.ndarray] = {}
     for t in reader.tensors:
+        if arch == "llama" and t.name == _ROPE_FREQS:
+            continue  # (a RoPE parameter, not a weight: `_rope_divisors` reads it into config.json)
         name = hf_tensor_name(t.name)
         if name is None:
             # Dropping an unknown tensor (e.g. rope_freqs of Llama 3.1) would silently change the model.
@@ -237,6 +294,54 @@ def _hf_tensors(reader: Any, path: Path) -> dict[str, np.ndarray]:
     return tensors
 
 
+def _rope_divisors(reader: Any, path: Path) -> np.ndarray | None:
+    """rope_freqs.weight as float64, or None where the file has none."""
+    import gguf
+
+    for t in reader.tensors:
+        if t.name == _ROPE_FREQS:
+            return gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float64).reshape(-1)
+    return None
+
+
+# llama.cpp's names of Llama 3's pre-tokenizer (tokenizer.ggml.pre), and its split: cl100k's, as Llama 3's
+# tokenizer.json gives it. transformers reads these files' tokenizers with GPT-2's split instead, which groups
+# digits and spaces otherwise: "in 2024" becomes other tokens than the model was trained on.
+_LLAMA3_PRE = ("llama3", "llama-v3", "llama-bpe", "falcon3")
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def _fix_tokenizer(reader: Any, tok: Any) -> None:
+    """Set what transformers' GGUF import leaves out, as llama.cpp reads the same metadata: Llama 3's
+    pre-tokenizer and whole-word lookup, and the BOS / EOS that tokenizer.ggml.add_{bos,eos}_token ask for
+    (transformers adds neither, so a plain prompt to Llama or Mistral lost its BOS). Where the file does not
+    say, llama.cpp adds a BOS for SentencePiece vocabularies and Llama 3's."""
+    from tokenizers import Regex, pre_tokenizers, processors
+
+    backend = tok.backend_tokenizer
+    model = _meta(reader, "tokenizer.ggml.model")
+    llama3 = model == "gpt2" and _meta(reader, "tokenizer.ggml.pre") in _LLAMA3_PRE
+    if llama3:
+        backend.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False)])
+        backend.model.ignore_merges = True  # (a whole pre-token in the vocabulary is one token)
+        tok.clean_up_tokenization_spaces = False  # (transformers' import sets it; decoding a BPE ignores it)
+    tokens = reader.fields["tokenizer.ggml.tokens"]
+    ends = []
+    for key, default in (("bos", model == "llama" or llama3), ("eos", False)):
+        token_id = _meta(reader, f"tokenizer.ggml.{key}_token_id")
+        if token_id is not None and _meta(reader, f"tokenizer.ggml.add_{key}_token", default):
+            ends.append((key, tokens.contents(int(token_id)), int(token_id)))
+    if ends:
+        first = [f"{t}:0" for key, t, _ in ends if key == "bos"]
+        last = [f"{t}:0" for key, t, _ in ends if key == "eos"]
+        backend.post_processor = processors.TemplateProcessing(
+            single=first + ["$A:0"] + last, pair=first + ["$A:0"] + last + first + ["$B:1"] + last,
+            special_tokens=sorted({(t, i) for _, t, i in ends}))
+
+
 def _save_tokenizer(reader: Any, path: Path, out: Path, context_length: int) -> None:
     from transformers import AutoTokenizer
 
@@ -252,6 +357,7 @@ def _save_tokenizer(reader: Any, path: Path, out: Path, context_length: int) -> 
         token_id = _meta(reader, f"tokenizer.ggml.{key}_token_id")
         if token_id is not None:
             setattr(tok, attr, tokens.contents(int(token_id)))
+    _fix_tokenizer(reader, tok)
     template = _meta(reader, "tokenizer.chat_template")
     if template:
         tok.chat_template = template
@@ -283,7 +389,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, tokenizer: bool 
     if tokenizer and "tokenizer.ggml.tokens" not in reader.fields:
         raise ValueError(f"{path}: GGUF has no tokenizer (tokenizer.ggml.tokens is missing)")
     tensors = _hf_tensors(reader, path)
-    config = _hf_config(reader, path, {k: v.shape for k, v in tensors.items()})
+    config = _hf_config(reader, path, {k: v.shape for k, v in tensors.items()}, _rope_divisors(reader, path))
     if tokenizer:
         import transformers
 
