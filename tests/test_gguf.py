@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
+from contextlib import nullcontext
 from pathlib import Path
 
 import gguf
@@ -25,6 +27,7 @@ _TO_GGUF = {
     "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
     "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
     "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+    "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up",  # (Phi-3's fused projections)
 }
 
 
@@ -57,11 +60,13 @@ def tiny_vocab() -> tuple[list[str], list[str], list[int]]:
 def tiny_sentencepiece_vocab() -> tuple[list[str], list[float], list[int]]:
     """A 300-token SentencePiece vocabulary as llama.cpp stores one: <unk> <s> </s>, 256 byte tokens, pieces."""
     pieces = ["▁", "e", "t", "a", "n", "▁t", "en", "ea", "▁te", "▁ten"]
+    chat = ["<|endoftext|>", "<|user|>", "<|end|>", "<|assistant|>"]  # (Phi-3's, as control tokens)
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)] + pieces
-    tokens += [f"x{i}" for i in range(300 - len(tokens))]
+    tokens += [f"x{i}" for i in range(300 - len(tokens) - len(chat))] + chat
     scores = [0.0] * 259 + [-float(i) for i in range(len(pieces))] + [-1e3] * (300 - 259 - len(pieces))
     types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL] + [gguf.TokenType.BYTE] * 256
-    return tokens, scores, types + [gguf.TokenType.NORMAL] * (300 - len(types))
+    types += [gguf.TokenType.NORMAL] * (300 - len(types) - len(chat))
+    return tokens, scores, types + [gguf.TokenType.CONTROL] * len(chat)
 
 
 def write_gguf(path: Path, model: torch.nn.Module, arch: str, *, extra_tensors: dict | None = None,
@@ -80,8 +85,18 @@ def write_gguf(path: Path, model: torch.nn.Module, arch: str, *, extra_tensors: 
     w.add_head_count_kv(cfg.num_key_value_heads)
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
-    w.add_rope_dimension_count(head_dim)
+    w.add_rope_dimension_count(int(head_dim * cfg.rope_parameters.get("partial_rotary_factor", 1.0)))
     w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    if arch == "phi3":  # as llama.cpp's Phi3MiniModel writes them
+        w.add_pad_token_id(cfg.pad_token_id)
+        w.add_rope_scaling_orig_ctx_len(cfg.original_max_position_embeddings)
+        w.add_sliding_window(cfg.sliding_window or 0)
+        if cfg.rope_parameters["rope_type"] == "longrope":
+            scale = cfg.max_position_embeddings / cfg.original_max_position_embeddings
+            w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(cfg.original_max_position_embeddings)))
+            for kind in ("long", "short"):
+                w.add_tensor(f"rope_factors_{kind}.weight",
+                             np.array(cfg.rope_parameters[f"{kind}_factor"], dtype=np.float32))
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_vocab_size(cfg.vocab_size)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
@@ -125,22 +140,26 @@ def write_gguf(path: Path, model: torch.nn.Module, arch: str, *, extra_tensors: 
     return path
 
 
-def tiny_model(arch: str, rope: dict | None = None) -> torch.nn.Module:
+def tiny_model(arch: str, rope: dict | None = None, **config) -> torch.nn.Module:
     import transformers
 
     torch.manual_seed(0)
     common = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                   rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 50000.0, **(rope or {})})
+    if arch == "phi3":
+        common |= dict(sliding_window=48, original_max_position_embeddings=256, tie_word_embeddings=False,
+                       pad_token_id=0)
+    common |= config
     if arch == "llama":
-        cfg = transformers.LlamaConfig(**common, tie_word_embeddings=False)
-        model = transformers.LlamaForCausalLM(cfg)
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{"tie_word_embeddings": False, **common}))
+    elif arch == "phi3":  # Phi-3-mini-4k's kind by default: a window on every layer
+        model = transformers.Phi3ForCausalLM(transformers.Phi3Config(**common))
     elif arch == "qwen2":
-        cfg = transformers.Qwen2Config(**common, tie_word_embeddings=True)
-        model = transformers.Qwen2ForCausalLM(cfg)
+        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**{"tie_word_embeddings": True, **common}))
     else:  # head_dim != hidden/heads, as in real Qwen3 models
-        cfg = transformers.Qwen3Config(**common, head_dim=32, tie_word_embeddings=True)
-        model = transformers.Qwen3ForCausalLM(cfg)
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**{"tie_word_embeddings": True, "head_dim": 32,
+                                                                          **common}))
     with torch.no_grad():  # norms and biases start at 1/0; randomise them so a mix-up would show
         for name, p in model.named_parameters():
             if p.dim() == 1:
@@ -261,6 +280,33 @@ def test_add_bos_token_is_honoured(tmp_path: Path, sentencepiece: bool, add_bos:
     ids, bare = tok("ten tea").input_ids, tok("ten tea", add_special_tokens=False).input_ids
     assert ids == ([bos] if bos is not None else []) + bare
     assert tok.decode(bare) == "ten tea"
+
+
+def test_phi3_tokenizer(tmp_path: Path) -> None:
+    """A Phi-3 GGUF's SentencePiece vocabulary reads as Llama's does (transformers' own Phi-3 import loses every
+    space), and its chat tokens strip the whitespace after them, as Phi-3's tokenizer.json says."""
+    from transformers import AutoTokenizer
+
+    model = tiny_model("phi3")
+    tok = AutoTokenizer.from_pretrained(convert_gguf(write_gguf(tmp_path / "p.gguf", model, "phi3", sentencepiece=True,
+                                                                add_bos=None), tmp_path / "out"))
+    llama = AutoTokenizer.from_pretrained(convert_gguf(write_gguf(tmp_path / "l.gguf", tiny_model("llama"), "llama",
+                                                                  sentencepiece=True, add_bos=None), tmp_path / "l"))
+    ids = tok("ten tea").input_ids
+    assert tok.convert_ids_to_tokens(ids) == ["<s>", "▁ten", "▁t", "ea"] and ids == llama("ten tea").input_ids
+    assert tok.decode(ids, skip_special_tokens=True) == "ten tea"
+    chat = "<|user|>\nten tea<|end|>\n<|assistant|>\n<|endoftext|>\n"
+    assert tok.convert_ids_to_tokens(tok(chat, add_special_tokens=False).input_ids) == [
+        "<|user|>", "▁ten", "▁t", "ea", "<|end|>", "<|assistant|>", "<|endoftext|>", "▁", "<0x0A>"]
+    assert (tok.bos_token, tok.eos_token) == ("<s>", "</s>")
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["eos_token_id"] == [2, 298]  # </s>, <|end|>
+
+
+def test_phi4_mini_gguf_tokenizer_is_refused(tmp_path: Path) -> None:
+    src = write_gguf(tmp_path / "p.gguf", tiny_model("phi3"), "phi3")  # (a byte-level BPE vocabulary)
+    with pytest.raises(UnsupportedModelError, match="Phi-4's kind.*safetensors"):
+        convert_gguf(src, tmp_path / "out")
+    assert convert_gguf(src, tmp_path / "weights", tokenizer=False).is_dir()
 
 
 def test_cached_conversion_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
@@ -410,6 +456,45 @@ def test_unknown_tensor_is_refused(tmp_path: Path) -> None:
                      extra_tensors={"blk.0.attn_sinks.weight": np.ones(4, dtype=np.float32)})
     with pytest.raises(UnsupportedModelError, match="attn_sinks"):
         convert_gguf(src, tmp_path / "out", tokenizer=False)
+
+
+# Phi-3-mini-4k's kind (a window on every layer), and Phi-4-mini's (half of each head rotated, tied embeddings,
+# LongRoPE over a pre-training context of 256 positions, no window: llama.cpp writes 0).
+@pytest.mark.parametrize("config", [{}, {
+    "partial_rotary_factor": 0.5, "tie_word_embeddings": True, "sliding_window": None, "max_position_embeddings": 1024,
+    "rope": {"rope_type": "longrope", "short_factor": [1.0, 1.25, 2.5, 3.75], "long_factor": [1.5, 4.0, 8.0, 12.0],
+             "partial_rotary_factor": 0.5}}])
+def test_phi3_gguf(tmp_path: Path, config: dict) -> None:
+    """Phi-3 / Phi-4-mini GGUFs: the fused q/k/v and gate/up tensors under Phi-3's HF names (split at load as
+    its safetensors' are), the rotated share, the window and LongRoPE's factors into config.json; the converted
+    checkpoint computes the original's logits, in transformers and in this engine."""
+    import transformers
+
+    from treeflash.checkpoint import load_target
+    from treeflash.kv_cache import append_layout
+
+    model = tiny_model("phi3", **config)
+    out = convert_gguf(write_gguf(tmp_path / "phi.gguf", model, "phi3"), tmp_path / "out", tokenizer=False)
+    got = load_file(out / "model.safetensors")
+    assert "model.layers.1.self_attn.qkv_proj.weight" in got and "model.layers.1.mlp.gate_up_proj.weight" in got
+    cfg = json.loads((out / "config.json").read_text())
+    assert (cfg["architectures"], cfg["sliding_window"]) == (["Phi3ForCausalLM"], model.config.sliding_window)
+    assert cfg.get("partial_rotary_factor", 1.0) == config.get("partial_rotary_factor", 1.0)
+    if "rope" in config:
+        assert cfg["rope_scaling"] == {k: config["rope"][k] for k in ("rope_type", "short_factor", "long_factor")}
+        assert cfg["original_max_position_embeddings"] == 256
+
+    ids = torch.randint(0, 300, (1, 200), generator=torch.Generator().manual_seed(0))
+    converted = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = model(ids).logits
+        torch.testing.assert_close(converted(ids).logits, want, rtol=1e-6, atol=1e-6)
+        with pytest.warns(UserWarning, match="limited to its short factors") if "rope" in config else nullcontext():
+            ours, _ = load_target(out, "cpu", torch.float32)
+        n = ids.shape[1]
+        rows, mask = append_layout(torch.tensor([0]), torch.ones(1, n, n, dtype=torch.bool).tril(), n)
+        hidden, _ = ours(ids, rows, ours.new_cache(1, n), rows, mask, ())
+        torch.testing.assert_close(ours.logits(hidden), want, rtol=0, atol=1e-4)
 
 
 def llamacpp_rope_freqs(theta: float, head_dim: int, factor: float, low: float, high: float, original: int

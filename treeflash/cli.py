@@ -385,7 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
     conv = sub.add_parser("convert", help="convert a GGUF file to a cached safetensors directory",
                           description="Dequantise a GGUF checkpoint (weights, config, tokenizer, chat template) into "
                                       "a Hugging Face style directory. Without --out it goes to the cache that "
-                                      "--model FILE.gguf uses, so later loads are fast.")
+                                      "--model FILE.gguf uses, so later loads are fast. Reads llama.cpp's dense "
+                                      "llama, qwen2, qwen3 and phi3 architectures.")
     conv.add_argument("gguf", nargs="?", default=None, help="the .gguf file (default: the embedded SmolLM2 GGUF)")
     conv.add_argument("--out", default=None, help="output directory (default: the treeflash cache)")
     _add_debug_arg(conv, argparse.SUPPRESS)

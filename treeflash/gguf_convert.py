@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import secrets
@@ -28,7 +29,8 @@ _CONVERTER_VERSION = 4  # 2: GGUF linear rope scaling read as llama.cpp reads it
 # 4: Llama 3's rope_freqs and pre-tokenizer read
 _READ_BYTES = 1 << 22
 
-_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                  "phi3": "Phi3ForCausalLM"}
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -47,17 +49,24 @@ _BLOCK_NAMES = {
     "ffn_down": "mlp.down_proj",
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
+    "attn_qkv": "self_attn.qkv_proj",  # (Phi-3's fused projections, split at load as its safetensors' are)
 }
+# Phi-3's ffn_up is its fused gate_up_proj: llama.cpp's SwiGLU takes the gate from the first half, as HF does.
+_ARCH_BLOCK_NAMES = {"phi3": {"ffn_up": "mlp.gate_up_proj"}}
+# RoPE parameters stored as tensors: read into config.json, not weights. Llama 3.1's per-frequency divisors;
+# Phi-3's LongRoPE factors.
+_ROPE_TENSORS = {"llama": ("rope_freqs.weight",), "phi3": ("rope_factors_long.weight", "rope_factors_short.weight")}
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
-def hf_tensor_name(gguf_name: str) -> str | None:
-    """The HF parameter name for a llama.cpp tensor name, or None when there is no counterpart."""
+def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str | None:
+    """The HF parameter name for a llama.cpp tensor name of `arch`, or None when there is no counterpart."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     m = _BLOCK_RE.fullmatch(gguf_name)
-    if m and m.group(2) in _BLOCK_NAMES:
-        return f"model.layers.{m.group(1)}.{_BLOCK_NAMES[m.group(2)]}.{m.group(3)}"
+    names = _BLOCK_NAMES | _ARCH_BLOCK_NAMES.get(arch, {})
+    if m and m.group(2) in names and (m.group(2) != "attn_qkv" or arch == "phi3"):
+        return f"model.layers.{m.group(1)}.{names[m.group(2)]}.{m.group(3)}"
     return None
 
 
@@ -143,9 +152,10 @@ def _architecture(reader: Any, path: Path) -> str:
 
 
 def _hf_config(reader: Any, path: Path, tensor_shapes: dict[str, tuple[int, ...]],
-               divisors: np.ndarray | None = None) -> dict[str, Any]:
-    """config.json for the GGUF; `divisors`: its rope_freqs.weight (Llama 3.1 and later), if it has one."""
+               rope_tensors: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+    """config.json for the GGUF; `rope_tensors`: its RoPE parameters stored as tensors (`_ROPE_TENSORS`)."""
     arch = _architecture(reader, path)
+    rope_tensors = rope_tensors or {}
 
     def key(name: str, default: Any = None, kind: type = int, minimum: float | None = 1) -> Any:
         return _scalar(reader, path, f"{arch}.{name}", kind, default, minimum)
@@ -154,7 +164,7 @@ def _hf_config(reader: Any, path: Path, tensor_shapes: dict[str, tuple[int, ...]
     heads = key("attention.head_count")
     head_dim = key("attention.key_length", hidden // heads)
     rotary_dim = key("rope.dimension_count", head_dim)
-    if rotary_dim != head_dim:
+    if rotary_dim != head_dim and arch != "phi3":
         raise UnsupportedModelError(f"{path.name}: partial rotary embedding ({rotary_dim} of {head_dim} dims)")
     cfg: dict[str, Any] = {
         "architectures": [_ARCHITECTURES[arch]],
@@ -176,6 +186,8 @@ def _hf_config(reader: Any, path: Path, tensor_shapes: dict[str, tuple[int, ...]
     if arch == "llama":
         cfg["attention_bias"] = "model.layers.0.self_attn.q_proj.bias" in tensor_shapes
         cfg["mlp_bias"] = False
+    if arch == "phi3":
+        cfg |= _phi3_config(reader, path, rope_tensors, cfg, rotary_dim)
     # As llama.cpp reads them: the type defaults to linear, the factor may sit under the old key
     # rope.scale_linear, and a factor of 0 (or 1) scales nothing. (Reading an absent type as "none" dropped
     # the scaling of files that give only a factor: other logits past a few positions.)
@@ -188,8 +200,8 @@ def _hf_config(reader: Any, path: Path, tensor_shapes: dict[str, tuple[int, ...]
     linear = scaling == "linear" and factor not in (0.0, 1.0)
     if linear:
         cfg["rope_scaling"] = {"rope_type": "linear", "factor": factor}
-    if divisors is not None:
-        llama3 = _llama3_rope_scaling(divisors, cfg["rope_theta"], head_dim, path)
+    if _ROPE_FREQS in rope_tensors:
+        llama3 = _llama3_rope_scaling(rope_tensors[_ROPE_FREQS], cfg["rope_theta"], head_dim, path)
         if llama3 and linear:
             raise UnsupportedModelError(f"{path.name}: both {_ROPE_FREQS} and a linear rope scaling factor "
                                         f"({factor:g}); Llama 3's scaling is one or the other")
@@ -198,17 +210,22 @@ def _hf_config(reader: Any, path: Path, tensor_shapes: dict[str, tuple[int, ...]
     special = _special_token_ids(reader, path, cfg["vocab_size"])
     if "bos" in special:
         cfg["bos_token_id"] = special["bos"]
+    if "padding" in special:  # (Phi3Config's default, 32,000, is past a smaller vocabulary)
+        cfg["pad_token_id"] = special["padding"]
     # Instruct models often end a turn with a separate end-of-turn token; generation must stop there too.
     eos = []
     for k in ("eos", "eot", "eom"):
         if k in special and special[k] not in eos:
             eos.append(special[k])
+    end = _token_id(reader, "<|end|>") if arch == "phi3" else None
+    if end is not None and end not in eos:  # (Phi-3's turns end there; its generation_config stops at it too)
+        eos.append(end)
     if eos:
         cfg["eos_token_id"] = eos[0] if len(eos) == 1 else eos
     return cfg
 
 
-_ROPE_FREQS = "rope_freqs.weight"
+_ROPE_FREQS = _ROPE_TENSORS["llama"][0]
 
 
 def _llama3_divisors(theta: float, head_dim: int, factor: float, low: float, high: float, original: float
@@ -252,6 +269,14 @@ def _llama3_rope_scaling(divisors: np.ndarray, theta: float, head_dim: int, path
                                 f"frequency factors and pre-training context reproduce its divisors)")
 
 
+def _token_id(reader: Any, text: str) -> int | None:
+    """The id of the token whose text is `text`, or None."""
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    if tokens is None:
+        return None
+    return next((i for i in range(len(tokens.data)) if tokens.contents(i) == text), None)
+
+
 def _special_token_ids(reader: Any, path: Path, vocab_size: int) -> dict[str, int]:
     """tokenizer.ggml.{bos,eos,eot,eom,unknown,padding}_token_id, each checked to be a token of the model."""
     tokens = reader.fields.get("tokenizer.ggml.tokens")
@@ -274,11 +299,11 @@ def _hf_tensors(reader: Any, path: Path) -> dict[str, np.ndarray]:
     kv_heads = _scalar(reader, path, f"{arch}.attention.head_count_kv", int, heads)
     tensors: dict[str, np.ndarray] = {}
     for t in reader.tensors:
-        if arch == "llama" and t.name == _ROPE_FREQS:
-            continue  # (a RoPE parameter, not a weight: `_rope_divisors` reads it into config.json)
-        name = hf_tensor_name(t.name)
+        if t.name in _ROPE_TENSORS.get(arch, ()):
+            continue  # (RoPE parameters, not weights: `_rope_tensors` reads them into config.json)
+        name = hf_tensor_name(t.name, arch)
         if name is None:
-            # Dropping an unknown tensor (e.g. rope_freqs of Llama 3.1) would silently change the model.
+            # Dropping an unknown tensor (e.g. Gemma's post-norms) would silently change the model.
             raise UnsupportedModelError(f"{path.name}: tensor {t.name!r} has no Hugging Face counterpart")
         try:
             w = gguf.quants.dequantize(t.data, t.tensor_type)
@@ -294,14 +319,46 @@ def _hf_tensors(reader: Any, path: Path) -> dict[str, np.ndarray]:
     return tensors
 
 
-def _rope_divisors(reader: Any, path: Path) -> np.ndarray | None:
-    """rope_freqs.weight as float64, or None where the file has none."""
+def _rope_tensors(reader: Any, path: Path) -> dict[str, np.ndarray]:
+    """The file's RoPE parameters stored as tensors (`_ROPE_TENSORS`), as float64 vectors."""
     import gguf
 
-    for t in reader.tensors:
-        if t.name == _ROPE_FREQS:
-            return gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float64).reshape(-1)
-    return None
+    names = _ROPE_TENSORS.get(_architecture(reader, path), ())
+    return {t.name: gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float64).reshape(-1)
+            for t in reader.tensors if t.name in names}
+
+
+def _phi3_config(reader: Any, path: Path, rope_tensors: dict[str, np.ndarray], cfg: dict[str, Any],
+                 rotary_dim: int) -> dict[str, Any]:
+    """Phi-3's config.json keys, from what llama.cpp's converter writes: the rotated share of each head
+    (Phi-4-mini's 0.75), the window (0 for none: Phi-4), the pre-training context, and LongRoPE's factors
+    (128k models), whose cos/sin scale transformers derives from the two contexts as llama.cpp's converter
+    did (a file whose stored scale differs keeps its own)."""
+    def key(name: str, default: Any = None, kind: type = int, minimum: float | None = 1) -> Any:
+        return _scalar(reader, path, f"phi3.{name}", kind, default, minimum)
+
+    out: dict[str, Any] = {}
+    if rotary_dim != cfg["head_dim"]:
+        out["partial_rotary_factor"] = rotary_dim / cfg["head_dim"]
+    window = key("attention.sliding_window", 0, minimum=0)
+    out["sliding_window"] = window or None
+    context = cfg["max_position_embeddings"]
+    original = key("rope.scaling.original_context_length", context)
+    out["original_max_position_embeddings"] = original
+    factors = [rope_tensors.get(f"rope_factors_{kind}.weight") for kind in ("short", "long")]
+    if any(f is not None for f in factors):
+        if any(f is None or f.shape != (rotary_dim // 2,) for f in factors):
+            raise UnsupportedModelError(f"{path.name}: LongRoPE needs rope_factors_short and rope_factors_long of "
+                                        f"{rotary_dim // 2} values each")
+        rope = {"rope_type": "longrope", "short_factor": [_float32_value(v) for v in factors[0]],
+                "long_factor": [_float32_value(v) for v in factors[1]]}
+        scale = context / original
+        derived = math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0
+        stored = key("rope.scaling.attn_factor", derived, kind=float, minimum=0)
+        if abs(stored - derived) > 1e-6 * derived:
+            rope["attention_factor"] = stored
+        out["rope_scaling"] = rope
+    return out
 
 
 # llama.cpp's names of Llama 3's pre-tokenizer (tokenizer.ggml.pre), and its split: cl100k's, as Llama 3's
@@ -342,6 +399,29 @@ def _fix_tokenizer(reader: Any, tok: Any) -> None:
             special_tokens=sorted({(t, i) for _, t, i in ends}))
 
 
+def _phi3_tokenizer(reader: Any, path: Path, gguf_file: Path) -> Any:
+    """Phi-3's SentencePiece tokenizer, built as Llama's is. transformers' own GGUF import of Phi-3 builds a
+    BPE without SentencePiece's spaces ("ten tea" comes back "tentea"); its Llama import is the one that reads
+    such a vocabulary right. Phi-3's chat tokens then strip the whitespace after them, as its tokenizer.json
+    says and llama.cpp does for Phi-3 (every control token but <unk>, <s> and <|endoftext|>, and </s>)."""
+    from tokenizers import AddedToken
+    from transformers import PreTrainedTokenizerFast
+    from transformers.integrations.ggml import convert_gguf_tokenizer
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    model = _meta(reader, "tokenizer.ggml.model")
+    if model != "llama":
+        raise UnsupportedModelError(f"{path.name}: a Phi-3 GGUF with a {model!r} tokenizer (Phi-4's kind) is not "
+                                    f"converted: its pre-tokenizer is not read; use the safetensors checkpoint")
+    backend, _ = convert_gguf_tokenizer("llama", load_gguf_checkpoint(str(gguf_file))["tokenizer"])
+    tokens, types = reader.fields["tokenizer.ggml.tokens"], reader.fields.get("tokenizer.ggml.token_type")
+    control = [tokens.contents(i) for i in range(len(tokens.data))
+               if types is not None and int(types.contents(i)) == 3]  # (3: llama.cpp's CONTROL)
+    backend.add_special_tokens([AddedToken(t, rstrip=True, normalized=False, special=True)
+                                for t in control + ["</s>"] if t not in ("<unk>", "<s>", "<|endoftext|>")])
+    return PreTrainedTokenizerFast(tokenizer_object=backend)
+
+
 def _save_tokenizer(reader: Any, path: Path, out: Path, context_length: int) -> None:
     from transformers import AutoTokenizer
 
@@ -349,7 +429,10 @@ def _save_tokenizer(reader: Any, path: Path, out: Path, context_length: int) -> 
     # lying beside it (another model's, say) before the GGUF's, and offer to run code that one names.
     with tempfile.TemporaryDirectory(prefix="treeflash-gguf-") as alone:
         os.symlink(path.resolve(), Path(alone) / "model.gguf")
-        tok = AutoTokenizer.from_pretrained(alone, gguf_file="model.gguf", trust_remote_code=False)
+        if _architecture(reader, path) == "phi3":
+            tok = _phi3_tokenizer(reader, path, Path(alone) / "model.gguf")
+        else:
+            tok = AutoTokenizer.from_pretrained(alone, gguf_file="model.gguf", trust_remote_code=False)
     # transformers' GGUF import mislabels special tokens (SmolLM2 gets eos = <|im_start|>); the GGUF
     # metadata is authoritative.
     tokens = reader.fields["tokenizer.ggml.tokens"]
@@ -389,7 +472,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, tokenizer: bool 
     if tokenizer and "tokenizer.ggml.tokens" not in reader.fields:
         raise ValueError(f"{path}: GGUF has no tokenizer (tokenizer.ggml.tokens is missing)")
     tensors = _hf_tensors(reader, path)
-    config = _hf_config(reader, path, {k: v.shape for k, v in tensors.items()}, _rope_divisors(reader, path))
+    config = _hf_config(reader, path, {k: v.shape for k, v in tensors.items()}, _rope_tensors(reader, path))
     if tokenizer:
         import transformers
 
