@@ -262,6 +262,30 @@ def test_llama3_pre_tokenizer(tmp_path: Path) -> None:
     assert tok.encode(chat, add_special_tokens=False)[0] == 298 and chat.startswith("<|im_start|>")
 
 
+@pytest.mark.parametrize("pre, split, bos", [
+    # Mistral Nemo: o200k's kind of split, a digit at a time, cased words apart; a BOS where the file is silent
+    ("tekken", ["In", "Ġ", "2", "0", "2", "4", ",", "ĠHTTPServer", "Ġdon", "'t", "ĊĊ", "Ġ", "Ġx"], 298),
+    # SmolLM: GPT-2's split after every digit alone
+    ("smollm", ["In", "Ġ", "2", "0", "2", "4", ",", "ĠHTTPServer", "Ġdon", "'t", "ĊĊĠ", "Ġx"], None),
+    ("gpt-2", ["In", "Ġ2024", ",", "ĠHTTPServer", "Ġdon", "'t", "ĊĊĠ", "Ġx"], None),
+])
+def test_byte_level_pre_tokenizers(tmp_path: Path, pre: str, split: list[str], bos: int | None) -> None:
+    from transformers import AutoTokenizer
+
+    src = write_gguf(tmp_path / "t.gguf", tiny_model("llama"), "llama", pre=pre, add_bos=None)
+    tok = AutoTokenizer.from_pretrained(convert_gguf(src, tmp_path / "out"))
+    text = "In 2024, HTTPServer don't\n\n  x"
+    assert [piece for piece, _ in tok.backend_tokenizer.pre_tokenizer.pre_tokenize_str(text)] == split
+    assert tok(text).input_ids[:1] == ([bos] if bos is not None else tok(text, add_special_tokens=False).input_ids[:1])
+    assert tok.decode(tok(text, add_special_tokens=False).input_ids) == text
+
+
+def test_an_unread_pre_tokenizer_is_warned_of(tmp_path: Path) -> None:
+    src = write_gguf(tmp_path / "t.gguf", tiny_model("llama"), "llama", pre="deepseek-coder")
+    with pytest.warns(UserWarning, match="pre-tokenizer 'deepseek-coder' is not one treeflash reads"):
+        convert_gguf(src, tmp_path / "out")
+
+
 @pytest.mark.parametrize("sentencepiece, add_bos, bos", [
     (True, None, 1),  # llama.cpp's default for SentencePiece vocabularies (Llama 2, Mistral)
     (True, False, None),
@@ -310,7 +334,7 @@ def test_phi4_mini_gguf_tokenizer_is_refused(tmp_path: Path) -> None:
 
 
 def test_cached_conversion_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
-    src = write_gguf(tmp_path / "tiny.gguf", tiny_model("qwen3"), "qwen3")
+    src = write_gguf(tmp_path / "tiny.gguf", tiny_model("qwen3"), "qwen3", pre="qwen2")
     monkeypatch.setenv("TREEFLASH_CACHE", str(tmp_path / "cache"))
     out = cached_conversion(src)
     assert out == tmp_path / "cache" / "converted" / f"tiny-{gguf_cache_key(src)}"

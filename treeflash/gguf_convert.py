@@ -16,6 +16,7 @@ import secrets
 import shutil
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -361,33 +362,51 @@ def _phi3_config(reader: Any, path: Path, rope_tensors: dict[str, np.ndarray], c
     return out
 
 
-# llama.cpp's names of Llama 3's pre-tokenizer (tokenizer.ggml.pre), and its split: cl100k's, as Llama 3's
-# tokenizer.json gives it. transformers reads these files' tokenizers with GPT-2's split instead, which groups
-# digits and spaces otherwise: "in 2024" becomes other tokens than the model was trained on.
-_LLAMA3_PRE = ("llama3", "llama-v3", "llama-bpe", "falcon3")
+# Byte-level BPE pre-tokenizers by llama.cpp's names (tokenizer.ggml.pre): the split each model's own
+# tokenizer.json makes, and whether llama.cpp adds a BOS where the file does not say. transformers' GGUF import
+# ignores the name and splits every `llama` file as GPT-2 does, which groups digits and spaces otherwise
+# ("in 2024" became other tokens than Llama 3 was trained on). Llama 3's split is cl100k's; Mistral Nemo's
+# (tekken) is o200k's kind; SmolLM's is GPT-2's after every digit alone.
 _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_TEKKEN_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+                 r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+                 r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_PRE_SPLITS = {name: (_LLAMA3_SPLIT, True) for name in ("llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral")}
+_PRE_SPLITS["tekken"] = (_TEKKEN_SPLIT, True)
+# The names whose split transformers' import already makes (GPT-2's for `llama` files, Qwen2's for Qwen's).
+_PRE_AS_READ = {"llama": ("default", "gpt-2"), "qwen2": ("qwen2", "deepseek-r1-qwen"),
+                "qwen3": ("qwen2", "deepseek-r1-qwen")}
 
 
-def _fix_tokenizer(reader: Any, tok: Any) -> None:
-    """Set what transformers' GGUF import leaves out, as llama.cpp reads the same metadata: Llama 3's
-    pre-tokenizer and whole-word lookup, and the BOS / EOS that tokenizer.ggml.add_{bos,eos}_token ask for
+def _fix_tokenizer(reader: Any, path: Path, tok: Any) -> None:
+    """Set what transformers' GGUF import gets wrong, as llama.cpp reads the same metadata: the pre-tokenizer
+    (`_PRE_SPLITS`) with whole-word lookup, and the BOS / EOS that tokenizer.ggml.add_{bos,eos}_token ask for
     (transformers adds neither, so a plain prompt to Llama or Mistral lost its BOS). Where the file does not
-    say, llama.cpp adds a BOS for SentencePiece vocabularies and Llama 3's."""
+    say, llama.cpp adds a BOS for SentencePiece vocabularies, Llama 3's and Mistral Nemo's. A pre-tokenizer
+    neither fixed here nor read right by transformers is kept as read, with a warning."""
     from tokenizers import Regex, pre_tokenizers, processors
 
     backend = tok.backend_tokenizer
-    model = _meta(reader, "tokenizer.ggml.model")
-    llama3 = model == "gpt2" and _meta(reader, "tokenizer.ggml.pre") in _LLAMA3_PRE
-    if llama3:
+    model, pre = _meta(reader, "tokenizer.ggml.model"), _meta(reader, "tokenizer.ggml.pre", "default")
+    split, bos_default = _PRE_SPLITS.get(pre, (None, model == "llama")) if model == "gpt2" else (None, True)
+    if split is not None:
         backend.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated"),
+            pre_tokenizers.Split(Regex(split), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False)])
         backend.model.ignore_merges = True  # (a whole pre-token in the vocabulary is one token)
         tok.clean_up_tokenization_spaces = False  # (transformers' import sets it; decoding a BPE ignores it)
+    elif model == "gpt2" and pre == "smollm":
+        backend.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)])
+    elif model == "gpt2" and pre not in _PRE_AS_READ.get(_architecture(reader, path), ()):
+        warnings.warn(f"{path.name}: its pre-tokenizer {pre!r} is not one treeflash reads; text is split as "
+                      f"transformers' GGUF import splits it, which may differ from the model's own tokenizer "
+                      f"(token ids given directly are unaffected)", stacklevel=3)
     tokens = reader.fields["tokenizer.ggml.tokens"]
     ends = []
-    for key, default in (("bos", model == "llama" or llama3), ("eos", False)):
+    for key, default in (("bos", bos_default), ("eos", False)):
         token_id = _meta(reader, f"tokenizer.ggml.{key}_token_id")
         if token_id is not None and _meta(reader, f"tokenizer.ggml.add_{key}_token", default):
             ends.append((key, tokens.contents(int(token_id)), int(token_id)))
@@ -440,7 +459,7 @@ def _save_tokenizer(reader: Any, path: Path, out: Path, context_length: int) -> 
         token_id = _meta(reader, f"tokenizer.ggml.{key}_token_id")
         if token_id is not None:
             setattr(tok, attr, tokens.contents(int(token_id)))
-    _fix_tokenizer(reader, tok)
+    _fix_tokenizer(reader, path, tok)
     template = _meta(reader, "tokenizer.chat_template")
     if template:
         tok.chat_template = template
