@@ -280,6 +280,15 @@ def test_byte_level_pre_tokenizers(tmp_path: Path, pre: str, split: list[str], b
     assert tok.decode(tok(text, add_special_tokens=False).input_ids) == text
 
 
+def test_end_of_turn_tokens_stop_generation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file whose EOS is the end of text (early Llama 3 GGUFs) still stops at the end of a turn, as llama.cpp
+    does: control tokens named as turn ends join eos_token_id."""
+    monkeypatch.setattr(gguf.GGUFWriter, "add_eos_token_id", lambda self, i: self.add_uint32(
+        "tokenizer.ggml.eos_token_id", 297))  # <|endoftext|>; <|im_end|> (299) is a control token
+    out = convert_gguf(write_gguf(tmp_path / "t.gguf", tiny_model("llama"), "llama"), tmp_path / "out")
+    assert json.loads((out / "config.json").read_text())["eos_token_id"] == [297, 299]
+
+
 def test_an_unread_pre_tokenizer_is_warned_of(tmp_path: Path) -> None:
     src = write_gguf(tmp_path / "t.gguf", tiny_model("llama"), "llama", pre="deepseek-coder")
     with pytest.warns(UserWarning, match="pre-tokenizer 'deepseek-coder' is not one treeflash reads"):

@@ -218,9 +218,9 @@ def _hf_config(reader: Any, path: Path, tensor_shapes: dict[str, tuple[int, ...]
     for k in ("eos", "eot", "eom"):
         if k in special and special[k] not in eos:
             eos.append(special[k])
-    end = _token_id(reader, "<|end|>") if arch == "phi3" else None
-    if end is not None and end not in eos:  # (Phi-3's turns end there; its generation_config stops at it too)
-        eos.append(end)
+    for end in _end_of_turn_ids(reader):
+        if end not in eos:
+            eos.append(end)
     if eos:
         cfg["eos_token_id"] = eos[0] if len(eos) == 1 else eos
     return cfg
@@ -270,12 +270,18 @@ def _llama3_rope_scaling(divisors: np.ndarray, theta: float, head_dim: int, path
                                 f"frequency factors and pre-training context reproduce its divisors)")
 
 
-def _token_id(reader: Any, text: str) -> int | None:
-    """The id of the token whose text is `text`, or None."""
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    if tokens is None:
-        return None
-    return next((i for i in range(len(tokens.data)) if tokens.contents(i) == text), None)
+# Control tokens that end a chat turn, by their text. Many GGUFs name only the end of text as EOS (early Llama 3
+# ones end a turn with <|eot_id|> and say nothing of it; Phi-3's end with <|end|>), so llama.cpp stops at these
+# too; so does the conversion (<|endoftext|>, which llama.cpp also stops at, is left to the file's EOS).
+_END_OF_TURN = ("<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>")
+
+
+def _end_of_turn_ids(reader: Any) -> list[int]:
+    tokens, types = reader.fields.get("tokenizer.ggml.tokens"), reader.fields.get("tokenizer.ggml.token_type")
+    if tokens is None or types is None:
+        return []
+    return [i for i, (text, kind) in enumerate(zip(tokens.contents(), types.contents()))
+            if kind == 3 and text in _END_OF_TURN]  # (3: llama.cpp's CONTROL)
 
 
 def _special_token_ids(reader: Any, path: Path, vocab_size: int) -> dict[str, int]:
@@ -434,8 +440,7 @@ def _phi3_tokenizer(reader: Any, path: Path, gguf_file: Path) -> Any:
                                     f"converted: its pre-tokenizer is not read; use the safetensors checkpoint")
     backend, _ = convert_gguf_tokenizer("llama", load_gguf_checkpoint(str(gguf_file))["tokenizer"])
     tokens, types = reader.fields["tokenizer.ggml.tokens"], reader.fields.get("tokenizer.ggml.token_type")
-    control = [tokens.contents(i) for i in range(len(tokens.data))
-               if types is not None and int(types.contents(i)) == 3]  # (3: llama.cpp's CONTROL)
+    control = [text for text, kind in zip(tokens.contents(), types.contents() if types else []) if kind == 3]
     backend.add_special_tokens([AddedToken(t, rstrip=True, normalized=False, special=True)
                                 for t in control + ["</s>"] if t not in ("<unk>", "<s>", "<|endoftext|>")])
     return PreTrainedTokenizerFast(tokenizer_object=backend)
