@@ -45,10 +45,11 @@ def test_the_plans_agree(layer, tokens):
     x = torch.randn(tokens, 32, generator=torch.Generator().manual_seed(tokens))
     weights, chosen = layer.route(x)
     gathered = layer._gathered(x, weights, chosen)
-    torch.testing.assert_close(layer._dense(x, weights, chosen), gathered, atol=1e-6, rtol=1e-5)
+    # (float32 sums in other orders: on an AMD EPYC the dense and grouped plans differ by 2.1e-6 / 1.8e-6 at 5 tokens)
+    torch.testing.assert_close(layer._dense(x, weights, chosen), gathered, atol=5e-6, rtol=1e-5)
     torch.testing.assert_close(layer._looped(x, weights, chosen), gathered, atol=5e-6, rtol=1e-5)
     if grouped_runs_here(layer):  # (this PyTorch's grouped product on the CPU)
-        torch.testing.assert_close(layer._grouped(x, weights, chosen), gathered, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(layer._grouped(x, weights, chosen), gathered, atol=5e-6, rtol=1e-5)
 
 
 @torch.no_grad()
