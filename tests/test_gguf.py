@@ -197,6 +197,35 @@ def test_roundtrip_exact(tmp_path: Path, arch: str) -> None:
     assert not (out / "tokenizer.json").exists()
 
 
+def test_large_weights_are_written_in_shards(tmp_path: Path) -> None:
+    """Past shard_bytes of float32 the weights go to shards with transformers' index, written one at a time;
+    the checkpoint is the same model."""
+    import transformers
+
+    from treeflash.checkpoint import load_target
+
+    model = tiny_model("llama")
+    out = convert_gguf(write_gguf(tmp_path / "t.gguf", model, "llama"), tmp_path / "out", tokenizer=False,
+                       shard_bytes=100_000)  # (the embedding and head alone are 76,800 bytes each)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) > 2 and files[0] == f"model-00001-of-{len(files):05d}.safetensors"
+    assert not (out / "model.safetensors").exists()
+    got = {}
+    for file in files:
+        shard = load_file(out / file)
+        assert sum(a.nbytes for a in shard.values()) <= 100_000 or len(shard) == 1
+        got |= shard
+    assert index["metadata"]["total_size"] == sum(a.nbytes for a in got.values())
+    for name, a in model.state_dict().items():
+        np.testing.assert_array_equal(got[name], a.numpy(), err_msg=name)
+    ids = torch.arange(40)[None]
+    with torch.no_grad():
+        torch.testing.assert_close(transformers.AutoModelForCausalLM.from_pretrained(out).eval()(ids).logits,
+                                   model(ids).logits, rtol=0, atol=0)
+    assert load_target(out, "cpu", torch.float32)[0].embed_tokens.weight.shape == (300, 64)
+
+
 @pytest.mark.parametrize("kv, factor", [
     ({"llama.rope.scaling.factor": 4.0}, 4.0),  # no type: llama.cpp reads linear
     ({"llama.rope.scale_linear": 4.0}, 4.0),  # the old key

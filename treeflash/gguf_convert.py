@@ -27,8 +27,9 @@ from treeflash.config import UnsupportedModelError, unsupported_architecture
 GGUF_MAGIC = b"GGUF"
 # Bump when the output layout changes, so stale cache entries are not reused.
 _CONVERTER_VERSION = 4  # 2: GGUF linear rope scaling read as llama.cpp reads it; 3: config.json names its writer;
-# 4: Llama 3's rope_freqs and pre-tokenizer read
+# 4: pre-tokenizers by name, add_bos_token, end-of-turn stop tokens, shards past SHARD_BYTES
 _READ_BYTES = 1 << 22
+SHARD_BYTES = 2 << 30  # float32 weights a safetensors file at most (a tensor larger than that takes one alone)
 
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                   "phi3": "Phi3ForCausalLM"}
@@ -298,13 +299,10 @@ def _special_token_ids(reader: Any, path: Path, vocab_size: int) -> dict[str, in
     return out
 
 
-def _hf_tensors(reader: Any, path: Path) -> dict[str, np.ndarray]:
-    import gguf
-
+def _tensor_plan(reader: Any, path: Path) -> list[tuple[Any, str, tuple[int, ...]]]:
+    """(GGUF tensor, HF name, HF shape) for every weight, checked before anything is dequantised."""
     arch = _architecture(reader, path)
-    heads = _scalar(reader, path, f"{arch}.attention.head_count", int)
-    kv_heads = _scalar(reader, path, f"{arch}.attention.head_count_kv", int, heads)
-    tensors: dict[str, np.ndarray] = {}
+    plan = []
     for t in reader.tensors:
         if t.name in _ROPE_TENSORS.get(arch, ()):
             continue  # (RoPE parameters, not weights: `_rope_tensors` reads them into config.json)
@@ -312,18 +310,56 @@ def _hf_tensors(reader: Any, path: Path) -> dict[str, np.ndarray]:
         if name is None:
             # Dropping an unknown tensor (e.g. Gemma's post-norms) would silently change the model.
             raise UnsupportedModelError(f"{path.name}: tensor {t.name!r} has no Hugging Face counterpart")
-        try:
-            w = gguf.quants.dequantize(t.data, t.tensor_type)
-        except NotImplementedError as e:
-            raise UnsupportedModelError(f"{path.name}: tensor {t.name}: {e}") from None
         # GGUF lists dims fastest-first ([in, out]); numpy's row-major order is the reverse, i.e. HF's.
-        w = w.reshape(tuple(int(d) for d in reversed(t.shape))).astype(np.float32, copy=False)
-        if arch == "llama" and (".self_attn.q_proj." in name or ".self_attn.k_proj." in name):
-            w = unpermute_rotary(w, heads if ".q_proj." in name else kv_heads)
-        tensors[name] = np.ascontiguousarray(w)
-    if "model.embed_tokens.weight" not in tensors:
+        plan.append((t, name, tuple(int(d) for d in reversed(t.shape))))
+    if not any(name == "model.embed_tokens.weight" for _, name, _ in plan):
         raise ValueError(f"{path}: GGUF has no token_embd.weight tensor")
-    return tensors
+    return plan
+
+
+def _dequantized(reader: Any, path: Path, t: Any, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """One tensor in float32, in HF's layout."""
+    import gguf
+
+    try:
+        w = gguf.quants.dequantize(t.data, t.tensor_type)
+    except NotImplementedError as e:
+        raise UnsupportedModelError(f"{path.name}: tensor {t.name}: {e}") from None
+    w = w.reshape(shape).astype(np.float32, copy=False)
+    arch = _architecture(reader, path)
+    if arch == "llama" and (".self_attn.q_proj." in name or ".self_attn.k_proj." in name):
+        heads = _scalar(reader, path, f"{arch}.attention.head_count", int)
+        w = unpermute_rotary(w, heads if ".q_proj." in name else _scalar(
+            reader, path, f"{arch}.attention.head_count_kv", int, heads))
+    return np.ascontiguousarray(w)
+
+
+def _write_weights(reader: Any, path: Path, plan: list[tuple[Any, str, tuple[int, ...]]], out: Path,
+                   shard_bytes: int) -> None:
+    """The weights as float32 safetensors: model.safetensors, or shards of at most `shard_bytes` (a tensor
+    larger than that alone) with the index transformers writes. Each shard is dequantised, written and let go
+    before the next, so converting a 3B model takes one shard's memory rather than all 12 GB of float32."""
+    from safetensors.numpy import save_file
+
+    shards: list[list[tuple[Any, str, tuple[int, ...]]]] = [[]]
+    size = 0
+    for item in plan:
+        nbytes = 4 * math.prod(item[2])
+        if shards[-1] and size + nbytes > shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(item)
+        size += nbytes
+    files = (["model.safetensors"] if len(shards) == 1 else
+             [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
+    for shard, file in zip(shards, files):
+        tensors = {name: _dequantized(reader, path, t, name, shape) for t, name, shape in shard}
+        save_file(tensors, str(out / file), metadata={"format": "pt"})
+        del tensors
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": sum(4 * math.prod(shape) for _, _, shape in plan)},
+                 "weight_map": {name: file for shard, file in zip(shards, files) for _, name, _ in shard}}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
 
 def _rope_tensors(reader: Any, path: Path) -> dict[str, np.ndarray]:
@@ -479,15 +515,15 @@ def _save_tokenizer(reader: Any, path: Path, out: Path, context_length: int) -> 
         cfg_file.write_text(json.dumps(tok_cfg, indent=2, ensure_ascii=False) + "\n")
 
 
-def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, tokenizer: bool = True) -> Path:
-    """Dequantise `gguf_path` into a new HF directory `out_dir` (model.safetensors, config.json, tokenizer).
+def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, tokenizer: bool = True,
+                 shard_bytes: int = SHARD_BYTES) -> Path:
+    """Dequantise `gguf_path` into a new HF directory `out_dir` (float32 safetensors, config.json, tokenizer).
 
     The directory appears atomically: everything is written to a temporary sibling that is renamed
     at the end, so a crash never leaves a half-written directory. `tokenizer=False` skips the
-    tokenizer files (for checkpoints without tokenizer metadata, e.g. in tests).
+    tokenizer files (for checkpoints without tokenizer metadata, e.g. in tests). Weights past `shard_bytes`
+    of float32 are written in shards, one at a time (`_write_weights`).
     """
-    from safetensors.numpy import save_file
-
     path, out = Path(gguf_path), Path(out_dir)
     if out.exists():
         raise FileExistsError(f"{out}: output directory already exists")
@@ -495,8 +531,8 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, tokenizer: bool 
     _architecture(reader, path)
     if tokenizer and "tokenizer.ggml.tokens" not in reader.fields:
         raise ValueError(f"{path}: GGUF has no tokenizer (tokenizer.ggml.tokens is missing)")
-    tensors = _hf_tensors(reader, path)
-    config = _hf_config(reader, path, {k: v.shape for k, v in tensors.items()}, _rope_tensors(reader, path))
+    plan = _tensor_plan(reader, path)
+    config = _hf_config(reader, path, {name: shape for _, name, shape in plan}, _rope_tensors(reader, path))
     if tokenizer:
         import transformers
 
@@ -509,8 +545,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, tokenizer: bool 
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
     tmp.mkdir()
     try:
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        del tensors
+        _write_weights(reader, path, plan, tmp, shard_bytes)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         if tokenizer:
             _save_tokenizer(reader, path, tmp, config["max_position_embeddings"])
