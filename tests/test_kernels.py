@@ -249,8 +249,9 @@ def test_default_backend_follows_the_measured_rule():
     assert default_backend("cpu", 128) == "sdpa"
     assert default_backend("cuda", 128) == default_backend("cuda", 64) == "splitkv"  # Qwen3-8B, SmolLM2
     assert default_backend("cuda", 80) == "flex"  # splitkv tiles power-of-two head dimensions only
-    # Gemma 3's 256: not yet run through splitkv on a GPU; its windows rule flex out
-    assert default_backend("cuda", 256) == "flex" and default_backend("cuda", 256, flex=False) == "sdpa"
+    assert default_backend("cuda", 256) == "splitkv"  # Gemma 3's, run on an H100 (benchmarks/gpu-new-archs)
+    # wider heads, never run through splitkv: flex, or sdpa where windows rule flex out
+    assert default_backend("cuda", 512) == "flex" and default_backend("cuda", 512, flex=False) == "sdpa"
     assert default_backend("cuda", 8) == "sdpa"  # below FlexAttention's 16 too (a tiny test model's)
     from treeflash.attention import check_backend
 
