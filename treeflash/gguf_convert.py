@@ -352,10 +352,17 @@ def _write_weights(reader: Any, path: Path, plan: list[tuple[Any, str, tuple[int
         size += nbytes
     files = (["model.safetensors"] if len(shards) == 1 else
              [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
-    for shard, file in zip(shards, files):
-        tensors = {name: _dequantized(reader, path, t, name, shape) for t, name, shape in shard}
-        save_file(tensors, str(out / file), metadata={"format": "pt"})
-        del tensors
+    from tqdm import tqdm
+
+    # (a large file takes a while; the bar is off where stderr is not a terminal)
+    with tqdm(total=len(plan), desc="dequantising", unit="tensor", disable=None, leave=False) as bar:
+        for shard, file in zip(shards, files):
+            tensors = {}
+            for t, name, shape in shard:
+                tensors[name] = _dequantized(reader, path, t, name, shape)
+                bar.update()
+            save_file(tensors, str(out / file), metadata={"format": "pt"})
+            del tensors
     if len(shards) > 1:
         index = {"metadata": {"total_size": sum(4 * math.prod(shape) for _, _, shape in plan)},
                  "weight_map": {name: file for shard, file in zip(shards, files) for _, name, _ in shard}}
