@@ -360,7 +360,7 @@ def test_phi3_tokenizer(tmp_path: Path) -> None:
     chat = "<|user|>\nten tea<|end|>\n<|assistant|>\n<|endoftext|>\n"
     assert tok.convert_ids_to_tokens(tok(chat, add_special_tokens=False).input_ids) == [
         "<|user|>", "▁ten", "▁t", "ea", "<|end|>", "<|assistant|>", "<|endoftext|>", "▁", "<0x0A>"]
-    assert (tok.bos_token, tok.eos_token) == ("<s>", "</s>")
+    assert (tok.bos_token, tok.eos_token) == ("<s>", "</s>") and len(tok) == 300  # (no token added)
     assert json.loads((tmp_path / "out" / "config.json").read_text())["eos_token_id"] == [2, 298]  # </s>, <|end|>
 
 

@@ -482,10 +482,11 @@ def _phi3_tokenizer(reader: Any, path: Path, gguf_file: Path) -> Any:
         raise UnsupportedModelError(f"{path.name}: a Phi-3 GGUF with a {model!r} tokenizer (Phi-4's kind) is not "
                                     f"converted: its pre-tokenizer is not read; use the safetensors checkpoint")
     backend, _ = convert_gguf_tokenizer("llama", load_gguf_checkpoint(str(gguf_file))["tokenizer"])
-    tokens, types = reader.fields["tokenizer.ggml.tokens"], reader.fields.get("tokenizer.ggml.token_type")
-    control = [text for text, kind in zip(tokens.contents(), types.contents() if types else []) if kind == 3]
+    tokens, types = reader.fields["tokenizer.ggml.tokens"].contents(), reader.fields.get("tokenizer.ggml.token_type")
+    control = [text for text, kind in zip(tokens, types.contents() if types else []) if kind == 3]
+    stripping = dict.fromkeys(control + (["</s>"] if "</s>" in tokens else []))  # (never a token of its own)
     backend.add_special_tokens([AddedToken(t, rstrip=True, normalized=False, special=True)
-                                for t in control + ["</s>"] if t not in ("<unk>", "<s>", "<|endoftext|>")])
+                                for t in stripping if t not in ("<unk>", "<s>", "<|endoftext|>")])
     return PreTrainedTokenizerFast(tokenizer_object=backend)
 
 
