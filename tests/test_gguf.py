@@ -93,7 +93,8 @@ def write_gguf(path: Path, model: torch.nn.Module, arch: str, *, extra_tensors: 
         w.add_sliding_window(cfg.sliding_window or 0)
         if cfg.rope_parameters["rope_type"] == "longrope":
             scale = cfg.max_position_embeddings / cfg.original_max_position_embeddings
-            w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(cfg.original_max_position_embeddings)))
+            original = cfg.original_max_position_embeddings
+            w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)))
             for kind in ("long", "short"):
                 w.add_tensor(f"rope_factors_{kind}.weight",
                              np.array(cfg.rope_parameters[f"{kind}_factor"], dtype=np.float32))
