@@ -230,15 +230,16 @@ def _hf_config(reader: Any, path: Path, tensor_shapes: dict[str, tuple[int, ...]
 _ROPE_FREQS = _ROPE_TENSORS["llama"][0]
 
 
-def _llama3_divisors(theta: float, head_dim: int, factor: float, low: float, high: float, original: float
+def _llama3_divisors(theta: float, head_dim: int, factor: float, low: float, high: float, original: int
                      ) -> np.ndarray:
-    """What llama.cpp's converter stores as rope_freqs.weight for a Llama 3.1 rope_scaling: each frequency's
-    divisor (1 for short wavelengths, `factor` for long ones, a ramp in 1 / wavelength between)."""
-    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    wavelen = 2 * np.pi / inv_freq
-    smooth = (original / wavelen - low) / (high - low)
-    ramp = 1.0 / ((1 - smooth) / factor + smooth)
-    return np.where(wavelen < original / high, 1.0, np.where(wavelen > original / low, factor, ramp))
+    """Each frequency's divisor under a Llama 3.1 rope_scaling, as the engine computes its frequencies
+    (`rope_inv_freq`): what llama.cpp's converter stores as rope_freqs.weight."""
+    from treeflash.config import RopeConfig
+    from treeflash.models.layers import rope_inv_freq
+
+    rope = RopeConfig(theta=theta, kind="llama3", factor=factor, low_freq_factor=low, high_freq_factor=high,
+                      original_max_position_embeddings=original)
+    return (rope_inv_freq(RopeConfig(theta=theta), head_dim) / rope_inv_freq(rope, head_dim)).double().numpy()
 
 
 def _llama3_rope_scaling(divisors: np.ndarray, theta: float, head_dim: int, path: Path) -> dict[str, Any] | None:
@@ -278,11 +279,15 @@ _END_OF_TURN = ("<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_tu
 
 
 def _end_of_turn_ids(reader: Any) -> list[int]:
+    return [i for i, text in _control_tokens(reader) if text in _END_OF_TURN]
+
+
+def _control_tokens(reader: Any) -> list[tuple[int, str]]:
+    """(id, text) of the vocabulary's control tokens (llama.cpp's token type 3)."""
     tokens, types = reader.fields.get("tokenizer.ggml.tokens"), reader.fields.get("tokenizer.ggml.token_type")
     if tokens is None or types is None:
         return []
-    return [i for i, (text, kind) in enumerate(zip(tokens.contents(), types.contents()))
-            if kind == 3 and text in _END_OF_TURN]  # (3: llama.cpp's CONTROL)
+    return [(i, text) for i, (text, kind) in enumerate(zip(tokens.contents(), types.contents())) if kind == 3]
 
 
 def _special_token_ids(reader: Any, path: Path, vocab_size: int) -> dict[str, int]:
@@ -317,8 +322,9 @@ def _tensor_plan(reader: Any, path: Path) -> list[tuple[Any, str, tuple[int, ...
     return plan
 
 
-def _dequantized(reader: Any, path: Path, t: Any, name: str, shape: tuple[int, ...]) -> np.ndarray:
-    """One tensor in float32, in HF's layout."""
+def _dequantized(path: Path, t: Any, shape: tuple[int, ...], permuted_heads: int | None) -> np.ndarray:
+    """One tensor in float32, in HF's layout; permuted_heads: llama.cpp's q/k row order to undo, over that
+    many heads (Llama's q and k), else None."""
     import gguf
 
     try:
@@ -326,11 +332,8 @@ def _dequantized(reader: Any, path: Path, t: Any, name: str, shape: tuple[int, .
     except NotImplementedError as e:
         raise UnsupportedModelError(f"{path.name}: tensor {t.name}: {e}") from None
     w = w.reshape(shape).astype(np.float32, copy=False)
-    arch = _architecture(reader, path)
-    if arch == "llama" and (".self_attn.q_proj." in name or ".self_attn.k_proj." in name):
-        heads = _scalar(reader, path, f"{arch}.attention.head_count", int)
-        w = unpermute_rotary(w, heads if ".q_proj." in name else _scalar(
-            reader, path, f"{arch}.attention.head_count_kv", int, heads))
+    if permuted_heads is not None:
+        w = unpermute_rotary(w, permuted_heads)
     return np.ascontiguousarray(w)
 
 
@@ -354,12 +357,21 @@ def _write_weights(reader: Any, path: Path, plan: list[tuple[Any, str, tuple[int
              [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
     from tqdm import tqdm
 
+    arch = _architecture(reader, path)
+    heads = _scalar(reader, path, f"{arch}.attention.head_count", int)
+    kv_heads = _scalar(reader, path, f"{arch}.attention.head_count_kv", int, heads)
+
+    def permuted_heads(name: str) -> int | None:
+        if arch != "llama":
+            return None
+        return heads if ".self_attn.q_proj." in name else kv_heads if ".self_attn.k_proj." in name else None
+
     # (a large file takes a while; the bar is off where stderr is not a terminal)
     with tqdm(total=len(plan), desc="dequantising", unit="tensor", disable=None, leave=False) as bar:
         for shard, file in zip(shards, files):
             tensors = {}
             for t, name, shape in shard:
-                tensors[name] = _dequantized(reader, path, t, name, shape)
+                tensors[name] = _dequantized(path, t, shape, permuted_heads(name))
                 bar.update()
             save_file(tensors, str(out / file), metadata={"format": "pt"})
             del tensors
@@ -482,9 +494,9 @@ def _phi3_tokenizer(reader: Any, path: Path, gguf_file: Path) -> Any:
         raise UnsupportedModelError(f"{path.name}: a Phi-3 GGUF with a {model!r} tokenizer (Phi-4's kind) is not "
                                     f"converted: its pre-tokenizer is not read; use the safetensors checkpoint")
     backend, _ = convert_gguf_tokenizer("llama", load_gguf_checkpoint(str(gguf_file))["tokenizer"])
-    tokens, types = reader.fields["tokenizer.ggml.tokens"].contents(), reader.fields.get("tokenizer.ggml.token_type")
-    control = [text for text, kind in zip(tokens, types.contents() if types else []) if kind == 3]
-    stripping = dict.fromkeys(control + (["</s>"] if "</s>" in tokens else []))  # (never a token of its own)
+    control = [text for _, text in _control_tokens(reader)]
+    has_eos = "</s>" in reader.fields["tokenizer.ggml.tokens"].contents()
+    stripping = dict.fromkeys(control + (["</s>"] if has_eos else []))  # (never a token of its own)
     backend.add_special_tokens([AddedToken(t, rstrip=True, normalized=False, special=True)
                                 for t in stripping if t not in ("<unk>", "<s>", "<|endoftext|>")])
     return PreTrainedTokenizerFast(tokenizer_object=backend)
