@@ -262,7 +262,7 @@ def _llama3_rope_scaling(divisors: np.ndarray, theta: float, head_dim: int, path
         slope, intercept = np.polyfit(inv_freq[ramp] / (2 * np.pi), smooth, 1)
         if slope > 0 and intercept < 0:  # (low = 1; then high and the context follow from the ramp)
             original = int(round(-slope / intercept))
-            high = 1 + original / slope
+            high = float(1 + original / slope)
             candidates += [(1.0, round(high, 4), original), (1.0, high, original)]  # (the round one if it fits)
     for low, high, original in candidates:
         if np.allclose(_llama3_divisors(theta, head_dim, factor, low, high, original), divisors, rtol=1e-5, atol=0):
