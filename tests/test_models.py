@@ -322,7 +322,7 @@ def test_gpt_oss_windows_as_transformers_reads_them(tmp_path):
     assert [named.window(i) for i in range(4)] == [None, None, None, 16]
     assert ModelConfig.from_hf(raw | {"quantization_config": {"quant_method": "mxfp4"}}).experts is not None
     with pytest.raises(UnsupportedModelError, match="quantised"):
-        ModelConfig.from_hf(raw | {"quantization_config": {"quant_method": "fp8"}})
+        ModelConfig.from_hf(raw | {"quantization_config": {"quant_method": "gptq"}})
     with pytest.raises(UnsupportedModelError, match="swiglu_limit 5.0"):
         ModelConfig.from_hf(raw | {"swiglu_limit": 5.0})
     with pytest.raises(ConfigError, match="layer_types names 2 layers"):
@@ -755,8 +755,8 @@ def test_a_scaled_rope_without_its_factors_is_refused(tmp_path, rope, missing):
 
 def test_quantised_checkpoints_and_odd_head_dims_are_refused(tmp_path):
     path = write_config(tmp_path / "q", architectures=["LlamaForCausalLM"],
-                        quantization_config={"quant_method": "fp8"})
-    with pytest.raises(UnsupportedModelError, match="quantised checkpoints are not supported.*fp8"):
+                        quantization_config={"quant_method": "awq", "bits": 4})
+    with pytest.raises(UnsupportedModelError, match="quantised checkpoints are not supported.*awq"):
         ModelConfig.from_dir(path)
     path = write_config(tmp_path / "odd", architectures=["LlamaForCausalLM"], head_dim=7)
     with pytest.raises(ConfigError, match="head dimension 7 is odd"):

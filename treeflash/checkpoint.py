@@ -128,7 +128,8 @@ def load_weights(module: nn.Module, tensors: dict[str, torch.Tensor], where: Pat
         if t.dtype not in _FLOAT_DTYPES:
             # Integer or fp8 tensors are quantised weights: cast as they are, they would be other numbers.
             raise ValueError(f"{where}: tensor {name} is {t.dtype}; only float32, float16 and bfloat16 weights "
-                             f"are read (quantised checkpoints: use a GGUF or an unquantised copy)")
+                             f"are read (quantised checkpoints: a target's FP8 release with its "
+                             f"quantization_config, a GGUF or an unquantised copy)")
         if tuple(t.shape) != tuple(param.shape):
             raise ValueError(f"{where}: tensor {name} has shape {tuple(t.shape)}, config implies {tuple(param.shape)}")
         owner, _, leaf = name.rpartition(".")
@@ -159,6 +160,57 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor
     codes = torch.stack([blocks & 0x0F, blocks >> 4], dim=-1).flatten(-2)  # [..., G, 32]
     values = torch.ldexp(lut[codes.long()], (scales.to(torch.int32) - 127)[..., None].float())
     return values.flatten(-2).to(torch.bfloat16)
+
+
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def dequantize_fp8(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None,
+                   dtype: torch.dtype) -> torch.Tensor:
+    """An FP8 checkpoint's weight as `dtype`: weight [..., rows, cols] float8; scale float32 [..., ceil(rows /
+    block[0]), ceil(cols / block[1])], each multiplying its block of the weight (the grid's last blocks cut short),
+    or one value where block is None. Multiplied in float32, then rounded once to dtype (transformers' order, so
+    its dequantised model and this one hold the same numbers)."""
+    if weight.dtype not in FP8_DTYPES or weight.dim() < 2:
+        raise ValueError(f"an FP8 weight must be float8 with at least two dimensions, got {tuple(weight.shape)} "
+                         f"{weight.dtype}")
+    rows, cols = weight.shape[-2:]
+    if block is None:
+        if scale.numel() != 1:
+            raise ValueError(f"one scale a tensor (weight_block_size null) expected, got {tuple(scale.shape)}")
+        grid = scale.float().reshape(())
+    else:
+        expected = (*weight.shape[:-2], -(-rows // block[0]), -(-cols // block[1]))
+        if tuple(scale.shape) != expected:
+            raise ValueError(f"scales {tuple(scale.shape)} for a weight {tuple(weight.shape)} in blocks of "
+                             f"{list(block)}: expected {expected}")
+        grid = scale.float().repeat_interleave(block[0], -2)[..., :rows, :].repeat_interleave(block[1], -1)
+        grid = grid[..., :cols]
+    return (weight.float() * grid).to(dtype)
+
+
+def _dequantized_fp8(tensors: dict[str, torch.Tensor], fp8, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Every float8 weight of an FP8 checkpoint times its `_scale_inv` beside it, one tensor at a time (the
+    float8 copy freed as its product is made, so loading holds little more than the model); activation scales,
+    which only an FP8 kernel would use, are dropped."""
+    out = {}
+    for name in list(tensors):
+        if name.endswith("_scale_inv") or name.endswith((".activation_scale", ".input_scale")):
+            continue
+        t = tensors.pop(name)
+        if t.dtype in FP8_DTYPES:
+            scale = tensors.pop(f"{name}_scale_inv", None)
+            if scale is None:
+                raise ValueError(f"tensor {name} is {t.dtype} with no {name}_scale_inv beside it")
+            try:
+                t = dequantize_fp8(t, scale, fp8.block, dtype)
+            except ValueError as e:
+                raise ValueError(f"tensor {name}: {e}") from None
+        out[name] = t
+    stray = sorted(n for n in tensors if n.endswith("_scale_inv"))
+    if stray:
+        raise ValueError(f"tensor {stray[0]} scales {stray[0].removesuffix('_scale_inv')}, which is not float8")
+    return out
 
 
 def _unstack_gpt_oss_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -209,6 +261,11 @@ def load_target(model_dir: Path, device: torch.device | str, dtype: torch.dtype,
     read = None if shard is None else (lambda key, part: shard.read(key, cfg, part))
     select = _language_model if cfg.architecture == "Gemma3ForConditionalGeneration" else None
     tensors = read_safetensors(model_dir, strip_prefix="model.", read=read, select=select)
+    if cfg.fp8 is not None:
+        try:
+            tensors = _dequantized_fp8(tensors, cfg.fp8, dtype)
+        except ValueError as e:
+            raise ValueError(f"{model_dir}: {e}") from None
     renames = _RENAMES.get(cfg.architecture, ())
     for pattern, replacement in renames:
         tensors = {re.sub(pattern, replacement, name): t for name, t in tensors.items()}

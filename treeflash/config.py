@@ -254,6 +254,32 @@ class RopeConfig:
 
 
 @dataclass(frozen=True)
+class Fp8Weights:
+    """A checkpoint whose linear weights are 8-bit floats, each with float32 scales beside it (`quant_method`
+    "fp8", the format of Qwen's and DeepSeek's FP8 releases): `X.weight` in float8 (e4m3 or e5m2) and
+    `X.weight_scale_inv`, one scale per `block` of [rows, columns], the grid's last blocks cut short where a
+    dimension is not a multiple (one scale a tensor where `block` is None). Loading multiplies them out into the
+    engine's dtype (checkpoint.py: `dequantize_fp8`), as transformers does without an FP8-capable GPU (multiplied
+    in float32, rounded once: transformers' numbers); activations stay in that dtype, not quantised to
+    8 bits as an FP8 kernel would."""
+
+    block: tuple[int, int] | None = (128, 128)
+
+    @staticmethod
+    def from_hf(quantization: dict[str, Any]) -> "Fp8Weights":
+        block = quantization.get("weight_block_size", (128, 128))
+        if block is not None and (not isinstance(block, (list, tuple)) or len(block) != 2 or not all(
+                isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in block)):
+            raise UnsupportedModelError(f"quantization_config.weight_block_size must be two positive integers "
+                                        f"(rows, columns) or null, got {block!r}")
+        fmt = quantization.get("fmt", "e4m3")
+        if fmt not in ("e4m3", "e5m2"):
+            raise UnsupportedModelError(f"quantization_config.fmt {fmt!r} is not an 8-bit float format this engine "
+                                        f"reads (e4m3, e5m2)")
+        return Fp8Weights(None if block is None else (block[0], block[1]))
+
+
+@dataclass(frozen=True)
 class ExpertsConfig:
     """Mixture-of-experts MLPs (Qwen3-MoE, Qwen2-MoE, Mixtral, GPT-OSS; models/layers.py: `SparseMoE`): a router's
     softmax picks each token's `per_token` experts of `count`, whose MLP outputs are summed with those weights."""
@@ -343,6 +369,7 @@ class ModelConfig:
     activation: str = "silu"  # or "gelu_tanh"
     local_rope: RopeConfig | None = None
     local_rope_layers: tuple[int, ...] = ()
+    fp8: Fp8Weights | None = None  # linear weights stored as 8-bit floats and scales (multiplied out at load)
 
     @staticmethod
     def from_hf(cfg: dict[str, Any]) -> "ModelConfig":
@@ -361,12 +388,13 @@ class ModelConfig:
         quantization = cfg.get("quantization_config")
         # (OpenAI's GPT-OSS checkpoints keep their experts in MXFP4, which loading turns into bfloat16 exactly:
         # checkpoint.py: dequantize_mxfp4)
-        mxfp4 = (family == "gpt_oss" and isinstance(quantization, dict)
-                 and quantization.get("quant_method") == "mxfp4")
-        if quantization is not None and not mxfp4:  # codes and scales: read as plain floats, other numbers
-            method = quantization.get("quant_method", "?") if isinstance(quantization, dict) else quantization
+        method = quantization.get("quant_method", "?") if isinstance(quantization, dict) else quantization
+        mxfp4 = family == "gpt_oss" and method == "mxfp4"
+        fp8 = Fp8Weights.from_hf(quantization) if isinstance(quantization, dict) and method == "fp8" else None
+        if quantization is not None and not mxfp4 and fp8 is None:  # codes and scales: as floats, other numbers
             raise UnsupportedModelError(f"quantised checkpoints are not supported (quantization_config: {method}); "
-                                        f"use an unquantised one (float32, float16 or bfloat16) or a GGUF file")
+                                        f"use an unquantised one (float32, float16 or bfloat16), an FP8 one "
+                                        f"(quant_method fp8) or a GGUF file")
         max_positions = config_value(cfg, "max_position_embeddings", int, _MAX_POSITIONS[arch], minimum=2)
         gemma = family == "gemma3"
         if gemma:
@@ -438,6 +466,7 @@ class ModelConfig:
             activation=activation,
             local_rope=window_rope,
             local_rope_layers=_gemma3_sliding_layers(cfg, num_layers) if gemma else (),
+            fp8=fp8,
         )
 
     def window(self, layer: int) -> int | None:

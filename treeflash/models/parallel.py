@@ -42,6 +42,9 @@ def check_shardable(cfg: ModelConfig, size: int) -> None:
     if cfg.experts is not None and size > 1:
         raise TensorParallelConfigError(f"tensor parallelism does not split a mixture of experts ({cfg.architecture}) "
                                         f"yet: run it on one device (tensor_parallel_size=1)")
+    if cfg.fp8 is not None and size > 1:  # (its scales' blocks would have to be cut with the weights)
+        raise TensorParallelConfigError("tensor parallelism does not split an FP8 checkpoint yet: run it on one "
+                                        "device (tensor_parallel_size=1)")
     if cfg.architecture in ("Phi3ForCausalLM", "Gemma3ForCausalLM") and size > 1:
         # (Phi-3's q/k/v and gate/up weights are fused; Gemma 3's split is not tested)
         raise TensorParallelConfigError(f"tensor parallelism does not split {cfg.architecture} yet: run it on one "
