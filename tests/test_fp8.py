@@ -235,3 +235,103 @@ def test_an_fp8_mixture_of_experts_loads_as_transformers_dequantises_it(tmp_path
         expected = hf_model(path)(torch.tensor([ids])).logits[0]
     got, _, _ = prefill(ours, ids)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+# --- compressed-tensors (llm-compressor's FP8 releases) ---------------------------------------------------------
+
+def compressed_tensors_config(strategy: str, block: tuple[int, int] | None = None, **weights) -> dict:
+    scheme = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": False, "strategy": strategy,
+              "block_structure": None if block is None else list(block), "group_size": None} | weights
+    return {"quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
+            "ignore": ["lm_head"], "kv_cache_scheme": None,
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": scheme,
+                                          "input_activations": {"num_bits": 8, "type": "float", "strategy": "token",
+                                                                "dynamic": True, "symmetric": True}}}}
+
+
+def make_compressed_tensors_target(path: Path, strategy: str, block: tuple[int, int] | None = None,
+                                   **config) -> Path:
+    """A tiny random target stored as llm-compressor stores FP8: X.weight float8 e4m3 and X.weight_scale, one a
+    tensor, one an output row or one a block."""
+    path = make_tiny_target(path, "llama", **config)
+    file = path / "model.safetensors"
+    tensors = load_file(file)
+    for name in list(tensors):
+        if name.endswith(".weight") and name.split(".")[-2] in LINEAR:
+            weight = tensors[name]
+            scale_name = name.removesuffix("weight") + "weight_scale"
+            if strategy == "tensor":
+                scale = (weight.abs().max() / E4M3_MAX).reshape(1)
+            elif strategy == "channel":
+                scale = weight.abs().amax(1, keepdim=True) / E4M3_MAX
+            else:
+                tensors[name], tensors[scale_name] = quantize(weight, block)
+                continue
+            tensors[name], tensors[scale_name] = (weight / scale).to(torch.float8_e4m3fn), scale
+    save_file(tensors, file, metadata={"format": "pt"})
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["quantization_config"] = compressed_tensors_config(strategy, block)
+    (path / "config.json").write_text(json.dumps(cfg, indent=2))
+    return path
+
+
+@pytest.mark.parametrize("strategy, block", [("tensor", None), ("channel", None), ("block", (16, 32))])
+def test_compressed_tensors_fp8_weights_are_their_scales_times_their_codes(tmp_path, strategy, block):
+    path = make_compressed_tensors_target(tmp_path / "ct", strategy, block, hidden_size=40, num_heads=5,
+                                          num_kv_heads=1, head_dim=8, intermediate_size=72)
+    model, cfg = load_target(path, "cpu", torch.float32)
+    assert cfg.fp8.scale_name == "weight_scale" and cfg.fp8.per_row == (strategy == "channel")
+    raw = load_file(path / "model.safetensors")
+    for name, param in model.named_parameters():
+        if name.split(".")[-2] in LINEAR:
+            weight, scale = raw[f"model.{name}"], raw[f"model.{name}_scale"]
+            expected = dequantized_by_loops(weight, scale, block) if block else weight.float() * scale
+            assert torch.equal(param, expected), name
+        else:
+            assert torch.equal(param, raw["lm_head.weight" if name == "lm_head.weight" else f"model.{name}"]), name
+
+
+def test_a_compressed_tensors_target_decodes_as_its_dequantised_copy(tmp_path):
+    """With a KV-cache scheme's k/v scales beside the weights (read past: the cache keeps the engine's dtype)."""
+    path = make_compressed_tensors_target(tmp_path / "ct", "channel")
+    _edit(path, lambda t: t.update({f"model.layers.{i}.self_attn.{kv}_scale": torch.tensor(0.1)
+                                    for i in range(2) for kv in "kv"}))
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    model, _ = load_target(path, "cpu", torch.float32)
+    raw = load_file(path / "model.safetensors")
+    save_file({f"model.{n}" if n != "lm_head.weight" else n: p.contiguous() for n, p in model.named_parameters()},
+              plain / "model.safetensors", metadata={"format": "pt"})
+    cfg = json.loads((path / "config.json").read_text())
+    del cfg["quantization_config"]
+    (plain / "config.json").write_text(json.dumps(cfg))
+    up = "model.layers.1.mlp.up_proj.weight"
+    assert torch.equal(load_file(plain / "model.safetensors")[up], raw[up].float() * raw[f"{up}_scale"])
+    params = SamplingParams(max_tokens=12, temperature=0.0)
+    expected = LLM(plain, device="cpu").generate(prompt_token_ids=[[3, 17, 5, 42]], sampling_params=params,
+                                                 use_tqdm=False)
+    got = LLM(path, device="cpu").generate(prompt_token_ids=[[3, 17, 5, 42]], sampling_params=params, use_tqdm=False)
+    assert got[0].outputs[0].token_ids == expected[0].outputs[0].token_ids
+
+
+@pytest.mark.parametrize("quantization, message", [
+    (compressed_tensors_config("group", group_size=32), "weight strategy 'group'"),
+    (compressed_tensors_config("channel", num_bits=4, type="int"), "stores 4-bit int weights"),
+    (compressed_tensors_config("channel", symmetric=False), "only symmetric 8-bit float weights"),
+    (compressed_tensors_config("block"), "the block strategy and no block_structure"),
+    (compressed_tensors_config("channel") | {"format": "pack-quantized"}, "format 'pack-quantized'"),
+    (compressed_tensors_config("channel") | {"config_groups": {
+        "a": compressed_tensors_config("channel")["config_groups"]["group_0"],
+        "b": compressed_tensors_config("tensor")["config_groups"]["group_0"]}}, "quantise weights in different ways"),
+])
+def test_compressed_tensors_schemes_this_engine_does_not_read_are_refused(quantization, message):
+    with pytest.raises(UnsupportedModelError, match=message):
+        ModelConfig.from_hf(_qwen3_config() | {"quantization_config": quantization})
+
+
+def test_a_compressed_tensors_scale_of_the_wrong_shape_is_named(tmp_path):
+    path = make_compressed_tensors_target(tmp_path / "ct", "channel")
+    _edit(path, lambda t: t.update({"model.layers.0.mlp.down_proj.weight_scale": torch.ones(3, 1)}))
+    with pytest.raises(ValueError, match=r"mlp.down_proj.weight: scales \(3, 1\) for a weight \(32, 64\) one a row: "
+                                         r"expected \(32, 1\)"):
+        LLM(path, device="cpu")

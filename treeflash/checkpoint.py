@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 import warnings
@@ -166,50 +167,57 @@ FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def dequantize_fp8(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None,
-                   dtype: torch.dtype) -> torch.Tensor:
+                   dtype: torch.dtype, per_row: bool = False) -> torch.Tensor:
     """An FP8 checkpoint's weight as `dtype`: weight [..., rows, cols] float8; scale float32 [..., ceil(rows /
-    block[0]), ceil(cols / block[1])], each multiplying its block of the weight (the grid's last blocks cut short),
-    or one value where block is None. Multiplied in float32, then rounded once to dtype (transformers' order, so
-    its dequantised model and this one hold the same numbers)."""
+    block[0]), ceil(cols / block[1])], each multiplying its block of the weight (the grid's last blocks cut short);
+    with block None, [..., rows, 1] (per_row) or one value. Multiplied in float32, then rounded once to dtype
+    (transformers' order, so its dequantised model and this one hold the same numbers)."""
     if weight.dtype not in FP8_DTYPES or weight.dim() < 2:
         raise ValueError(f"an FP8 weight must be float8 with at least two dimensions, got {tuple(weight.shape)} "
                          f"{weight.dtype}")
     rows, cols = weight.shape[-2:]
-    if block is None:
-        if scale.numel() != 1:
-            raise ValueError(f"one scale a tensor (weight_block_size null) expected, got {tuple(scale.shape)}")
-        grid = scale.float().reshape(())
-    else:
+    if block is not None:
         expected = (*weight.shape[:-2], -(-rows // block[0]), -(-cols // block[1]))
-        if tuple(scale.shape) != expected:
-            raise ValueError(f"scales {tuple(scale.shape)} for a weight {tuple(weight.shape)} in blocks of "
-                             f"{list(block)}: expected {expected}")
-        grid = scale.float().repeat_interleave(block[0], -2)[..., :rows, :].repeat_interleave(block[1], -1)
-        grid = grid[..., :cols]
+        what = f"in blocks of {list(block)}"
+    else:
+        expected, what = ((*weight.shape[:-1], 1), "one a row") if per_row else ((), "one a tensor")
+    if tuple(scale.shape) != expected and not (block is None and scale.numel() == max(1, math.prod(expected))):
+        raise ValueError(f"scales {tuple(scale.shape)} for a weight {tuple(weight.shape)} {what}: expected "
+                         f"{expected}")
+    grid = scale.float().reshape(expected)
+    if block is not None:
+        grid = grid.repeat_interleave(block[0], -2)[..., :rows, :].repeat_interleave(block[1], -1)[..., :cols]
     return (weight.float() * grid).to(dtype)
 
 
+# Scales that only an FP8 kernel would use (of activations, of the KV cache): read past.
+_UNUSED_SCALES = (".activation_scale", ".input_scale", ".k_scale", ".v_scale")
+
+
 def _dequantized_fp8(tensors: dict[str, torch.Tensor], fp8, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Every float8 weight of an FP8 checkpoint times its `_scale_inv` beside it, one tensor at a time (the
-    float8 copy freed as its product is made, so loading holds little more than the model); activation scales,
-    which only an FP8 kernel would use, are dropped."""
+    """Every float8 weight X.weight of an FP8 checkpoint times X.<fp8.scale_name> beside it, one tensor at a time
+    (the float8 copy freed as its product is made, so loading holds little more than the model)."""
+    scale_of = {}  # weight name -> its scale's
+    for name in tensors:
+        if name.endswith("." + fp8.scale_name):
+            scale_of[name.removesuffix(fp8.scale_name) + "weight"] = name
     out = {}
     for name in list(tensors):
-        if name.endswith("_scale_inv") or name.endswith((".activation_scale", ".input_scale")):
+        if name.endswith(_UNUSED_SCALES) or name.endswith("." + fp8.scale_name):
             continue
         t = tensors.pop(name)
         if t.dtype in FP8_DTYPES:
-            scale = tensors.pop(f"{name}_scale_inv", None)
-            if scale is None:
-                raise ValueError(f"tensor {name} is {t.dtype} with no {name}_scale_inv beside it")
+            if name not in scale_of:
+                raise ValueError(f"tensor {name} is {t.dtype} with no {name.removesuffix('weight')}{fp8.scale_name} "
+                                 f"beside it")
             try:
-                t = dequantize_fp8(t, scale, fp8.block, dtype)
+                t = dequantize_fp8(t, tensors.pop(scale_of.pop(name)), fp8.block, dtype, fp8.per_row)
             except ValueError as e:
                 raise ValueError(f"tensor {name}: {e}") from None
         out[name] = t
-    stray = sorted(n for n in tensors if n.endswith("_scale_inv"))
-    if stray:
-        raise ValueError(f"tensor {stray[0]} scales {stray[0].removesuffix('_scale_inv')}, which is not float8")
+    if scale_of:
+        weight, scale = next(iter(scale_of.items()))
+        raise ValueError(f"tensor {scale} scales {weight}, which is {'absent' if weight not in out else 'not float8'}")
     return out
 
 

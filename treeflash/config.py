@@ -255,28 +255,70 @@ class RopeConfig:
 
 @dataclass(frozen=True)
 class Fp8Weights:
-    """A checkpoint whose linear weights are 8-bit floats, each with float32 scales beside it (`quant_method`
-    "fp8", the format of Qwen's and DeepSeek's FP8 releases): `X.weight` in float8 (e4m3 or e5m2) and
-    `X.weight_scale_inv`, one scale per `block` of [rows, columns], the grid's last blocks cut short where a
-    dimension is not a multiple (one scale a tensor where `block` is None). Loading multiplies them out into the
-    engine's dtype (checkpoint.py: `dequantize_fp8`), as transformers does without an FP8-capable GPU (multiplied
-    in float32, rounded once: transformers' numbers); activations stay in that dtype, not quantised to
-    8 bits as an FP8 kernel would."""
+    """A checkpoint whose linear weights are 8-bit floats (e4m3 or e5m2), each with float32 scales beside it, in
+    one of two formats: `quant_method` "fp8" (Qwen's and DeepSeek's FP8 releases: `X.weight_scale_inv`, one scale
+    per `block` of [rows, columns], the grid's last blocks cut short where a dimension is not a multiple) or
+    "compressed-tensors" with 8-bit float weights (llm-compressor's FP8 releases: `X.weight_scale`, one a tensor,
+    one an output row or one a block). Loading multiplies them out into the engine's dtype (checkpoint.py:
+    `dequantize_fp8`), in float32, rounded once: the numbers transformers makes of an "fp8" checkpoint without an
+    FP8-capable GPU. Activations stay in that dtype, not quantised to 8 bits as an FP8 kernel would."""
 
-    block: tuple[int, int] | None = (128, 128)
+    block: tuple[int, int] | None = (128, 128)  # None: one scale a tensor, or a row (per_row)
+    per_row: bool = False
+    scale_name: str = "weight_scale_inv"  # the scale of X.weight is X.<scale_name>
 
     @staticmethod
     def from_hf(quantization: dict[str, Any]) -> "Fp8Weights":
-        block = quantization.get("weight_block_size", (128, 128))
-        if block is not None and (not isinstance(block, (list, tuple)) or len(block) != 2 or not all(
-                isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in block)):
-            raise UnsupportedModelError(f"quantization_config.weight_block_size must be two positive integers "
-                                        f"(rows, columns) or null, got {block!r}")
+        block = _block_size(quantization.get("weight_block_size", (128, 128)), "weight_block_size")
         fmt = quantization.get("fmt", "e4m3")
         if fmt not in ("e4m3", "e5m2"):
             raise UnsupportedModelError(f"quantization_config.fmt {fmt!r} is not an 8-bit float format this engine "
                                         f"reads (e4m3, e5m2)")
-        return Fp8Weights(None if block is None else (block[0], block[1]))
+        return Fp8Weights(block)
+
+    @staticmethod
+    def from_compressed_tensors(quantization: dict[str, Any]) -> "Fp8Weights":
+        """compressed-tensors' FP8 weights (any activation scheme: activations are not quantised here); integer,
+        packed, grouped or asymmetric weights are refused by name."""
+        where = "quantization_config (compressed-tensors)"
+        fmt = quantization.get("format")
+        if fmt not in ("float-quantized", "naive-quantized"):
+            raise UnsupportedModelError(f"{where}: format {fmt!r} is not supported; of compressed-tensors only 8-bit "
+                                        f"float weights are read (float-quantized)")
+        groups = quantization.get("config_groups")
+        if not isinstance(groups, dict) or not groups:
+            raise UnsupportedModelError(f"{where}: config_groups must name at least one group")
+        schemes = set()
+        for name, group in groups.items():
+            weights = group.get("weights") if isinstance(group, dict) else None
+            if not isinstance(weights, dict):
+                raise UnsupportedModelError(f"{where}: group {name!r} quantises no weights")
+            kind = (weights.get("type"), weights.get("num_bits"), weights.get("symmetric", True))
+            if kind != ("float", 8, True):
+                raise UnsupportedModelError(f"{where}: group {name!r} stores {weights.get('num_bits')}-bit "
+                                            f"{weights.get('type')} weights (symmetric: {weights.get('symmetric')}); "
+                                            f"only symmetric 8-bit float weights are read")
+            strategy = weights.get("strategy")
+            if strategy not in ("tensor", "channel", "block"):
+                raise UnsupportedModelError(f"{where}: group {name!r} has weight strategy {strategy!r}; tensor, "
+                                            f"channel and block are read")
+            block = _block_size(weights.get("block_structure"), "block_structure") if strategy == "block" else None
+            if strategy == "block" and block is None:
+                raise UnsupportedModelError(f"{where}: group {name!r} has the block strategy and no block_structure")
+            schemes.add((strategy, block))
+        if len(schemes) > 1:
+            raise UnsupportedModelError(f"{where}: the groups quantise weights in different ways ({sorted(schemes)}); "
+                                        f"one scheme for every group is read")
+        strategy, block = schemes.pop()
+        return Fp8Weights(block=block, per_row=strategy == "channel", scale_name="weight_scale")
+
+
+def _block_size(block, key: str) -> tuple[int, int] | None:
+    if block is not None and (not isinstance(block, (list, tuple)) or len(block) != 2 or not all(
+            isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in block)):
+        raise UnsupportedModelError(f"quantization_config {key} must be two positive integers (rows, columns) or "
+                                    f"null, got {block!r}")
+    return None if block is None else (block[0], block[1])
 
 
 @dataclass(frozen=True)
@@ -390,11 +432,16 @@ class ModelConfig:
         # checkpoint.py: dequantize_mxfp4)
         method = quantization.get("quant_method", "?") if isinstance(quantization, dict) else quantization
         mxfp4 = family == "gpt_oss" and method == "mxfp4"
-        fp8 = Fp8Weights.from_hf(quantization) if isinstance(quantization, dict) and method == "fp8" else None
+        fp8 = None
+        if isinstance(quantization, dict) and method == "fp8":
+            fp8 = Fp8Weights.from_hf(quantization)
+        elif isinstance(quantization, dict) and method == "compressed-tensors":
+            fp8 = Fp8Weights.from_compressed_tensors(quantization)
         if quantization is not None and not mxfp4 and fp8 is None:  # codes and scales: as floats, other numbers
             raise UnsupportedModelError(f"quantised checkpoints are not supported (quantization_config: {method}); "
                                         f"use an unquantised one (float32, float16 or bfloat16), an FP8 one "
-                                        f"(quant_method fp8) or a GGUF file")
+                                        f"(quant_method fp8, or compressed-tensors' 8-bit float weights) or a GGUF "
+                                        f"file")
         max_positions = config_value(cfg, "max_position_embeddings", int, _MAX_POSITIONS[arch], minimum=2)
         gemma = family == "gemma3"
         if gemma:
