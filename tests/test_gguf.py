@@ -6,6 +6,7 @@ import json
 import math
 import os
 import shutil
+import warnings
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -319,10 +320,19 @@ def test_end_of_turn_tokens_stop_generation(tmp_path: Path, monkeypatch: pytest.
     assert json.loads((out / "config.json").read_text())["eos_token_id"] == [297, 299]
 
 
-def test_an_unread_pre_tokenizer_is_warned_of(tmp_path: Path) -> None:
+def test_an_unread_pre_tokenizer_is_warned_of_at_every_load(tmp_path: Path) -> None:
+    """At the conversion and again at each later load from the cache (which converts nothing)."""
     src = write_gguf(tmp_path / "t.gguf", tiny_model("llama"), "llama", pre="deepseek-coder")
     with pytest.warns(UserWarning, match="pre-tokenizer 'deepseek-coder' is not one treeflash reads"):
         convert_gguf(src, tmp_path / "out")
+    for _ in range(2):
+        with pytest.warns(UserWarning, match="pre-tokenizer 'deepseek-coder' is not one treeflash reads"):
+            cached_conversion(src, tmp_path / "cache")
+    quiet = write_gguf(tmp_path / "q.gguf", tiny_model("llama"), "llama", pre="llama-bpe")
+    cached_conversion(quiet, tmp_path / "cache")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cached_conversion(quiet, tmp_path / "cache")
 
 
 @pytest.mark.parametrize("sentencepiece, add_bos, bos", [

@@ -25,6 +25,8 @@ import numpy as np
 from treeflash.config import UnsupportedModelError, unsupported_architecture
 
 GGUF_MAGIC = b"GGUF"
+# What a conversion could not do right (a pre-tokenizer it does not read), one line each, said at every load.
+CAVEATS_FILE = "treeflash-caveats.txt"
 # Bump when the output layout changes, so stale cache entries are not reused.
 _CONVERTER_VERSION = 4  # 2: GGUF linear rope scaling read as llama.cpp reads it; 3: config.json names its writer;
 # 4: pre-tokenizers by name, add_bos_token, end-of-turn stop tokens, shards past SHARD_BYTES
@@ -440,15 +442,16 @@ _PRE_AS_READ = {"llama": ("default", "gpt-2"), "qwen2": ("qwen2", "deepseek-r1-q
                 "qwen3": ("qwen2", "deepseek-r1-qwen")}
 
 
-def _fix_tokenizer(reader: Any, path: Path, tok: Any) -> None:
+def _fix_tokenizer(reader: Any, path: Path, tok: Any) -> list[str]:
     """Set what transformers' GGUF import gets wrong, as llama.cpp reads the same metadata: the pre-tokenizer
     (`_PRE_SPLITS`) with whole-word lookup, and the BOS / EOS that tokenizer.ggml.add_{bos,eos}_token ask for
     (transformers adds neither, so a plain prompt to Llama or Mistral lost its BOS). Where the file does not
     say, llama.cpp adds a BOS for SentencePiece vocabularies, Llama 3's and Mistral Nemo's. A pre-tokenizer
-    neither fixed here nor read right by transformers is kept as read, with a warning."""
+    neither fixed here nor read right by transformers is kept as read; the caveat is returned, to be said at
+    every load (`CAVEATS_FILE`)."""
     from tokenizers import Regex, pre_tokenizers, processors
 
-    backend = tok.backend_tokenizer
+    backend, caveats = tok.backend_tokenizer, []
     model, pre = _meta(reader, "tokenizer.ggml.model"), _meta(reader, "tokenizer.ggml.pre", "default")
     split, bos_default = _PRE_SPLITS.get(pre, (None, model == "llama")) if model == "gpt2" else (None, True)
     if split is not None:
@@ -462,9 +465,9 @@ def _fix_tokenizer(reader: Any, path: Path, tok: Any) -> None:
             pre_tokenizers.Digits(individual_digits=True),
             pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)])
     elif model == "gpt2" and pre not in _PRE_AS_READ.get(_architecture(reader, path), ()):
-        warnings.warn(f"{path.name}: its pre-tokenizer {pre!r} is not one treeflash reads; text is split as "
-                      f"transformers' GGUF import splits it, which may differ from the model's own tokenizer "
-                      f"(token ids given directly are unaffected)", stacklevel=3)
+        caveats.append(f"{path.name}: its pre-tokenizer {pre!r} is not one treeflash reads; text is split as "
+                       f"transformers' GGUF import splits it, which may differ from the model's own tokenizer "
+                       f"(token ids given directly are unaffected)")
     tokens = reader.fields["tokenizer.ggml.tokens"]
     ends = []
     for key, default in (("bos", bos_default), ("eos", False)):
@@ -477,6 +480,7 @@ def _fix_tokenizer(reader: Any, path: Path, tok: Any) -> None:
         backend.post_processor = processors.TemplateProcessing(
             single=first + ["$A:0"] + last, pair=first + ["$A:0"] + last + first + ["$B:1"] + last,
             special_tokens=sorted({(t, i) for _, t, i in ends}))
+    return caveats
 
 
 def _phi3_tokenizer(reader: Any, path: Path, gguf_file: Path) -> Any:
@@ -502,7 +506,8 @@ def _phi3_tokenizer(reader: Any, path: Path, gguf_file: Path) -> Any:
     return PreTrainedTokenizerFast(tokenizer_object=backend)
 
 
-def _save_tokenizer(reader: Any, path: Path, out: Path, context_length: int) -> None:
+def _save_tokenizer(reader: Any, path: Path, out: Path, context_length: int) -> list[str]:
+    """Write the tokenizer files; returns what the conversion could not do right (`_fix_tokenizer`)."""
     from transformers import AutoTokenizer
 
     # Alone in a directory of its own: from the GGUF's folder, transformers would read any tokenizer files
@@ -520,7 +525,7 @@ def _save_tokenizer(reader: Any, path: Path, out: Path, context_length: int) -> 
         token_id = _meta(reader, f"tokenizer.ggml.{key}_token_id")
         if token_id is not None:
             setattr(tok, attr, tokens.contents(int(token_id)))
-    _fix_tokenizer(reader, path, tok)
+    caveats = _fix_tokenizer(reader, path, tok)
     template = _meta(reader, "tokenizer.chat_template")
     if template:
         tok.chat_template = template
@@ -533,6 +538,7 @@ def _save_tokenizer(reader: Any, path: Path, out: Path, context_length: int) -> 
         tok_cfg = json.loads(cfg_file.read_text())
         tok_cfg["chat_template"] = template
         cfg_file.write_text(json.dumps(tok_cfg, indent=2, ensure_ascii=False) + "\n")
+    return caveats
 
 
 def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, tokenizer: bool = True,
@@ -567,8 +573,9 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, tokenizer: bool 
     try:
         _write_weights(reader, path, plan, tmp, shard_bytes)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        if tokenizer:
-            _save_tokenizer(reader, path, tmp, config["max_position_embeddings"])
+        caveats = _save_tokenizer(reader, path, tmp, config["max_position_embeddings"]) if tokenizer else []
+        if caveats:
+            (tmp / CAVEATS_FILE).write_text("".join(c + "\n" for c in caveats))
         try:
             os.rename(tmp, out)
         except OSError:
@@ -579,7 +586,19 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, tokenizer: bool 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    for caveat in caveats:
+        warnings.warn(caveat, stacklevel=2)
     return out
+
+
+def warn_caveats(converted: Path) -> None:
+    """Say again what converting the GGUF could not do right (a later load from the cache is otherwise silent)."""
+    try:
+        caveats = (converted / CAVEATS_FILE).read_text().splitlines()
+    except OSError:
+        return
+    for caveat in caveats:
+        warnings.warn(caveat, stacklevel=3)
 
 
 def gguf_cache_key(gguf_path: str | Path, memo_dir: str | Path | None = None) -> str:
@@ -646,5 +665,7 @@ def cached_conversion(gguf_path: str | Path, cache_dir: str | Path | None = None
         print(f"treeflash: converting {path.name} once to safetensors in {out} (set TREEFLASH_CACHE to move the "
               f"cache)", file=sys.stderr, flush=True)
         convert_gguf(path, out)
+    else:
+        warn_caveats(out)
     remember_cache_key(path, digests, key)
     return out
