@@ -20,8 +20,33 @@ from torch import nn
 from treeflash.config import ModelConfig, read_config
 
 
+# What a Hub repository's snapshot is downloaded with: config, safetensors weights, tokenizer and template files;
+# never pickled weights (.bin, .pt) or code (.py), which this engine does not read.
+HUB_FILES = ("*.json", "*.safetensors", "*.jinja", "*.txt", "tokenizer.model", "*.tiktoken")
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def from_hub(repo_id: str, what: str = "model") -> Path:
+    """The local snapshot of a Hugging Face Hub repository ("Qwen/Qwen3-8B"), as transformers and vLLM take one:
+    from the Hugging Face cache (HF_HOME, HF_HUB_CACHE), downloaded there first when absent or stale, offline
+    (HF_HUB_OFFLINE=1, no network) from the cache alone; only `HUB_FILES`."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=list(HUB_FILES)))
+    except Exception as e:  # noqa: BLE001 - the Hub's errors (not found, gated, offline) are named below
+        raise FileNotFoundError(f"{repo_id}: no such {what} directory here, and no Hugging Face Hub repository of "
+                                f"that name could be fetched or found in the cache ({type(e).__name__}: {e})") from None
+
+
+def looks_like_repo_id(name: str | os.PathLike) -> bool:
+    """"org/name" that is not a path here (as transformers decides: an existing directory wins)."""
+    return isinstance(name, str) and bool(_REPO_ID.fullmatch(name)) and not Path(name).expanduser().exists()
+
+
 def resolve_model_dir(model: str | Path | None) -> Path:
-    """A model argument (None = embedded default, a .gguf file, or an HF directory) -> HF directory."""
+    """A model argument (None = embedded default, a .gguf file, an HF directory, or a Hugging Face Hub repository
+    id: `from_hub`) -> HF directory."""
     from treeflash.gguf_convert import cached_conversion
 
     if model is None:
@@ -37,6 +62,8 @@ def resolve_model_dir(model: str | Path | None) -> Path:
         return path
     if path.exists():
         raise ValueError(f"{path}: expected a model directory (config.json + *.safetensors) or a .gguf file")
+    if looks_like_repo_id(model):
+        return from_hub(model)
     raise FileNotFoundError(f"{path}: no such model directory or GGUF file")
 
 
@@ -366,12 +393,13 @@ def stack_experts(model: nn.Module) -> None:
 
 
 def load_drafter(path: str | Path, device: torch.device | str, dtype: torch.dtype):
-    """Build a DFlash drafter from a z-lab format directory. Returns DFlashDrafter."""
+    """Build a DFlash drafter from a z-lab format directory (or a Hub repository id: `from_hub`). Returns
+    DFlashDrafter."""
     from treeflash.models.dflash import DFlashDrafter, DraftVocab, DrafterConfig
 
     if not isinstance(path, (str, os.PathLike)):
         raise ValueError(f"draft_model must be a path (a drafter directory), got {type(path).__name__}")
-    path = Path(path).expanduser()
+    path = from_hub(path, "drafter") if looks_like_repo_id(path) else Path(path).expanduser()
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: no such drafter directory (expected config.json + *.safetensors)")
     cfg = read_config(path, DrafterConfig.from_hf)

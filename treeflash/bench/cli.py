@@ -66,9 +66,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
                     help="redraw the table (FILE with the suffix .txt) and plots of a stored result JSON; runs nothing")
 
     m = p.add_argument_group("models")
-    m.add_argument("--model", default=None, help="target: HF directory or .gguf (default: the embedded SmolLM2-135M-Instruct)")
+    m.add_argument("--model", default=None,
+                   help="target: HF directory, Hub repository id or .gguf (default: the embedded "
+                        "SmolLM2-135M-Instruct)")
     m.add_argument("--draft-model", default=None,
-                   help="a DFlash drafter directory (z-lab format) for the target (default: the shipped drafter "
+                   help="a DFlash drafter directory or Hub repository id (z-lab format) for the target (default: "
+                        "the shipped drafter "
                         "when --model is not given, as `treeflash generate` does; none with a --model)")
     m.add_argument("--random-drafter", action="store_true",
                    help="build a random drafter of the target's width instead (timing only: acceptance ~1)")

@@ -1,0 +1,83 @@
+"""Models and drafters named by Hugging Face Hub repository id ("org/name"), as transformers and vLLM take them:
+read from the Hugging Face cache (offline here: the cache is written by hand, as a download would leave it)."""
+
+from __future__ import annotations
+
+import fnmatch
+import shutil
+from pathlib import Path
+
+import pytest
+
+from helpers import make_tiny_target, write_char_tokenizer
+from spec_helpers import make_drafter
+from treeflash import LLM, SamplingParams
+from treeflash.checkpoint import HUB_FILES
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def cache_repo(cache: Path, repo_id: str, source: Path) -> Path:
+    """`source`'s files as the Hub cache holds a downloaded repository: a snapshot per commit, refs/main naming
+    it."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(COMMIT)
+    shutil.copytree(source, repo / "snapshots" / COMMIT)
+    return repo / "snapshots" / COMMIT
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch) -> Path:
+    """An offline Hugging Face cache of our own (no test may reach the network)."""
+    import huggingface_hub.constants as constants
+
+    cache = tmp_path / "hf-cache"
+    cache.mkdir()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    return cache
+
+
+def test_a_model_and_drafter_named_by_repo_id_load_from_the_cache(tmp_path, hub_cache):
+    target = make_tiny_target(tmp_path / "target", "qwen3")
+    write_char_tokenizer(target, 64)
+    drafter = make_drafter(tmp_path / "drafter", target, block_size=4)
+    cache_repo(hub_cache, "tf-test/tiny-target", target)
+    cache_repo(hub_cache, "tf-test/tiny-drafter", drafter)
+    params = SamplingParams(max_tokens=10, temperature=0.0)
+    expected = LLM(target, device="cpu").generate(prompt_token_ids=[[3, 17, 5]], sampling_params=params,
+                                                  use_tqdm=False)
+    llm = LLM("tf-test/tiny-target", device="cpu", draft_model="tf-test/tiny-drafter", tree_budget=8)
+    assert llm.model_dir == hub_cache / "models--tf-test--tiny-target" / "snapshots" / COMMIT
+    got = llm.generate(prompt_token_ids=[[3, 17, 5]], sampling_params=params, use_tqdm=False)
+    assert got[0].outputs[0].token_ids == expected[0].outputs[0].token_ids
+    assert llm.generate("abc", params, use_tqdm=False)[0].outputs[0].text  # the repository's tokenizer
+
+
+def test_a_repo_id_neither_here_nor_in_the_cache_is_named(hub_cache):
+    with pytest.raises(FileNotFoundError, match=r"tf-test/absent: no such model directory here, and no Hugging "
+                                                r"Face Hub repository of that name could be fetched"):
+        LLM("tf-test/absent", device="cpu")
+    target_free = "tf-test/absent-drafter"
+    with pytest.raises(FileNotFoundError, match=f"{target_free}: no such drafter directory here"):
+        LLM(None, device="cpu", draft_model=target_free)
+
+
+def test_a_directory_of_that_name_wins(tmp_path, hub_cache, monkeypatch):
+    """As in transformers: "org/name" that exists here is the local directory, not the Hub's."""
+    monkeypatch.chdir(tmp_path)
+    make_tiny_target(tmp_path / "tf-test" / "local", "qwen3")
+    assert LLM("tf-test/local", device="cpu").model_dir.resolve() == (tmp_path / "tf-test" / "local").resolve()
+
+
+@pytest.mark.parametrize("name, fetched", [
+    ("config.json", True), ("model.safetensors", True), ("model-00001-of-00004.safetensors", True),
+    ("model.safetensors.index.json", True), ("tokenizer.json", True), ("tokenizer_config.json", True),
+    ("chat_template.jinja", True), ("merges.txt", True), ("tokenizer.model", True), ("generation_config.json", True),
+    ("pytorch_model.bin", False), ("consolidated.pth", False), ("modeling_custom.py", False),
+    ("model.gguf", False), ("training_args.bin", False),
+])
+def test_only_safe_files_are_fetched(name, fetched):
+    """Never a pickle (which this engine does not unpickle) nor code (which it does not run)."""
+    assert any(fnmatch.fnmatch(name, pattern) for pattern in HUB_FILES) == fetched
