@@ -81,3 +81,22 @@ def test_a_directory_of_that_name_wins(tmp_path, hub_cache, monkeypatch):
 def test_only_safe_files_are_fetched(name, fetched):
     """Never a pickle (which this engine does not unpickle) nor code (which it does not run)."""
     assert any(fnmatch.fnmatch(name, pattern) for pattern in HUB_FILES) == fetched
+
+
+def test_a_gguf_file_of_a_hub_repository_loads_from_the_cache(tmp_path, hub_cache, monkeypatch):
+    """"org/name/file.gguf": that file of the repository (a GGUF repository holds one per quantisation)."""
+    from test_gguf import tiny_model, write_gguf
+
+    monkeypatch.setenv("TREEFLASH_CACHE", str(tmp_path / "treeflash-cache"))
+    source = tmp_path / "repo"
+    source.mkdir()
+    write_gguf(source / "tiny-F32.gguf", tiny_model("llama"), "llama")
+    cache_repo(hub_cache, "tf-test/tiny-GGUF", source)
+    params = SamplingParams(max_tokens=8, temperature=0.0)
+    expected = LLM(source / "tiny-F32.gguf", device="cpu").generate(prompt_token_ids=[[3, 17, 5]],
+                                                                    sampling_params=params, use_tqdm=False)
+    got = LLM("tf-test/tiny-GGUF/tiny-F32.gguf", device="cpu").generate(prompt_token_ids=[[3, 17, 5]],
+                                                                       sampling_params=params, use_tqdm=False)
+    assert got[0].outputs[0].token_ids == expected[0].outputs[0].token_ids
+    with pytest.raises(FileNotFoundError, match="tf-test/tiny-GGUF/tiny-Q4_K_M.gguf: no such GGUF file here"):
+        LLM("tf-test/tiny-GGUF/tiny-Q4_K_M.gguf", device="cpu")

@@ -24,6 +24,7 @@ from treeflash.config import ModelConfig, read_config
 # never pickled weights (.bin, .pt) or code (.py), which this engine does not read.
 HUB_FILES = ("*.json", "*.safetensors", "*.jinja", "*.txt", "tokenizer.model", "*.tiktoken")
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+_REPO_GGUF = re.compile(r"([A-Za-z0-9][\w.-]*/[\w.-]+)/([\w./-]+\.gguf)", re.IGNORECASE)  # org/name/file.gguf
 
 
 def from_hub(repo_id: str, what: str = "model") -> Path:
@@ -39,14 +40,27 @@ def from_hub(repo_id: str, what: str = "model") -> Path:
                                 f"that name could be fetched or found in the cache ({type(e).__name__}: {e})") from None
 
 
+def gguf_from_hub(repo_id: str, filename: str) -> Path:
+    """One GGUF file of a Hub repository ("bartowski/Qwen_Qwen3-8B-GGUF", "Qwen_Qwen3-8B-Q4_K_M.gguf"), from the
+    Hugging Face cache, downloaded there when absent."""
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return Path(hf_hub_download(repo_id, filename))
+    except Exception as e:  # noqa: BLE001 - as in from_hub
+        raise FileNotFoundError(f"{repo_id}/{filename}: no such GGUF file here, and the Hugging Face Hub repository "
+                                f"{repo_id} has no such file that could be fetched or found in the cache "
+                                f"({type(e).__name__}: {e})") from None
+
+
 def looks_like_repo_id(name: str | os.PathLike) -> bool:
     """"org/name" that is not a path here (as transformers decides: an existing directory wins)."""
     return isinstance(name, str) and bool(_REPO_ID.fullmatch(name)) and not Path(name).expanduser().exists()
 
 
 def resolve_model_dir(model: str | Path | None) -> Path:
-    """A model argument (None = embedded default, a .gguf file, an HF directory, or a Hugging Face Hub repository
-    id: `from_hub`) -> HF directory."""
+    """A model argument (None = embedded default, a .gguf file, an HF directory, a Hugging Face Hub repository id:
+    `from_hub`, or a GGUF file of one, "org/name/file.gguf": `gguf_from_hub`) -> HF directory."""
     from treeflash.gguf_convert import cached_conversion
 
     if model is None:
@@ -64,6 +78,9 @@ def resolve_model_dir(model: str | Path | None) -> Path:
         raise ValueError(f"{path}: expected a model directory (config.json + *.safetensors) or a .gguf file")
     if looks_like_repo_id(model):
         return from_hub(model)
+    hub_gguf = _REPO_GGUF.fullmatch(model) if isinstance(model, str) else None
+    if hub_gguf:
+        return cached_conversion(gguf_from_hub(hub_gguf[1], hub_gguf[2]))
     raise FileNotFoundError(f"{path}: no such model directory or GGUF file")
 
 

@@ -114,8 +114,9 @@ def _add_debug_arg(p: argparse.ArgumentParser, default) -> None:
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="target: a Hugging Face directory (config.json + *.safetensors), a Hub repository id "
-                        "(org/name: from the Hugging Face cache, downloaded there when absent) or a .gguf file "
-                        "(converted once and cached); default: the embedded SmolLM2-135M-Instruct")
+                        "(org/name: from the Hugging Face cache, downloaded there when absent) or a .gguf file, "
+                        "local or a repository's (org/name/file.gguf; converted once and cached); default: the "
+                        "embedded SmolLM2-135M-Instruct")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bfloat16 on cuda, float32 on cpu)")
     p.add_argument("--max-model-len", type=int, default=None, help="context limit in tokens (default: the model's)")
