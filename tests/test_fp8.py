@@ -170,7 +170,8 @@ def _edit(path: Path, change) -> None:
 
 @pytest.mark.parametrize("change, message", [
     (lambda t: t.pop("model.layers.0.self_attn.q_proj.weight_scale_inv"),
-     "layers.0.self_attn.q_proj.weight is torch.float8_e4m3fn with no layers.0.self_attn.q_proj.weight_scale_inv"),
+     "layers.0.self_attn.q_proj.weight is torch.float8_e4m3fn with no layers.0.self_attn.q_proj.weight_scale_inv or "
+     "layers.0.self_attn.q_proj.weight_scale beside it"),
     (lambda t: t.update({"model.layers.0.self_attn.q_proj.weight_scale_inv": torch.ones(3, 2)}),
      r"tensor layers.0.self_attn.q_proj.weight: scales \(3, 2\) for a weight \(32, 32\) in blocks of \[16, 16\]: "
      r"expected \(2, 2\)"),
@@ -204,9 +205,30 @@ def test_an_fp8_quantization_config_this_engine_cannot_read_is_refused(tmp_path,
         ModelConfig.from_hf(cfg)
 
 
-def test_fp8_without_a_block_size_defaults_to_128_square():
-    assert ModelConfig.from_hf(_qwen3_config() | {"quantization_config": {"quant_method": "fp8"}}).fp8.block == (
-        128, 128)
+def test_fp8_without_a_block_size_has_a_scale_a_tensor_or_row():
+    """AutoFP8's releases (Meta-Llama-3-8B-Instruct-FP8, say) name no block size: one scale a tensor."""
+    assert ModelConfig.from_hf(_qwen3_config() | {"quantization_config": {"quant_method": "fp8"}}).fp8.block is None
+
+
+def test_an_autofp8_checkpoint_loads(tmp_path):
+    """quant_method fp8, static activations, no block size: X.weight_scale one a tensor, X.input_scale read past."""
+    path = make_tiny_target(tmp_path / "auto", "llama")
+    tensors = load_file(path / "model.safetensors")
+    expected = {}
+    for name in list(tensors):
+        if name.endswith(".weight") and name.split(".")[-2] in LINEAR:
+            scale = tensors[name].abs().max() / E4M3_MAX
+            tensors[name] = (tensors[name] / scale).to(torch.float8_e4m3fn)
+            tensors[name.removesuffix("weight") + "weight_scale"] = scale.reshape(1)
+            tensors[name.removesuffix("weight") + "input_scale"] = torch.tensor([0.02])
+            expected[name.removeprefix("model.")] = tensors[name].float() * scale
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "static"}
+    (path / "config.json").write_text(json.dumps(cfg))
+    model, _ = load_target(path, "cpu", torch.float32)
+    params = dict(model.named_parameters())
+    assert len(expected) == 14 and all(torch.equal(params[name], w) for name, w in expected.items())
 
 
 def _qwen3_config() -> dict:
@@ -280,7 +302,7 @@ def test_compressed_tensors_fp8_weights_are_their_scales_times_their_codes(tmp_p
     path = make_compressed_tensors_target(tmp_path / "ct", strategy, block, hidden_size=40, num_heads=5,
                                           num_kv_heads=1, head_dim=8, intermediate_size=72)
     model, cfg = load_target(path, "cpu", torch.float32)
-    assert cfg.fp8.scale_name == "weight_scale" and cfg.fp8.per_row == (strategy == "channel")
+    assert cfg.fp8.scale_names == ("weight_scale",) and cfg.fp8.block == block
     raw = load_file(path / "model.safetensors")
     for name, param in model.named_parameters():
         if name.split(".")[-2] in LINEAR:
@@ -332,6 +354,6 @@ def test_compressed_tensors_schemes_this_engine_does_not_read_are_refused(quanti
 def test_a_compressed_tensors_scale_of_the_wrong_shape_is_named(tmp_path):
     path = make_compressed_tensors_target(tmp_path / "ct", "channel")
     _edit(path, lambda t: t.update({"model.layers.0.mlp.down_proj.weight_scale": torch.ones(3, 1)}))
-    with pytest.raises(ValueError, match=r"mlp.down_proj.weight: scales \(3, 1\) for a weight \(32, 64\) one a row: "
-                                         r"expected \(32, 1\)"):
+    with pytest.raises(ValueError, match=r"mlp.down_proj.weight: scales \(3, 1\) for a weight \(32, 64\): expected "
+                                         r"one a tensor or one a row, \(32, 1\)"):
         LLM(path, device="cpu")

@@ -211,10 +211,10 @@ FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def dequantize_fp8(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None,
-                   dtype: torch.dtype, per_row: bool = False) -> torch.Tensor:
+                   dtype: torch.dtype) -> torch.Tensor:
     """An FP8 checkpoint's weight as `dtype`: weight [..., rows, cols] float8; scale float32 [..., ceil(rows /
     block[0]), ceil(cols / block[1])], each multiplying its block of the weight (the grid's last blocks cut short);
-    with block None, [..., rows, 1] (per_row) or one value. Multiplied in float32, then rounded once to dtype
+    with block None, one value or [..., rows, 1] (one a row). Multiplied in float32, then rounded once to dtype
     (transformers' order, so its dequantised model and this one hold the same numbers)."""
     if weight.dtype not in FP8_DTYPES or weight.dim() < 2:
         raise ValueError(f"an FP8 weight must be float8 with at least two dimensions, got {tuple(weight.shape)} "
@@ -222,15 +222,19 @@ def dequantize_fp8(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, 
     rows, cols = weight.shape[-2:]
     if block is not None:
         expected = (*weight.shape[:-2], -(-rows // block[0]), -(-cols // block[1]))
-        what = f"in blocks of {list(block)}"
+        if tuple(scale.shape) != expected:
+            raise ValueError(f"scales {tuple(scale.shape)} for a weight {tuple(weight.shape)} in blocks of "
+                             f"{list(block)}: expected {expected}")
+        grid = scale.float().repeat_interleave(block[0], -2)[..., :rows, :].repeat_interleave(block[1], -1)
+        return (weight.float() * grid[..., :cols]).to(dtype)
+    per_row = (*weight.shape[:-1], 1)
+    if scale.numel() == 1:
+        grid = scale.float().reshape(())
+    elif scale.numel() == math.prod(per_row) and scale.shape[-1:] in ((1,), (rows,)):
+        grid = scale.float().reshape(per_row)
     else:
-        expected, what = ((*weight.shape[:-1], 1), "one a row") if per_row else ((), "one a tensor")
-    if tuple(scale.shape) != expected and not (block is None and scale.numel() == max(1, math.prod(expected))):
-        raise ValueError(f"scales {tuple(scale.shape)} for a weight {tuple(weight.shape)} {what}: expected "
-                         f"{expected}")
-    grid = scale.float().reshape(expected)
-    if block is not None:
-        grid = grid.repeat_interleave(block[0], -2)[..., :rows, :].repeat_interleave(block[1], -1)[..., :cols]
+        raise ValueError(f"scales {tuple(scale.shape)} for a weight {tuple(weight.shape)}: expected one a tensor or "
+                         f"one a row, {per_row}")
     return (weight.float() * grid).to(dtype)
 
 
@@ -239,23 +243,23 @@ _UNUSED_SCALES = (".activation_scale", ".input_scale", ".k_scale", ".v_scale")
 
 
 def _dequantized_fp8(tensors: dict[str, torch.Tensor], fp8, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Every float8 weight X.weight of an FP8 checkpoint times X.<fp8.scale_name> beside it, one tensor at a time
-    (the float8 copy freed as its product is made, so loading holds little more than the model)."""
+    """Every float8 weight X.weight of an FP8 checkpoint times its scales beside it (X.weight_scale_inv or
+    X.weight_scale: `fp8.scale_names`), one tensor at a time (the float8 copy freed as its product is made, so
+    loading holds little more than the model)."""
     scale_of = {}  # weight name -> its scale's
-    for name in tensors:
-        if name.endswith("." + fp8.scale_name):
-            scale_of[name.removesuffix(fp8.scale_name) + "weight"] = name
+    for kind in reversed(fp8.scale_names):  # (the first name wins where a weight has two)
+        scale_of |= {name.removesuffix(kind) + "weight": name for name in tensors if name.endswith("." + kind)}
+    scales = set(scale_of.values())
     out = {}
     for name in list(tensors):
-        if name.endswith(_UNUSED_SCALES) or name.endswith("." + fp8.scale_name):
+        if name in scales or name.endswith(_UNUSED_SCALES):
             continue
         t = tensors.pop(name)
         if t.dtype in FP8_DTYPES:
             if name not in scale_of:
-                raise ValueError(f"tensor {name} is {t.dtype} with no {name.removesuffix('weight')}{fp8.scale_name} "
-                                 f"beside it")
+                raise ValueError(f"tensor {name} is {t.dtype} with no {name}_scale_inv or {name}_scale beside it")
             try:
-                t = dequantize_fp8(t, tensors.pop(scale_of.pop(name)), fp8.block, dtype, fp8.per_row)
+                t = dequantize_fp8(t, tensors.pop(scale_of.pop(name)), fp8.block, dtype)
             except ValueError as e:
                 raise ValueError(f"tensor {name}: {e}") from None
         out[name] = t

@@ -256,20 +256,20 @@ class RopeConfig:
 @dataclass(frozen=True)
 class Fp8Weights:
     """A checkpoint whose linear weights are 8-bit floats (e4m3 or e5m2), each with float32 scales beside it, in
-    one of two formats: `quant_method` "fp8" (Qwen's and DeepSeek's FP8 releases: `X.weight_scale_inv`, one scale
-    per `block` of [rows, columns], the grid's last blocks cut short where a dimension is not a multiple) or
-    "compressed-tensors" with 8-bit float weights (llm-compressor's FP8 releases: `X.weight_scale`, one a tensor,
-    one an output row or one a block). Loading multiplies them out into the engine's dtype (checkpoint.py:
-    `dequantize_fp8`), in float32, rounded once: the numbers transformers makes of an "fp8" checkpoint without an
-    FP8-capable GPU. Activations stay in that dtype, not quantised to 8 bits as an FP8 kernel would."""
+    one of the formats FP8 releases use: `quant_method` "fp8" with a `weight_block_size` (Qwen's and DeepSeek's:
+    `X.weight_scale_inv`, one scale per block of [rows, columns], the grid's last blocks cut short where a
+    dimension is not a multiple) or without one (AutoFP8's: `X.weight_scale`, one a tensor), or
+    "compressed-tensors" with 8-bit float weights (llm-compressor's: `X.weight_scale`, one a tensor, an output row
+    or a block). Loading multiplies them out into the engine's dtype (checkpoint.py: `dequantize_fp8`), in
+    float32, rounded once: the numbers transformers makes of a block-scaled checkpoint without an FP8-capable
+    GPU. Activations stay in that dtype, not quantised to 8 bits as an FP8 kernel would."""
 
-    block: tuple[int, int] | None = (128, 128)  # None: one scale a tensor, or a row (per_row)
-    per_row: bool = False
-    scale_name: str = "weight_scale_inv"  # the scale of X.weight is X.<scale_name>
+    block: tuple[int, int] | None = (128, 128)  # None: one scale a tensor or a row, as the scale's shape says
+    scale_names: tuple[str, ...] = ("weight_scale_inv", "weight_scale")  # X.weight's is the first beside it
 
     @staticmethod
     def from_hf(quantization: dict[str, Any]) -> "Fp8Weights":
-        block = _block_size(quantization.get("weight_block_size", (128, 128)), "weight_block_size")
+        block = _block_size(quantization.get("weight_block_size"), "weight_block_size")
         fmt = quantization.get("fmt", "e4m3")
         if fmt not in ("e4m3", "e5m2"):
             raise UnsupportedModelError(f"quantization_config.fmt {fmt!r} is not an 8-bit float format this engine "
@@ -309,8 +309,7 @@ class Fp8Weights:
         if len(schemes) > 1:
             raise UnsupportedModelError(f"{where}: the groups quantise weights in different ways ({sorted(schemes)}); "
                                         f"one scheme for every group is read")
-        strategy, block = schemes.pop()
-        return Fp8Weights(block=block, per_row=strategy == "channel", scale_name="weight_scale")
+        return Fp8Weights(block=schemes.pop()[1], scale_names=("weight_scale",))
 
 
 def _block_size(block, key: str) -> tuple[int, int] | None:
