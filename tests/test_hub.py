@@ -4,6 +4,7 @@ read from the Hugging Face cache (offline here: the cache is written by hand, as
 from __future__ import annotations
 
 import fnmatch
+import json
 import shutil
 from pathlib import Path
 
@@ -12,7 +13,6 @@ import pytest
 from helpers import make_tiny_target, write_char_tokenizer
 from spec_helpers import make_drafter
 from treeflash import LLM, SamplingParams
-from treeflash.checkpoint import HUB_FILES
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -71,16 +71,46 @@ def test_a_directory_of_that_name_wins(tmp_path, hub_cache, monkeypatch):
     assert LLM("tf-test/local", device="cpu").model_dir.resolve() == (tmp_path / "tf-test" / "local").resolve()
 
 
-@pytest.mark.parametrize("name, fetched", [
-    ("config.json", True), ("model.safetensors", True), ("model-00001-of-00004.safetensors", True),
-    ("model.safetensors.index.json", True), ("tokenizer.json", True), ("tokenizer_config.json", True),
-    ("chat_template.jinja", True), ("merges.txt", True), ("tokenizer.model", True), ("generation_config.json", True),
-    ("pytorch_model.bin", False), ("consolidated.pth", False), ("modeling_custom.py", False),
-    ("model.gguf", False), ("training_args.bin", False),
+class FakeHub:
+    """snapshot_download over a listing of a repository's files: writes the files the patterns allow into one
+    snapshot folder and keeps what each call fetched."""
+
+    def __init__(self, root: Path, files: dict[str, str]):
+        self.root, self.files, self.fetched = root, files, []
+
+    def snapshot_download(self, repo_id, allow_patterns):
+        chosen = [n for n in self.files if any(fnmatch.fnmatch(n, p) for p in allow_patterns)]
+        for name in chosen:
+            (self.root / name).write_text(self.files[name])
+        self.fetched += chosen
+        return str(self.root)
+
+
+INDEX = json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}})
+SAFE = {"config.json": "{}", "generation_config.json": "{}", "tokenizer.json": "{}", "tokenizer_config.json": "{}",
+        "chat_template.jinja": "", "merges.txt": "", "tokenizer.model": ""}
+UNSAFE = {"pytorch_model.bin": "", "training_args.bin": "", "consolidated.pth": "", "modeling_custom.py": "",
+          "model.gguf": ""}
+
+
+@pytest.mark.parametrize("weights, fetched", [
+    ({"model.safetensors.index.json": INDEX, "model-00001-of-00002.safetensors": "",
+      "model-00002-of-00002.safetensors": "", "consolidated.safetensors": ""},
+     ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "model.safetensors.index.json"]),
+    ({"model.safetensors": "", "consolidated.safetensors": ""}, ["model.safetensors"]),
+    ({"consolidated.safetensors": ""}, ["consolidated.safetensors"]),
 ])
-def test_only_safe_files_are_fetched(name, fetched):
-    """Never a pickle (which this engine does not unpickle) nor code (which it does not run)."""
-    assert any(fnmatch.fnmatch(name, pattern) for pattern in HUB_FILES) == fetched
+def test_only_the_weights_read_and_no_pickle_or_code_are_fetched(tmp_path, monkeypatch, weights, fetched):
+    """The index's shards, else model.safetensors, else every safetensors file (as safetensors_files reads them);
+    never a pickle (which this engine does not unpickle) nor code (which it does not run)."""
+    import huggingface_hub
+
+    from treeflash.checkpoint import from_hub
+
+    hub = FakeHub(tmp_path, SAFE | UNSAFE | weights)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", hub.snapshot_download)
+    assert from_hub("tf-test/listing") == tmp_path
+    assert sorted(set(hub.fetched)) == sorted(set(SAFE) | set(fetched))
 
 
 def test_a_gguf_file_of_a_hub_repository_loads_from_the_cache(tmp_path, hub_cache, monkeypatch):

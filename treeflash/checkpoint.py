@@ -20,9 +20,10 @@ from torch import nn
 from treeflash.config import ModelConfig, read_config
 
 
-# What a Hub repository's snapshot is downloaded with: config, safetensors weights, tokenizer and template files;
-# never pickled weights (.bin, .pt) or code (.py), which this engine does not read.
-HUB_FILES = ("*.json", "*.safetensors", "*.jinja", "*.txt", "tokenizer.model", "*.tiktoken")
+# What a Hub repository's snapshot is downloaded with: config, tokenizer and template files, then the safetensors
+# weights that `safetensors_files` would read; never pickled weights (.bin, .pt) or code (.py), which this engine
+# does not read.
+HUB_FILES = ("*.json", "*.jinja", "*.txt", "tokenizer.model", "*.tiktoken")
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 _REPO_GGUF = re.compile(r"([A-Za-z0-9][\w.-]*/[\w.-]+)/([\w./-]+\.gguf)", re.IGNORECASE)  # org/name/file.gguf
 
@@ -30,11 +31,21 @@ _REPO_GGUF = re.compile(r"([A-Za-z0-9][\w.-]*/[\w.-]+)/([\w./-]+\.gguf)", re.IGN
 def from_hub(repo_id: str, what: str = "model") -> Path:
     """The local snapshot of a Hugging Face Hub repository ("Qwen/Qwen3-8B"), as transformers and vLLM take one:
     from the Hugging Face cache (HF_HOME, HF_HUB_CACHE), downloaded there first when absent or stale, offline
-    (HF_HUB_OFFLINE=1, no network) from the cache alone; only `HUB_FILES`."""
+    (HF_HUB_OFFLINE=1, no network) from the cache alone. `HUB_FILES` first, then only the weights the model is
+    read from, in `safetensors_files`' order: the index's shards, else model.safetensors, else every
+    *.safetensors (a repository that also holds a consolidated copy is not fetched twice)."""
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=list(HUB_FILES)))
+        snapshot = Path(snapshot_download(repo_id, allow_patterns=list(HUB_FILES)))
+        index = snapshot / "model.safetensors.index.json"
+        if index.is_file():
+            shards = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
+            return Path(snapshot_download(repo_id, allow_patterns=shards or ["*.safetensors"]))
+        snapshot = Path(snapshot_download(repo_id, allow_patterns=["model.safetensors"]))
+        if (snapshot / "model.safetensors").is_file():
+            return snapshot
+        return Path(snapshot_download(repo_id, allow_patterns=["*.safetensors"]))
     except Exception as e:  # noqa: BLE001 - the Hub's errors (not found, gated, offline) are named below
         raise FileNotFoundError(f"{repo_id}: no such {what} directory here, and no Hugging Face Hub repository of "
                                 f"that name could be fetched or found in the cache ({type(e).__name__}: {e})") from None
