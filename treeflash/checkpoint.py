@@ -256,8 +256,8 @@ _UNUSED_SCALES = (".activation_scale", ".input_scale", ".k_scale", ".v_scale")
 def _dequantized_fp8(tensors: dict[str, torch.Tensor], fp8, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """Every float8 weight X.weight of an FP8 checkpoint times its scales beside it (X.weight_scale_inv or
     X.weight_scale: `fp8.scale_names`), one tensor at a time, each float8 copy freed as its product is made:
-    loading peaks at about the model in `dtype` plus the float8 weights (a Qwen3-0.6B shape into bfloat16: 1.78 GB
-    of memory for a 1.19 GB model on the CPU)."""
+    loading peaks at about the model in `dtype` plus the float8 weights (a Qwen3-0.6B shape into bfloat16: 1.82 GB
+    resident for a 1.19 GB model; benchmarks/cpu-fp8-load)."""
     scale_of = {}  # weight name -> its scale's
     for kind in reversed(fp8.scale_names):  # (the first name wins where a weight has two)
         scale_of |= {name.removesuffix(kind) + "weight": name for name in tensors if name.endswith("." + kind)}
