@@ -33,7 +33,7 @@ DEFAULT_METHODS = "none,dflash,ddtree:16,ddtree:64,ddtree:256"
 
 @dataclass(frozen=True)
 class BenchConfig:
-    model: str | None = None  # HF directory or .gguf; None = the embedded SmolLM2-135M-Instruct
+    model: str | None = None  # HF directory, Hub repository id or .gguf; None = the embedded SmolLM2-135M-Instruct
     draft_model: str | None = None
     random_drafter: bool = False  # build a random drafter of the target's width (timing only)
     drafter_layers: int = 5
