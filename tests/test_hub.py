@@ -76,9 +76,10 @@ class FakeHub:
     snapshot folder and keeps what each call fetched."""
 
     def __init__(self, root: Path, files: dict[str, str]):
-        self.root, self.files, self.fetched = root, files, []
+        self.root, self.files, self.fetched, self.revisions = root, files, [], set()
 
-    def snapshot_download(self, repo_id, allow_patterns):
+    def snapshot_download(self, repo_id, allow_patterns, revision=None):
+        self.revisions.add(revision)
         chosen = [n for n in self.files if any(fnmatch.fnmatch(n, p) for p in allow_patterns)]
         for name in chosen:
             (self.root / name).write_text(self.files[name])
@@ -130,3 +131,18 @@ def test_a_gguf_file_of_a_hub_repository_loads_from_the_cache(tmp_path, hub_cach
     assert got[0].outputs[0].token_ids == expected[0].outputs[0].token_ids
     with pytest.raises(FileNotFoundError, match="tf-test/tiny-GGUF/tiny-Q4_K_M.gguf: no such GGUF file here"):
         LLM("tf-test/tiny-GGUF/tiny-Q4_K_M.gguf", device="cpu")
+
+
+def test_a_revision_reaches_every_fetch_and_is_said_to_be_ignored_for_a_local_model(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    from treeflash.checkpoint import resolve_model_dir
+
+    hub = FakeHub(tmp_path / "snapshot", SAFE | {"model.safetensors": ""})
+    hub.root.mkdir()
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", hub.snapshot_download)
+    assert resolve_model_dir("tf-test/listing", revision="v1.0") == hub.root
+    assert hub.revisions == {"v1.0"}
+    local = make_tiny_target(tmp_path / "local", "qwen3")
+    with pytest.warns(UserWarning, match=f"revision='v1.0' is ignored: .*{local} is not one"):
+        assert resolve_model_dir(local, revision="v1.0") == local

@@ -28,36 +28,40 @@ _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 _REPO_GGUF = re.compile(r"([A-Za-z0-9][\w.-]*/[\w.-]+)/([\w./-]+\.gguf)", re.IGNORECASE)  # org/name/file.gguf
 
 
-def from_hub(repo_id: str, what: str = "model") -> Path:
+def from_hub(repo_id: str, what: str = "model", revision: str | None = None) -> Path:
     """The local snapshot of a Hugging Face Hub repository ("Qwen/Qwen3-8B"), as transformers and vLLM take one:
     from the Hugging Face cache (HF_HOME, HF_HUB_CACHE), downloaded there first when absent or stale, offline
     (HF_HUB_OFFLINE=1, no network) from the cache alone. `HUB_FILES` first, then only the weights the model is
     read from, in `safetensors_files`' order: the index's shards, else model.safetensors, else every
-    *.safetensors (a repository that also holds a consolidated copy is not fetched twice)."""
+    *.safetensors (a repository that also holds a consolidated copy is not fetched twice). `revision`: a branch,
+    tag or commit; None, the main branch."""
     from huggingface_hub import snapshot_download
 
     try:
-        snapshot = Path(snapshot_download(repo_id, allow_patterns=list(HUB_FILES)))
+        def fetch(patterns: list[str]) -> Path:
+            return Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns))
+
+        snapshot = fetch(list(HUB_FILES))
         index = snapshot / "model.safetensors.index.json"
         if index.is_file():
             shards = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
-            return Path(snapshot_download(repo_id, allow_patterns=shards or ["*.safetensors"]))
-        snapshot = Path(snapshot_download(repo_id, allow_patterns=["model.safetensors"]))
-        if (snapshot / "model.safetensors").is_file():
-            return snapshot
-        return Path(snapshot_download(repo_id, allow_patterns=["*.safetensors"]))
+            return fetch(shards or ["*.safetensors"])
+        snapshot = fetch(["model.safetensors"])
+        return snapshot if (snapshot / "model.safetensors").is_file() else fetch(["*.safetensors"])
     except Exception as e:  # noqa: BLE001 - the Hub's errors (not found, gated, offline) are named below
+        at = "" if revision is None else f" at revision {revision!r}"
         raise FileNotFoundError(f"{repo_id}: no such {what} directory here, and no Hugging Face Hub repository of "
-                                f"that name could be fetched or found in the cache ({type(e).__name__}: {e})") from None
+                                f"that name{at} could be fetched or found in the cache "
+                                f"({type(e).__name__}: {e})") from None
 
 
-def gguf_from_hub(repo_id: str, filename: str) -> Path:
+def gguf_from_hub(repo_id: str, filename: str, revision: str | None = None) -> Path:
     """One GGUF file of a Hub repository ("bartowski/Qwen_Qwen3-8B-GGUF", "Qwen_Qwen3-8B-Q4_K_M.gguf"), from the
     Hugging Face cache, downloaded there when absent."""
     from huggingface_hub import hf_hub_download
 
     try:
-        return Path(hf_hub_download(repo_id, filename))
+        return Path(hf_hub_download(repo_id, filename, revision=revision))
     except Exception as e:  # noqa: BLE001 - as in from_hub
         raise FileNotFoundError(f"{repo_id}/{filename}: no such GGUF file here, and the Hugging Face Hub repository "
                                 f"{repo_id} has no such file that could be fetched or found in the cache "
@@ -69,29 +73,34 @@ def looks_like_repo_id(name: str | os.PathLike) -> bool:
     return isinstance(name, str) and bool(_REPO_ID.fullmatch(name)) and not Path(name).expanduser().exists()
 
 
-def resolve_model_dir(model: str | Path | None) -> Path:
+def resolve_model_dir(model: str | Path | None, revision: str | None = None) -> Path:
     """A model argument (None = embedded default, a .gguf file, an HF directory, a Hugging Face Hub repository id:
-    `from_hub`, or a GGUF file of one, "org/name/file.gguf": `gguf_from_hub`) -> HF directory."""
+    `from_hub`, or a GGUF file of one, "org/name/file.gguf": `gguf_from_hub`) -> HF directory. `revision`: the
+    Hub repository's branch, tag or commit (a local model has none: said and ignored, as transformers ignores
+    it)."""
     from treeflash.gguf_convert import cached_conversion
 
-    if model is None:
-        from treeflash.default_model import default_gguf_path
-
-        return cached_conversion(default_gguf_path())
-    if not isinstance(model, (str, os.PathLike)):
+    if model is not None and not isinstance(model, (str, os.PathLike)):
         raise ValueError(f"model must be a path (a model directory or a .gguf file) or None, got {type(model).__name__}")
-    path = Path(model).expanduser()
-    if path.is_file() and path.suffix.lower() == ".gguf":
-        return cached_conversion(path)
-    if path.is_dir():
-        return path
-    if path.exists():
+    path = None if model is None else Path(model).expanduser()
+    if path is None or path.exists():
+        if revision is not None:
+            warnings.warn(f"revision={revision!r} is ignored: it names a version of a Hub repository, and "
+                          f"{'the embedded model' if path is None else path} is not one", stacklevel=3)
+        if path is None:
+            from treeflash.default_model import default_gguf_path
+
+            return cached_conversion(default_gguf_path())
+        if path.is_file() and path.suffix.lower() == ".gguf":
+            return cached_conversion(path)
+        if path.is_dir():
+            return path
         raise ValueError(f"{path}: expected a model directory (config.json + *.safetensors) or a .gguf file")
     if looks_like_repo_id(model):
-        return from_hub(model)
+        return from_hub(model, revision=revision)
     hub_gguf = _REPO_GGUF.fullmatch(model) if isinstance(model, str) else None
     if hub_gguf:
-        return cached_conversion(gguf_from_hub(hub_gguf[1], hub_gguf[2]))
+        return cached_conversion(gguf_from_hub(hub_gguf[1], hub_gguf[2], revision))
     raise FileNotFoundError(f"{path}: no such model directory or GGUF file")
 
 

@@ -117,6 +117,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                         "(org/name: from the Hugging Face cache, downloaded there when absent) or a .gguf file, "
                         "local or a repository's (org/name/file.gguf; converted once and cached); default: the "
                         "embedded SmolLM2-135M-Instruct")
+    p.add_argument("--revision", default=None, help="the branch, tag or commit of a --model given by Hub repository "
+                                                    "id (default: its main branch)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bfloat16 on cuda, float32 on cpu)")
     p.add_argument("--max-model-len", type=int, default=None, help="context limit in tokens (default: the model's)")
@@ -281,6 +283,8 @@ def _add_serving_args(p: argparse.ArgumentParser, model_flag: bool = False) -> N
         p.add_argument("--model", default=None, help=target)
     else:
         p.add_argument("model", nargs="?", default=None, help=target)
+    p.add_argument("--revision", default=None, help="the branch, tag or commit of a target given by Hub repository "
+                                                    "id (default: its main branch)")
     _add_spec_args(p)
     p.add_argument("--max-num-seqs", type=int, default=8, help="requests decoded side by side (default 8)")
     p.add_argument("--max-model-len", type=int, default=None, help="context limit in tokens (default: the model's)")
@@ -593,7 +597,8 @@ def _serving_llm(args):
               draft_model=args.draft_model, spec=args.spec, tree_budget=args.tree_budget,
               max_num_seqs=args.max_num_seqs, ngram_tokens=args.ngram_tokens,
               structure_compile_timeout=args.structure_compile_timeout, generation_config=args.generation_config,
-              chat_template=args.chat_template, enable_prefix_caching=args.enable_prefix_caching)
+              chat_template=args.chat_template, enable_prefix_caching=args.enable_prefix_caching,
+              revision=args.revision)
     if llm.default_sampling:  # (said, as vLLM says it: a request without a temperature is not sampled at 1.0)
         print(f"treeflash: the model's default sampling ({describe(llm.default_sampling)}, from its "
               f"generation_config.json; --generation-config vllm leaves it out) applies where a request does not "
@@ -708,7 +713,7 @@ def _terminal_llm(args, asked: dict, fixed: dict, record_trees: bool = False):
               draft_model=args.draft_model, spec=args.spec, tree_budget=args.tree_budget, max_num_seqs=1,
               record_trees=record_trees, tensor_parallel_size=args.tensor_parallel_size,
               ngram_tokens=args.ngram_tokens, generation_config=args.generation_config,
-              chat_template=args.chat_template)
+              chat_template=args.chat_template, revision=args.revision)
     params = SamplingParams(**{**SAMPLING_DEFAULTS, **llm.default_sampling, **asked}, **fixed)
     if others is not None:
         torch.set_num_threads(generate_threads(others.cores()))

@@ -336,6 +336,8 @@ class LLM:
     treeflash/prefix_reuse.py): the next turn of a chat, a shared system prompt. The rows taken are those
     its own prefill would write, bit for bit on the CPU in float32; `output.num_cached_tokens` says how
     many. Default True.
+    revision: the branch, tag or commit of a model given by Hub repository id (vLLM's and transformers'
+    `revision`); None (default): its main branch. A local model has none (said and ignored).
     """
 
     def __init__(self, model: str | Path | None = None, device: str | torch.device | None = None,
@@ -350,7 +352,7 @@ class LLM:
                  tree_kernel: bool | None = None, cpu_prepack: bool = True, overlap: bool | None = None,
                  ngram_tokens: int | None = None, structure_compile_timeout: float | None = COMPILE_TIMEOUT,
                  generation_config: str | Path | None = "auto", chat_template: str | Path | None = None,
-                 enable_prefix_caching: bool = True):
+                 enable_prefix_caching: bool = True, revision: str | None = None):
         draft_model = default_draft_model(model, draft_model, spec)
         template = read_chat_template(chat_template) if chat_template is not None else None
         self.parallel = None  # the tensor-parallel group (workers), when tensor_parallel_size > 1
@@ -376,7 +378,7 @@ class LLM:
             raise ValueError(f"structure_compile_timeout must be a positive number of seconds or None, got "
                              f"{structure_compile_timeout!r}")
         self.dtype = _dtype(dtype, self.device)
-        self.model_dir = resolve_model_dir(model)
+        self.model_dir = resolve_model_dir(model, revision)
         if tensor_parallel_size == 1:
             self.model, self.config = load_target(self.model_dir, self.device, self.dtype)
         else:  # the shards are loaded once everything else is validated (below)
