@@ -37,10 +37,10 @@ def from_hub(repo_id: str, what: str = "model", revision: str | None = None) -> 
     tag or commit; None, the main branch."""
     from huggingface_hub import snapshot_download
 
-    try:
-        def fetch(patterns: list[str]) -> Path:
-            return Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns))
+    def fetch(patterns: list[str]) -> Path:
+        return Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns))
 
+    try:
         snapshot = fetch(list(HUB_FILES))
         index = snapshot / "model.safetensors.index.json"
         if index.is_file():
@@ -81,7 +81,8 @@ def resolve_model_dir(model: str | Path | None, revision: str | None = None) -> 
     from treeflash.gguf_convert import cached_conversion
 
     if model is not None and not isinstance(model, (str, os.PathLike)):
-        raise ValueError(f"model must be a path (a model directory or a .gguf file) or None, got {type(model).__name__}")
+        raise ValueError(f"model must be a path (a model directory or a .gguf file), a Hub repository id or None, "
+                         f"got {type(model).__name__}")
     path = None if model is None else Path(model).expanduser()
     if path is None or path.exists():
         if revision is not None:
