@@ -118,8 +118,8 @@ def test_an_fp8_checkpoint_loads_as_transformers_dequantises_it(tmp_path):
 
 @pytest.mark.parametrize("block", [(16, 16), (32, 48), (8, 128), None])
 def test_fp8_weights_are_their_blocks_times_their_scales(tmp_path, block):
-    """Grids whose last blocks are cut short (a dimension not a multiple of the block: 32 x 48 over 64-wide
-    projections) and one scale a tensor, against loops over the blocks."""
+    """Grids whose last blocks are cut short (a dimension not a multiple of the block: the projections are 8, 40
+    and 72 wide) and one scale a tensor, against loops over the blocks."""
     path = make_fp8_target(tmp_path / "fp8", block=block, hidden_size=40, num_heads=5, num_kv_heads=1, head_dim=8,
                            intermediate_size=72)
     model, _ = load_target(path, "cpu", torch.float32)
