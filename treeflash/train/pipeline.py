@@ -169,7 +169,7 @@ def train_drafter(opts: TrainDrafterOptions) -> dict:
     device = torch.device(opts.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # the target's, as LLM picks it
     save_dtype = SAVE_DTYPES[opts.save_dtype]
-    model_dir = resolve_model_dir(opts.target)
+    model_dir = resolve_model_dir(opts.target, opts.revision)
     log(f"target {model_dir} on {device} ({dtype}); options {json.dumps(dataclasses.asdict(opts))}")
     data_dir = Path(opts.data_dir or out / "data").expanduser()
     checkpoints = Path(opts.checkpoint_dir or out / "checkpoint").expanduser()
