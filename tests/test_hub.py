@@ -145,3 +145,32 @@ def test_a_revision_reaches_every_fetch_and_is_said_to_be_ignored_for_a_local_mo
     local = make_tiny_target(tmp_path / "local", "qwen3")
     with pytest.warns(UserWarning, match=f"revision='v1.0' is ignored: .*{local} is not one"):
         assert resolve_model_dir(local, revision="v1.0") == local
+
+
+def test_a_gguf_repository_by_quantisation_tag(tmp_path, hub_cache, monkeypatch):
+    """"org/name:Q4_K_M", as llama.cpp's -hf takes one: the repository's one GGUF file whose name holds the tag (any
+    case; a vision projector's left out); none, several, or a split file are named."""
+    from test_gguf import tiny_model, write_gguf
+
+    monkeypatch.setenv("TREEFLASH_CACHE", str(tmp_path / "treeflash-cache"))
+    source = tmp_path / "repo"
+    source.mkdir()
+    write_gguf(source / "tiny-Q8_0.gguf", tiny_model("llama"), "llama")
+    for name in ("mmproj-tiny-Q8_0.gguf", "tiny-F16.gguf", "tiny-F16-v2.gguf", "big-Q2_K-00001-of-00002.gguf"):
+        (source / name).write_bytes(b"GGUF")
+    cache_repo(hub_cache, "tf-test/tiny-GGUF", source)
+    params = SamplingParams(max_tokens=8, temperature=0.0)
+    expected = LLM(source / "tiny-Q8_0.gguf", device="cpu").generate(prompt_token_ids=[[3, 17, 5]],
+                                                                     sampling_params=params, use_tqdm=False)
+    got = LLM("tf-test/tiny-GGUF:q8_0", device="cpu").generate(prompt_token_ids=[[3, 17, 5]],
+                                                              sampling_params=params, use_tqdm=False)
+    assert got[0].outputs[0].token_ids == expected[0].outputs[0].token_ids
+    with pytest.raises(FileNotFoundError, match="no GGUF file of the repository names 'Q4_K_M'"):
+        LLM("tf-test/tiny-GGUF:Q4_K_M", device="cpu")
+    with pytest.raises(FileNotFoundError, match=r"2 GGUF files name 'F16' \(tiny-F16-v2.gguf, tiny-F16.gguf\); "
+                                                r"name one as tf-test/tiny-GGUF/FILE.gguf"):
+        LLM("tf-test/tiny-GGUF:F16", device="cpu")
+    from treeflash.config import UnsupportedModelError
+
+    with pytest.raises(UnsupportedModelError, match="one part of a split GGUF"):
+        LLM("tf-test/tiny-GGUF:Q2_K", device="cpu")

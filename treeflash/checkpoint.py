@@ -17,7 +17,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from treeflash.config import ModelConfig, read_config
+from treeflash.config import ModelConfig, UnsupportedModelError, read_config
 
 
 # What a Hub repository's snapshot is downloaded with: config, tokenizer and template files, then the safetensors
@@ -26,6 +26,7 @@ from treeflash.config import ModelConfig, read_config
 HUB_FILES = ("*.json", "*.jinja", "*.txt", "tokenizer.model", "*.tiktoken")
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 _REPO_GGUF = re.compile(r"([A-Za-z0-9][\w.-]*/[\w.-]+)/([\w./-]+\.gguf)", re.IGNORECASE)  # org/name/file.gguf
+_REPO_TAG = re.compile(r"([A-Za-z0-9][\w.-]*/[\w.-]+):([\w.-]+)")  # org/name:Q4_K_M, as llama.cpp's -hf
 
 
 def from_hub(repo_id: str, what: str = "model", revision: str | None = None) -> Path:
@@ -68,6 +69,32 @@ def gguf_from_hub(repo_id: str, filename: str, revision: str | None = None) -> P
                                 f"({type(e).__name__}: {e})") from None
 
 
+def gguf_by_tag(repo_id: str, tag: str, revision: str | None = None) -> Path:
+    """The GGUF file of a Hub repository whose name holds `tag` ("Q4_K_M", any case), as llama.cpp's `-hf
+    org/name:Q4_K_M` picks one: fetched into the Hugging Face cache (only files whose names hold the tag), exactly
+    one such file or a clear error (none, several, or one split in parts)."""
+    from huggingface_hub import snapshot_download
+
+    patterns = [f"*{t}*.gguf" for t in dict.fromkeys((tag, tag.upper(), tag.lower()))]
+    try:
+        snapshot = Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns))
+    except Exception as e:  # noqa: BLE001 - as in from_hub
+        raise FileNotFoundError(f"{repo_id}:{tag}: no such model here, and no GGUF file of that Hugging Face Hub "
+                                f"repository could be fetched or found in the cache "
+                                f"({type(e).__name__}: {e})") from None
+    found = sorted(p for p in snapshot.rglob("*") if p.suffix.lower() == ".gguf" and tag.lower() in p.name.lower()
+                   and "mmproj" not in p.name.lower())  # (a vision projector, not the model)
+    if len(found) != 1:
+        names = [str(p.relative_to(snapshot)) for p in found]
+        raise FileNotFoundError(f"{repo_id}:{tag}: " + (f"no GGUF file of the repository names {tag!r}" if not names
+                                else f"{len(names)} GGUF files name {tag!r} ({', '.join(names[:6])}); name one as "
+                                     f"{repo_id}/FILE.gguf"))
+    if re.search(r"-\d{5}-of-\d{5}\.gguf$", found[0].name):
+        raise UnsupportedModelError(f"{repo_id}:{tag}: {found[0].name} is one part of a split GGUF, which this "
+                                    f"engine does not read; merge the parts (llama-gguf-split --merge)")
+    return found[0]
+
+
 def looks_like_repo_id(name: str | os.PathLike) -> bool:
     """"org/name" that is not a path here (as transformers decides: an existing directory wins)."""
     return isinstance(name, str) and bool(_REPO_ID.fullmatch(name)) and not Path(name).expanduser().exists()
@@ -75,7 +102,8 @@ def looks_like_repo_id(name: str | os.PathLike) -> bool:
 
 def resolve_model_dir(model: str | Path | None, revision: str | None = None) -> Path:
     """A model argument (None = embedded default, a .gguf file, an HF directory, a Hugging Face Hub repository id:
-    `from_hub`, or a GGUF file of one, "org/name/file.gguf": `gguf_from_hub`) -> HF directory. `revision`: the
+    `from_hub`, or a GGUF file of one, "org/name/file.gguf": `gguf_from_hub`, or "org/name:Q4_K_M": `gguf_by_tag`)
+    -> HF directory. `revision`: the
     Hub repository's branch, tag or commit (a local model has none: said and ignored, as transformers ignores
     it)."""
     from treeflash.gguf_convert import cached_conversion
@@ -102,6 +130,9 @@ def resolve_model_dir(model: str | Path | None, revision: str | None = None) -> 
     hub_gguf = _REPO_GGUF.fullmatch(model) if isinstance(model, str) else None
     if hub_gguf:
         return cached_conversion(gguf_from_hub(hub_gguf[1], hub_gguf[2], revision))
+    tagged = _REPO_TAG.fullmatch(model) if isinstance(model, str) else None
+    if tagged:
+        return cached_conversion(gguf_by_tag(tagged[1], tagged[2], revision))
     raise FileNotFoundError(f"{path}: no such model directory or GGUF file")
 
 

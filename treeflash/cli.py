@@ -115,8 +115,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="target: a Hugging Face directory (config.json + *.safetensors), a Hub repository id "
                         "(org/name: from the Hugging Face cache, downloaded there when absent) or a .gguf file, "
-                        "local or a repository's (org/name/file.gguf; converted once and cached); default: the "
-                        "embedded SmolLM2-135M-Instruct")
+                        "local or a repository's (org/name/file.gguf, or org/name:Q4_K_M by its quantisation; "
+                        "converted once and cached); default: the embedded SmolLM2-135M-Instruct")
     p.add_argument("--revision", default=None, help="the branch, tag or commit of a --model given by Hub repository "
                                                     "id (default: its main branch)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")

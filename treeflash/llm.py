@@ -254,9 +254,9 @@ class LLM:
     """A target model, optionally with a DFlash drafter, ready to generate.
 
     model: HF directory, Hugging Face Hub repository id ("Qwen/Qwen3-8B": from the Hugging Face cache,
-    downloaded there when absent; safetensors only), .gguf file (or "org/name/file.gguf", one of a Hub
-    repository's), or None for the embedded SmolLM2-135M-Instruct, which comes with its trained drafter
-    (default_drafter/) unless spec="none".
+    downloaded there when absent; safetensors only), .gguf file (or "org/name/file.gguf" or "org/name:Q4_K_M",
+    one of a Hub repository's), or None for the embedded SmolLM2-135M-Instruct, which comes with its trained
+    drafter (default_drafter/) unless spec="none".
     draft_model: a DFlash drafter directory (z-lab format) or Hub repository id. spec: "ddtree" (default with a
     drafter), "dflash" (the drafter's chain) or "none" (autoregressive; the default without a drafter).
     tree_budget: draft nodes per round for ddtree (at most 4096, round.MAX_TREE_BUDGET; a budget above
