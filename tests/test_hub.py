@@ -113,6 +113,12 @@ def test_only_the_weights_read_and_no_pickle_or_code_are_fetched(tmp_path, monke
     assert sorted(set(hub.fetched)) == sorted(set(SAFE) | set(fetched))
 
 
+def greedy_tokens(model) -> list[int]:
+    params = SamplingParams(max_tokens=8, temperature=0.0)
+    out = LLM(model, device="cpu").generate(prompt_token_ids=[[3, 17, 5]], sampling_params=params, use_tqdm=False)
+    return out[0].outputs[0].token_ids
+
+
 def test_a_gguf_file_of_a_hub_repository_loads_from_the_cache(tmp_path, hub_cache, monkeypatch):
     """"org/name/file.gguf": that file of the repository (a GGUF repository holds one per quantisation)."""
     from test_gguf import tiny_model, write_gguf
@@ -122,12 +128,7 @@ def test_a_gguf_file_of_a_hub_repository_loads_from_the_cache(tmp_path, hub_cach
     source.mkdir()
     write_gguf(source / "tiny-F32.gguf", tiny_model("llama"), "llama")
     cache_repo(hub_cache, "tf-test/tiny-GGUF", source)
-    params = SamplingParams(max_tokens=8, temperature=0.0)
-    expected = LLM(source / "tiny-F32.gguf", device="cpu").generate(prompt_token_ids=[[3, 17, 5]],
-                                                                    sampling_params=params, use_tqdm=False)
-    got = LLM("tf-test/tiny-GGUF/tiny-F32.gguf", device="cpu").generate(prompt_token_ids=[[3, 17, 5]],
-                                                                       sampling_params=params, use_tqdm=False)
-    assert got[0].outputs[0].token_ids == expected[0].outputs[0].token_ids
+    assert greedy_tokens("tf-test/tiny-GGUF/tiny-F32.gguf") == greedy_tokens(source / "tiny-F32.gguf")
     with pytest.raises(FileNotFoundError, match="tf-test/tiny-GGUF/tiny-Q4_K_M.gguf: no such GGUF file here"):
         LLM("tf-test/tiny-GGUF/tiny-Q4_K_M.gguf", device="cpu")
 
@@ -159,12 +160,7 @@ def test_a_gguf_repository_by_quantisation_tag(tmp_path, hub_cache, monkeypatch)
     for name in ("mmproj-tiny-Q8_0.gguf", "tiny-F16.gguf", "tiny-F16-v2.gguf", "big-Q2_K-00001-of-00002.gguf"):
         (source / name).write_bytes(b"GGUF")
     cache_repo(hub_cache, "tf-test/tiny-GGUF", source)
-    params = SamplingParams(max_tokens=8, temperature=0.0)
-    expected = LLM(source / "tiny-Q8_0.gguf", device="cpu").generate(prompt_token_ids=[[3, 17, 5]],
-                                                                     sampling_params=params, use_tqdm=False)
-    got = LLM("tf-test/tiny-GGUF:q8_0", device="cpu").generate(prompt_token_ids=[[3, 17, 5]],
-                                                              sampling_params=params, use_tqdm=False)
-    assert got[0].outputs[0].token_ids == expected[0].outputs[0].token_ids
+    assert greedy_tokens("tf-test/tiny-GGUF:q8_0") == greedy_tokens(source / "tiny-Q8_0.gguf")
     with pytest.raises(FileNotFoundError, match="no GGUF file of the repository names 'Q4_K_M'"):
         LLM("tf-test/tiny-GGUF:Q4_K_M", device="cpu")
     with pytest.raises(FileNotFoundError, match=r"2 GGUF files name 'F16' \(tiny-F16-v2.gguf, tiny-F16.gguf\); "
