@@ -157,7 +157,8 @@ def test_a_gguf_repository_by_quantisation_tag(tmp_path, hub_cache, monkeypatch)
     source = tmp_path / "repo"
     source.mkdir()
     write_gguf(source / "tiny-Q8_0.gguf", tiny_model("llama"), "llama")
-    for name in ("mmproj-tiny-Q8_0.gguf", "tiny-F16.gguf", "tiny-F16-v2.gguf", "big-Q2_K-00001-of-00002.gguf"):
+    for name in ("mmproj-tiny-Q8_0.gguf", "tiny-F16.gguf", "tiny-F16-v2.gguf", "big-Q2_K-00001-of-00002.gguf",
+                 "big-Q2_K-00002-of-00002.gguf"):
         (source / name).write_bytes(b"GGUF")
     cache_repo(hub_cache, "tf-test/tiny-GGUF", source)
     assert greedy_tokens("tf-test/tiny-GGUF:q8_0") == greedy_tokens(source / "tiny-Q8_0.gguf")

@@ -77,21 +77,22 @@ def gguf_by_tag(repo_id: str, tag: str, revision: str | None = None) -> Path:
 
     patterns = [f"*{t}*.gguf" for t in dict.fromkeys((tag, tag.upper(), tag.lower()))]
     try:
-        snapshot = Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns))
+        snapshot = Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns,
+                                          ignore_patterns=["*mmproj*"]))
     except Exception as e:  # noqa: BLE001 - as in from_hub
         raise FileNotFoundError(f"{repo_id}:{tag}: no such model here, and no GGUF file of that Hugging Face Hub "
                                 f"repository could be fetched or found in the cache "
                                 f"({type(e).__name__}: {e})") from None
     found = sorted(p for p in snapshot.rglob("*") if p.suffix.lower() == ".gguf" and tag.lower() in p.name.lower()
                    and "mmproj" not in p.name.lower())  # (a vision projector, not the model)
+    if found and all(re.search(r"-\d{5}-of-\d{5}\.gguf$", p.name) for p in found):
+        raise UnsupportedModelError(f"{repo_id}:{tag}: {found[0].name} is one part of a split GGUF, which this "
+                                    f"engine does not read; merge the parts (llama-gguf-split --merge)")
     if len(found) != 1:
         names = [str(p.relative_to(snapshot)) for p in found]
         raise FileNotFoundError(f"{repo_id}:{tag}: " + (f"no GGUF file of the repository names {tag!r}" if not names
                                 else f"{len(names)} GGUF files name {tag!r} ({', '.join(names[:6])}); name one as "
                                      f"{repo_id}/FILE.gguf"))
-    if re.search(r"-\d{5}-of-\d{5}\.gguf$", found[0].name):
-        raise UnsupportedModelError(f"{repo_id}:{tag}: {found[0].name} is one part of a split GGUF, which this "
-                                    f"engine does not read; merge the parts (llama-gguf-split --merge)")
     return found[0]
 
 
